@@ -1,0 +1,108 @@
+"""``smv audit``: every requested contract on every requested target within one shared time budget."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import datetime, timezone
+
+from contracts import reports
+from contracts.registry import get_contract, load_all
+from contracts.runner import RowResult, run_contract
+from impl.runtime import detect_device, triton_mode
+from impl.targets import TARGET_NAMES, get_target
+
+DEFAULT_BUDGET = 120.0
+FAILING = ("fail", "error", "incomplete")
+
+
+class _Progress:
+    """One rewritten status line on a terminal, plain lines otherwise."""
+
+    def __init__(self, stream, enabled: bool):
+        self.stream = stream
+        self.enabled = enabled
+        self.tty = enabled and hasattr(stream, "isatty") and stream.isatty()
+
+    def case(self, i, n, cid, target, cases):
+        if self.tty:
+            self.stream.write(f"\r\x1b[K[{i}/{n}] {cid} on {target}: {cases} cases")
+            self.stream.flush()
+
+    def row(self, i, n, r: RowResult):
+        if not self.enabled:
+            return
+        line = f"[{i}/{n}] {r.status.upper():<10} {r.contract} on {r.target} ({r.cases} cases, {r.seconds:.1f}s)"
+        if r.status in FAILING:
+            line += f": {r.reason[:200]}"
+        if r.repro:
+            line += f"\n    replay: smv repro {r.repro}"
+        self.stream.write(("\r\x1b[K" if self.tty else "") + line + "\n")
+        self.stream.flush()
+
+
+def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_BUDGET, profile: str = "ci",
+              seed: int | None = None, report_dir: str | None = None, junit: str | None = None,
+              progress: bool = True, stream=None, argv=None, use_examples: bool = True) -> tuple[dict, int]:
+    stream = stream or sys.stderr
+    contracts = load_all()
+    ids = list(contract_ids) if contract_ids else sorted(contracts)
+    for cid in ids:
+        get_contract(cid)  # clear error for an unknown id, before any work
+    targets = [get_target(t).name for t in (target_names or TARGET_NAMES)]
+    rows_todo = [(cid, t) for cid in ids for t in targets]
+    repro_dir = report_dir or os.path.join(".smv", "repro")
+    started = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    prog = _Progress(stream, progress)
+    results: list[RowResult] = []
+    applicable = [(c, t) for c, t in rows_todo if get_contract(c).applies_to(t)]
+    remaining = len(applicable)
+    for i, (cid, tname) in enumerate(rows_todo, 1):
+        c = get_contract(cid)
+        if c.applies_to(tname):
+            left = budget - (time.monotonic() - t0)
+            row_budget = max(left / max(remaining, 1), 0.5)
+            remaining -= 1
+        else:
+            row_budget = 0.0
+        r = run_contract(c, tname, profile=profile, budget=row_budget, seed=seed, repro_dir=repro_dir,
+                         use_examples=use_examples,
+                         progress=lambda n, i=i, cid=cid, tname=tname: prog.case(i, len(rows_todo), cid, tname, n))
+        results.append(r)
+        prog.row(i, len(rows_todo), r)
+    seconds = time.monotonic() - t0
+    ok = not any(r.status in FAILING for r in results)
+    doc = {
+        "schema_version": reports.AUDIT_SCHEMA_VERSION,
+        "run": {"started": started.isoformat(), "seconds": round(seconds, 3), "budget": budget, "profile": profile,
+                "seed": seed, "triton_mode": triton_mode(), "ok": ok, "pinned_examples": use_examples,
+                "command": " ".join(argv) if argv else None,
+                "counts": {s: sum(r.status == s for r in results) for s in reports.STATUSES}},
+        "device": detect_device().as_json(),
+        "targets": targets,
+        "results": [r.as_json() for r in results],
+    }
+    if report_dir:
+        reports.write_json(os.path.join(report_dir, "audit.json"), doc)
+        with open(os.path.join(report_dir, "audit.md"), "w") as fh:
+            fh.write(reports.audit_markdown(doc))
+    if junit:
+        os.makedirs(os.path.dirname(os.path.abspath(junit)), exist_ok=True)
+        with open(junit, "wb") as fh:
+            fh.write(reports.audit_junit(doc))
+    return doc, (0 if ok else 1)
+
+
+def format_table(doc: dict) -> str:
+    rows = doc["results"]
+    w = max([len(r["contract"]) for r in rows] + [8])
+    out = [f"{'contract':<{w}}  {'target':<8}  {'status':<10}  {'cases':>5}  {'secs':>6}  reason",
+           "-" * (w + 50)]
+    for r in rows:
+        out.append(f"{r['contract']:<{w}}  {r['target']:<8}  {r['status']:<10}  {r['cases']:>5}  "
+                   f"{r['seconds']:>6.1f}  {r['reason'][:80]}")
+    c = doc["run"]["counts"]
+    out.append(f"{sum(c.values())} rows: " + ", ".join(f"{v} {k}" for k, v in c.items() if v)
+               + f" in {doc['run']['seconds']:.1f}s -> {'OK' if doc['run']['ok'] else 'FAILED'}")
+    return "\n".join(out)

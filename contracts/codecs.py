@@ -1,0 +1,203 @@
+"""Codec and layout contracts: the foundation every writer and reader stands on.
+
+Each compares three independent paths: the Triton device functions (impl.triton_helpers, through
+impl.codec_kernels), the host codecs (impl.formats) and the reference (oracles.formats), plus torch's own fp8 dtypes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import strategies as st
+
+from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
+from fuzz import codecs as fz
+from impl import codec_kernels, formats
+from impl.targets import Target
+from oracles import formats as ref
+
+_TORCH_FP8 = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
+ALL_CODES = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+
+
+def _flavours(target: Target) -> list[str]:
+    """The fp8 flavours a target's caches use: main (FNUZ on gfx942) and extra (OCP everywhere)."""
+    return sorted({target.main_cache_fp8, target.extra_cache_fp8})
+
+
+def _fp8_cases(target: Target):
+    return st.sampled_from(_flavours(target)).flatmap(
+        lambda fl: st.fixed_dictionaries({"flavour": st.just(fl), "values": fz.fp8_values(fl)}))
+
+
+def _fp8_examples(target: Target):
+    return [{"flavour": fl, "values": fz.fp8_boundary_values(fl)} for fl in _flavours(target)]
+
+
+def _decode_all_codes(flavour: str) -> list[Violation]:
+    out: list[Violation] = []
+    want = ref.fp8_decode(ALL_CODES, flavour)
+    torch_vals = ALL_CODES.view(_TORCH_FP8[flavour]).to(torch.float64)
+    out += compare_exact(f"torch {flavour} decode vs reference", torch_vals, want)
+    out += compare_exact(f"host fp8_decode[{flavour}]", formats.fp8_decode(ALL_CODES, flavour), want)
+    out += compare_exact(f"triton fp8_decode_bits[{flavour}]", codec_kernels.fp8_decode_triton(ALL_CODES, flavour), want)
+    return out
+
+
+@contract("fp8-codec-exact", targets=ALL_TARGETS, cases=_fp8_cases, examples=_fp8_examples, min_cases=5)
+def fp8_codec_exact(case, target: Target) -> list[Violation]:
+    """fp8 e4m3 decode and encode are exact for the flavours the target's caches use.
+
+    Decode: all 256 codes through the Triton helper and the host codec equal the reference and torch's
+    float8_e4m3fn / float8_e4m3fnuz, NaN positions included. Encode: round-to-nearest-even, saturating to +-max
+    (FNUZ 240, OCP 448; inf too), NaN -> the flavour's NaN code. Source: SPEC 1.2 (FNUZ main cache on gfx942, OCP
+    extra cache everywhere; a flavour mix-up costs ~1.87x in scale); DESIGN "Numerics".
+    """
+    flavour = case["flavour"]
+    out = _decode_all_codes(flavour)
+    x = torch.tensor([fz.f32(v) for v in case["values"]], dtype=torch.float32)
+    want = ref.fp8_encode(x, flavour)
+    for name, got in (("host fp8_encode", formats.fp8_encode(x, flavour)),
+                      ("triton fp8_encode_bits", codec_kernels.fp8_encode_triton(x, flavour))):
+        bad = (got != want).nonzero().flatten().tolist()
+        for i in bad[:5]:
+            out.append(Violation(f"{name}[{flavour}] differs from the nearest-even reference",
+                                 f"input {x[i].item()!r}", hex(int(want[i])), hex(int(got[i]))))
+    # torch's cast agrees on in-range finite values (it is not saturating, so only compare there)
+    finite = torch.isfinite(x) & (x.abs() <= fz.FP8_MAX[flavour])
+    if bool(finite.any()):
+        tv = x[finite].to(_TORCH_FP8[flavour]).view(torch.uint8)
+        rv = want[finite]
+        for i in (tv != rv).nonzero().flatten().tolist()[:3]:
+            out.append(Violation(f"reference encode[{flavour}] disagrees with torch", f"input {x[finite][i].item()!r}",
+                                 hex(int(tv[i])), hex(int(rv[i]))))
+    return out
+
+
+def _ue8_cases(target: Target):
+    return st.fixed_dictionaries({"cap": st.sampled_from([254, 255, target.writer_scale_code_cap]),
+                                  "scales": fz.ue8m0_scales()})
+
+
+def _ue8_examples(target: Target):
+    edges = [math.ldexp(1.0, e) for e in (-149, -127, -126, -1, 0, 1, 126, 127)]
+    edges += [math.nextafter(v, math.inf) for v in edges] + [math.inf, math.nan]
+    return [{"cap": target.writer_scale_code_cap, "scales": [fz.f32(v) for v in edges]}]
+
+
+@contract("ue8m0-codec-exact", targets=ALL_TARGETS, cases=_ue8_cases, examples=_ue8_examples, min_cases=5)
+def ue8m0_codec_exact(case, target: Target) -> list[Violation]:
+    """UE8M0 scale codes decode and encode exactly, with the production readers' special codes.
+
+    Host decode equals torch's float8_e8m0fnu for all 256 codes (255 is NaN there). The Triton reader reproduces
+    production readers: code 0 -> 2^-127 (not flushed to zero), code 255 -> +inf, so inf * 0 = NaN shows downstream.
+    Encode clamp(ceil(log2(s)) + 127, 0, cap) is exact for subnormal, power-of-two and neighbouring scales, with
+    cap 254 on sanitizing writers (gfx950) and 255 otherwise. Source: SPEC 1.2 and 4 (why cap at 254).
+    """
+    out: list[Violation] = []
+    torch_vals = ALL_CODES.view(torch.float8_e8m0fnu).to(torch.float64)
+    want_host = ref.ue8m0_decode(ALL_CODES, reader=False)
+    out += compare_exact("torch float8_e8m0fnu vs reference", torch_vals, want_host)
+    out += compare_exact("host ue8m0_decode", formats.ue8m0_decode(ALL_CODES), want_host)
+    want_reader = ref.ue8m0_decode(ALL_CODES, reader=True)
+    out += compare_exact("host ue8m0_decode_reader", formats.ue8m0_decode_reader(ALL_CODES), want_reader)
+    out += compare_exact("triton ue8m0_decode_reader", codec_kernels.ue8m0_decode_reader_triton(ALL_CODES), want_reader)
+    cap = int(case["cap"])
+    s = torch.tensor([fz.f32(v) for v in case["scales"]], dtype=torch.float32)
+    want = ref.ue8m0_encode(s, cap)
+    for name, got in (("host ue8m0_encode", formats.ue8m0_encode(s, cap)),
+                      ("triton ue8m0_encode_bits", codec_kernels.ue8m0_encode_triton(s, cap))):
+        for i in (got != want).nonzero().flatten().tolist()[:5]:
+            out.append(Violation(f"{name} (cap {cap}) differs from the reference", f"scale {s[i].item()!r}",
+                                 str(int(want[i])), str(int(got[i]))))
+    return out
+
+
+# --- layouts -------------------------------------------------------------------------------------------------------
+
+def _make_view(case):
+    """A cache view into a larger byte pool, filled with a sentinel so stray writes show."""
+    bs, nb = case["block_size"], case["num_blocks"]
+    if case["layout"] == "fp8_ds_mla":
+        token_bytes = formats.DSV4_TOKEN_BYTES
+    else:
+        token_bytes = formats.INDEXER_TOKEN_BYTES
+    stride = bs * token_bytes + case["stride_pad"]
+    pool = torch.full(((nb + case["offset_blocks"] + 1) * stride,), 0xA5, dtype=torch.uint8)
+    view = pool.as_strided((nb, bs, token_bytes), (stride, token_bytes, 1), case["offset_blocks"] * stride)
+    return pool, view, stride
+
+
+def _layout_case_ok(case) -> bool:
+    return not (case["layout"] == "indexer-shuffle" and case["block_size"] % 16)
+
+
+def _layout_cases(target: Target):
+    return fz.layout_cases().map(lambda c: c if _layout_case_ok(c) else {**c, "block_size": 16})
+
+
+def _layout_examples(target: Target):
+    return [{"layout": "fp8_ds_mla", "block_size": 64, "num_blocks": 2, "stride_pad": 64, "offset_blocks": 1,
+             "seed": 1, "num_tokens": 3},
+            {"layout": "indexer-shuffle", "block_size": 16, "num_blocks": 2, "stride_pad": 0, "offset_blocks": 0,
+             "seed": 2, "num_tokens": 4}]
+
+
+@contract("cache-layout-roundtrip", targets=ALL_TARGETS, cases=_layout_cases, examples=_layout_examples,
+          min_cases=5)
+def cache_layout_roundtrip(case, target: Target) -> list[Violation]:
+    """Cache pack/unpack put every byte exactly where SPEC 1.2/1.3 says, through ``stride(0)``, and nowhere else.
+
+    fp8_ds_mla: per block a data region (448 B fp8 NoPE + 128 B bf16 RoPE per token) then a scale region (7 UE8M0
+    codes + a 0 pad byte per token), blocks at ``stride(0)`` bytes (views into a shared pool). Indexer-K: fp8 region
+    (NORMAL token-major or SHUFFLE 16x16 tiles) then fp32 scales. The packer's bytes are read back at the reference's
+    absolute offsets and vice versa; every byte the reference does not name keeps its sentinel.
+    """
+    out: list[Violation] = []
+    g = torch.Generator().manual_seed(case["seed"])
+    pool, view, stride = _make_view(case)
+    bs, nb = case["block_size"], case["num_blocks"]
+    nslots = bs * nb
+    n = min(case["num_tokens"], nslots)
+    slots = torch.randperm(nslots, generator=g)[:n]
+    flat, base = ref.storage_bytes(view)
+    touched = torch.zeros(flat.numel(), dtype=torch.bool)
+    if case["layout"] == "fp8_ds_mla":
+        nope = torch.randint(0, 256, (n, 448), generator=g, dtype=torch.int32).to(torch.uint8)
+        scale = torch.randint(0, 256, (n, 7), generator=g, dtype=torch.int32).to(torch.uint8)
+        rope = torch.randn(n, 64, generator=g).to(torch.bfloat16)
+        formats.pack_fp8_ds_mla(view, slots, nope, scale, rope)
+        rope_bytes = rope.view(torch.uint8).reshape(n, 128)
+        for i, s in enumerate(slots.tolist()):
+            spans = ref.fp8_ds_mla_token_spans(s, bs, stride)
+            for name, want in (("nope", nope[i]), ("rope", rope_bytes[i]), ("scale", scale[i]),
+                               ("pad", torch.zeros(1, dtype=torch.uint8))):
+                a, b = spans[name]
+                touched[base + a:base + b] = True
+                out += compare_exact(f"slot {s} {name} bytes", flat[base + a:base + b], want, limit=2)
+        # the other direction: bytes placed by the reference read back through the unpacker
+        got = formats.unpack_fp8_ds_mla(view, slots)
+        out += compare_exact("unpacked nope", got["nope"], nope, limit=2)
+        out += compare_exact("unpacked scale", got["scale"], scale, limit=2)
+        out += compare_exact("unpacked rope", got["rope"].view(torch.uint8), rope.view(torch.uint8), limit=2)
+    else:
+        lay = case["layout"].split("-")[1]
+        codes = torch.randint(0, 256, (n, 128), generator=g, dtype=torch.int32).to(torch.uint8)
+        kscale = torch.rand(n, generator=g, dtype=torch.float32) + 0.5
+        formats.pack_indexer_k(view, slots, codes, kscale, layout=lay)
+        for i, s in enumerate(slots.tolist()):
+            offs, so = ref.indexer_k_token_spans(s, bs, stride, lay)
+            idx = torch.tensor(offs) + base
+            touched[idx] = True
+            touched[base + so:base + so + 4] = True
+            out += compare_exact(f"slot {s} fp8 bytes ({lay})", flat[idx], codes[i], limit=2)
+            out += compare_exact(f"slot {s} scale bytes", flat[base + so:base + so + 4],
+                                 kscale[i:i + 1].view(torch.uint8), limit=2)
+        got_codes, got_scale = formats.unpack_indexer_k(view, slots, layout=lay)
+        out += compare_exact("unpacked indexer codes", got_codes, codes, limit=2)
+        out += compare_exact("unpacked indexer scales", got_scale, kscale, limit=2)
+    stray = ((flat != 0xA5) & ~touched).nonzero().flatten()
+    if len(stray):
+        out.append(Violation("bytes outside the written tokens changed", f"storage byte {int(stray[0])}",
+                             "sentinel 0xa5", fmt(int(flat[stray[0]]))))
+    return out

@@ -1,0 +1,1 @@
+"""The planted-bug zoo: source patches each contract must catch. See README.md beside this file."""

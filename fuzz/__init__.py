@@ -1,0 +1,1 @@
+"""Hypothesis strategies, profiles and stateful machines that drive the contracts."""

@@ -1,0 +1,72 @@
+"""Strategies for the codec and layout contracts: boundary-heavy float32 values and cache geometries."""
+from __future__ import annotations
+
+import math
+import struct
+
+from hypothesis import strategies as st
+
+FP8_MAX = {"ocp": 448.0, "fnuz": 240.0}
+FP8_BIAS = {"ocp": 7, "fnuz": 8}
+
+
+def f32(x: float) -> float:
+    """Round a Python float to the nearest float32 (so a case holds exactly what the kernel sees)."""
+    if math.isnan(x) or math.isinf(x):
+        return x
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _grid_values(flavour: str) -> list[float]:
+    """Every finite positive fp8 magnitude of the flavour."""
+    bias = FP8_BIAS[flavour]
+    vals = [math.ldexp(m / 8.0, 1 - bias) for m in range(8)]
+    vals += [math.ldexp(1 + m / 8.0, e - bias) for e in range(1, 16) for m in range(8)]
+    return sorted(v for v in vals if v <= FP8_MAX[flavour])
+
+
+def fp8_boundary_values(flavour: str) -> list[float]:
+    """Representable values, exact half-way ties, one float32 ulp either side of each tie, max, just above max."""
+    g = _grid_values(flavour)
+    out = list(g)
+    for a, b in zip(g, g[1:]):
+        mid = (a + b) / 2  # exact in float32: one more mantissa bit than fp8
+        out += [mid, math.nextafter(mid, 0.0), math.nextafter(mid, math.inf)]
+    vmax = FP8_MAX[flavour]
+    out += [vmax * 1.03125, vmax * 1.0625, vmax * 2, 1e30, math.ldexp(1, -2 - FP8_BIAS[flavour]) / 2]
+    return [f32(v) for v in out]
+
+
+def fp8_values(flavour: str):
+    """Lists of float32 inputs for fp8 encoding: boundaries (either sign), random finite, non-finite."""
+    boundary = st.sampled_from(fp8_boundary_values(flavour))
+    signed_boundary = st.tuples(boundary, st.booleans()).map(lambda t: -t[0] if t[1] else t[0])
+    anyf = st.floats(width=32, allow_nan=True, allow_infinity=True)
+    special = st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, -1e-45, 3.4e38])
+    return st.lists(st.one_of(signed_boundary, signed_boundary, anyf, special), min_size=1, max_size=48)
+
+
+def ue8m0_scales():
+    """Positive float32 scales: powers of two and their float32 neighbours, subnormals, random, inf, NaN."""
+    pow2 = st.integers(-149, 127).map(lambda e: math.ldexp(1.0, e))
+    near = st.tuples(st.integers(-140, 126), st.sampled_from([-1, 1])).map(
+        lambda t: f32(math.nextafter(math.ldexp(1.0, t[0]), math.inf if t[1] > 0 else 0.0)))
+    rnd = st.floats(min_value=1.401298464324817e-45, max_value=3.4028234663852886e38, width=32, allow_subnormal=True)
+    special = st.sampled_from([math.inf, math.nan, 1e-45, 3.4028234663852886e38, 1e-4 / 448])
+    return st.lists(st.one_of(pow2, near, rnd, special), min_size=1, max_size=48)
+
+
+def layout_cases():
+    """A cache geometry (odd block sizes, padded and dense strides, views offset into a pool) and tokens."""
+    return st.fixed_dictionaries({
+        "layout": st.sampled_from(["fp8_ds_mla", "indexer-normal", "indexer-shuffle"]),
+        "block_size": st.sampled_from([1, 2, 5, 16, 61, 64]),
+        "num_blocks": st.integers(1, 4),
+        "stride_pad": st.sampled_from([0, 0, 1, 7, 576]),
+        "offset_blocks": st.integers(0, 2),
+        "seed": st.integers(0, 2**31 - 1),
+        "num_tokens": st.integers(1, 6),
+    })

@@ -1,0 +1,139 @@
+"""Shared Triton device functions: fp8 e4m3 (OCP/FNUZ) and UE8M0 codecs built from raw bits, and a dot product
+that is safe under the Triton interpreter.
+
+Why from bits: Triton on NVIDIA refuses the FNUZ fp8 type (``fp8e4b8 not supported in this architecture``), and
+``exp2`` on a GPU may flush 2^-127 to zero. Integer arithmetic on the uint8 codes behaves identically on the
+interpreter, NVIDIA and AMD. Exactness is checked against torch's fp8 dtypes for all 256 codes (tests/test_codecs.py).
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRETER: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def fp8_decode_bits(codes, IS_FNUZ: tl.constexpr):
+    """uint8 fp8 e4m3 codes -> float32 (NaN codes -> NaN). OCP: bias 7, NaN = x.1111.111. FNUZ: bias 8, NaN = 0x80."""
+    c = codes.to(tl.int32) & 0xFF
+    sign = (c >> 7) & 1
+    exp = (c >> 3) & 0xF
+    man = c & 0x7
+    if IS_FNUZ:
+        bias: tl.constexpr = 8
+    else:
+        bias: tl.constexpr = 7
+    normal_bits = ((exp - bias + 127) << 23) | (man << 20)
+    normal = normal_bits.to(tl.float32, bitcast=True)
+    sub = man.to(tl.float32) * (2.0 ** (-2 - bias))
+    mag = tl.where(exp == 0, sub, normal)
+    val = tl.where(sign == 1, -mag, mag)
+    if IS_FNUZ:
+        is_nan = c == 0x80
+    else:
+        is_nan = (c & 0x7F) == 0x7F
+    return tl.where(is_nan, float("nan"), val)
+
+
+@triton.jit
+def _rne_shift(x, shift):
+    """Round-to-nearest-even of x / 2^shift (x >= 0 int32, 1 <= shift <= 30)."""
+    q = x >> shift
+    rem = x - (q << shift)
+    half = 1 << (shift - 1)
+    up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+    return q + up.to(tl.int32)
+
+
+@triton.jit
+def fp8_encode_bits(x, IS_FNUZ: tl.constexpr):
+    """float32 -> uint8 e4m3 code, round-to-nearest-even, saturating to +-max (inf included); NaN -> NaN code."""
+    if IS_FNUZ:
+        bias: tl.constexpr = 8
+        max_value: tl.constexpr = 240.0
+        max_code: tl.constexpr = 0x7F
+        nan_code: tl.constexpr = 0x80
+    else:
+        bias: tl.constexpr = 7
+        max_value: tl.constexpr = 448.0
+        max_code: tl.constexpr = 0x7E
+        nan_code: tl.constexpr = 0x7F
+    x = x.to(tl.float32)
+    bits = x.to(tl.int32, bitcast=True)
+    negative = bits < 0
+    abs_bits = bits & 0x7FFFFFFF
+    is_nan = abs_bits > 0x7F800000
+    max_bits = tl.full(abs_bits.shape, max_value, tl.float32).to(tl.int32, bitcast=True)
+    # integer compare on non-negative fp32 bit patterns is an fp compare; this also saturates +inf
+    abs_bits = tl.where(abs_bits > max_bits, max_bits, abs_bits)
+    abs_bits = tl.where(is_nan, 0, abs_bits)
+    e32 = abs_bits >> 23
+    m32 = abs_bits & 0x7FFFFF
+    normal_code = _rne_shift(abs_bits, tl.full(abs_bits.shape, 20, tl.int32)) - ((127 - bias) << 3)
+    full_man = tl.where(e32 > 0, m32 | 0x800000, m32)
+    shift = 148 - bias - tl.maximum(e32, 1)
+    shift = tl.minimum(tl.maximum(shift, 1), 30)
+    sub_code = _rne_shift(full_man, shift)
+    # below 2^-30 relative to the quantum everything rounds to zero
+    sub_code = tl.where(148 - bias - tl.maximum(e32, 1) > 30, 0, sub_code)
+    code = tl.where(e32 >= 128 - bias, normal_code, sub_code)
+    code = tl.minimum(code, max_code)
+    if IS_FNUZ:
+        signed = tl.where(negative & (code != 0), code | 0x80, code)
+    else:
+        signed = tl.where(negative, code | 0x80, code)
+    signed = tl.where(is_nan, nan_code, signed)
+    return signed.to(tl.uint8)
+
+
+@triton.jit
+def ue8m0_decode_reader(codes):
+    """UE8M0 code -> float32 the way production Triton readers do it: 2^(code-127) from bits, code 0 -> 2^-127
+    (bits 1<<22, not flushed), code 255 -> +inf (bits 0x7F800000), so a zero fp8 value times it gives NaN."""
+    c = codes.to(tl.int32) & 0xFF
+    bits = tl.where(c == 0, 1 << 22, c << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def ceil_log2_bits(x):
+    """Exact ceil(log2(x)) for positive finite float32 x (normal or subnormal), as int32."""
+    bits = x.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    e32 = bits >> 23
+    m32 = bits & 0x7FFFFF
+    norm = e32 - 127 + tl.where(m32 == 0, 0, 1)
+    # subnormal: x = m32 * 2^-149; bit length by successive halving (m32 < 2^23)
+    bitlen = tl.zeros(bits.shape, tl.int32)
+    rest = m32
+    for _ in tl.static_range(23):
+        nz = rest > 0
+        bitlen = bitlen + nz.to(tl.int32)
+        rest = rest >> 1
+    is_pow2 = (m32 & (m32 - 1)) == 0
+    sub = bitlen - 1 + tl.where(is_pow2, 0, 1) - 149
+    return tl.where(e32 == 0, sub, norm)
+
+
+@triton.jit
+def ue8m0_encode_bits(scale, CAP: tl.constexpr):
+    """A UE8M0 code for a positive scale: clamp(ceil(log2(scale)) + 127, 0, CAP); +inf or NaN -> CAP."""
+    s = scale.to(tl.float32)
+    finite = (s.to(tl.int32, bitcast=True) & 0x7FFFFFFF) < 0x7F800000
+    safe = tl.where(finite & (s > 0), s, 1.0)
+    code = ceil_log2_bits(safe) + 127
+    code = tl.minimum(tl.maximum(code, 0), CAP)
+    code = tl.where(finite, code, CAP)
+    return code.to(tl.uint8)
+
+
+@triton.jit
+def dot(a, b, acc):
+    """acc + a @ b. Under the interpreter bf16/fp16 operands are upcast to fp32 first: the interpreter's bf16
+    ``tl.dot`` multiplies raw bit patterns (upstream Triton issue 11584); on a GPU the operands stay as given."""
+    if INTERPRETER:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)

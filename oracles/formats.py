@@ -1,0 +1,149 @@
+"""Reference codecs and cache addressing, written from SPEC.md section 1 with plain Python arithmetic.
+
+Independent of ``impl``: values come from math.ldexp/frexp on float64, encoding is a brute-force search for the
+nearest representable value, and cache bytes are located by absolute offsets into the tensor's storage.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+# (bias, largest finite value) per flavour, from SPEC 1.2 / DESIGN "Numerics"
+_FP8 = {"ocp": (7, 448.0), "fnuz": (8, 240.0)}
+
+
+def _fp8_params(flavour: str) -> tuple[int, float]:
+    if flavour not in _FP8:
+        raise ValueError(f"flavour: expected 'ocp' or 'fnuz', got {flavour!r}")
+    return _FP8[flavour]
+
+
+def fp8_is_nan_code(code: int, flavour: str) -> bool:
+    if flavour == "fnuz":
+        return code == 0x80
+    return (code & 0x7F) == 0x7F
+
+
+def fp8_value(code: int, flavour: str) -> float:
+    """The real number an e4m3 code stands for (NaN for NaN codes)."""
+    bias, _ = _fp8_params(flavour)
+    if fp8_is_nan_code(code, flavour):
+        return math.nan
+    sign = -1.0 if code & 0x80 else 1.0
+    e = (code >> 3) & 0xF
+    m = code & 7
+    if e == 0:
+        mag = math.ldexp(m / 8.0, 1 - bias)
+    else:
+        mag = math.ldexp(1.0 + m / 8.0, e - bias)
+    return sign * mag
+
+
+def fp8_decode(codes: torch.Tensor, flavour: str) -> torch.Tensor:
+    table = torch.tensor([fp8_value(c, flavour) for c in range(256)], dtype=torch.float64)
+    return table[codes.to(torch.int64)]
+
+
+def _positive_table(flavour: str) -> list[tuple[float, int]]:
+    _, vmax = _fp8_params(flavour)
+    out = []
+    for c in range(0x80):
+        v = fp8_value(c, flavour)
+        if not math.isnan(v) and v <= vmax:
+            out.append((v, c))
+    return sorted(out)
+
+
+def fp8_encode_scalar(x: float, flavour: str) -> int:
+    """Nearest representable magnitude (ties to the even code), saturating at max; NaN -> the NaN code."""
+    _, vmax = _fp8_params(flavour)
+    if math.isnan(x):
+        return 0x80 if flavour == "fnuz" else 0x7F
+    neg = math.copysign(1.0, x) < 0
+    a = min(abs(x), vmax)
+    best_c, best_d = None, None
+    for v, c in _positive_table(flavour):
+        d = abs(v - a)
+        if best_d is None or d < best_d or (d == best_d and c % 2 == 0 and best_c % 2 == 1):
+            best_c, best_d = c, d
+    if neg:
+        if flavour == "fnuz":
+            return best_c | 0x80 if best_c != 0 else 0
+        return best_c | 0x80
+    return best_c
+
+
+def fp8_encode(x: torch.Tensor, flavour: str) -> torch.Tensor:
+    vals = x.to(torch.float32).to(torch.float64).flatten().tolist()
+    cache: dict = {}
+    out = []
+    for v in vals:
+        key = ("nan",) if math.isnan(v) else (v, math.copysign(1.0, v))  # keep -0.0 apart from 0.0
+        if key not in cache:
+            cache[key] = fp8_encode_scalar(v, flavour)
+        out.append(cache[key])
+    return torch.tensor(out, dtype=torch.int64).to(torch.uint8).reshape(x.shape)
+
+
+def ue8m0_value(code: int, *, reader: bool) -> float:
+    """2^(code-127). Code 255: NaN (float8_e8m0fnu) or +inf (``reader=True``: what production Triton readers give)."""
+    if code == 255:
+        return math.inf if reader else math.nan
+    return math.ldexp(1.0, code - 127)
+
+
+def ue8m0_decode(codes: torch.Tensor, *, reader: bool = False) -> torch.Tensor:
+    table = torch.tensor([ue8m0_value(c, reader=reader) for c in range(256)], dtype=torch.float64)
+    return table[codes.to(torch.int64)]
+
+
+def ue8m0_encode_scalar(scale: float, cap: int) -> int:
+    """clamp(ceil(log2(scale)) + 127, 0, cap); inf/NaN -> cap."""
+    if math.isnan(scale) or math.isinf(scale):
+        return cap
+    if scale <= 0:
+        raise ValueError("scale must be > 0")
+    m, e = math.frexp(scale)  # scale = m * 2^e, 0.5 <= m < 1
+    k = e - 1 if m == 0.5 else e
+    return max(0, min(cap, k + 127))
+
+
+def ue8m0_encode(scale: torch.Tensor, cap: int) -> torch.Tensor:
+    vals = scale.to(torch.float32).to(torch.float64).flatten().tolist()
+    return torch.tensor([ue8m0_encode_scalar(v, cap) for v in vals], dtype=torch.int64).to(torch.uint8).reshape(
+        scale.shape)
+
+
+# --- cache addressing by absolute byte offsets into the storage --------------------------------------------------
+
+def fp8_ds_mla_token_spans(slot: int, block_size: int, block_stride: int) -> dict[str, tuple[int, int]]:
+    """Byte spans [start, end) of one token, relative to the cache view's first byte (SPEC 1.2):
+    data at block*stride + pos*576 (448 fp8 NoPE then 128 B RoPE), scales at block*stride + bs*576 + pos*8
+    (7 codes then 1 pad byte)."""
+    block, pos = divmod(slot, block_size)
+    base = block * block_stride
+    data = base + pos * 576
+    scales = base + block_size * 576 + pos * 8
+    return {"nope": (data, data + 448), "rope": (data + 448, data + 576),
+            "scale": (scales, scales + 7), "pad": (scales + 7, scales + 8)}
+
+
+def indexer_k_token_spans(slot: int, block_size: int, block_stride: int, layout: str) -> tuple[list[int], int]:
+    """Absolute offsets of the 128 fp8 bytes of one indexer-K token and of its 4-byte fp32 scale (SPEC 1.3)."""
+    block, t = divmod(slot, block_size)
+    base = block * block_stride
+    if layout == "normal":
+        offs = [base + t * 128 + d for d in range(128)]
+    elif layout == "shuffle":
+        offs = [base + (t // 16) * 16 * 128 + (d // 16) * 256 + (t % 16) * 16 + d % 16 for d in range(128)]
+    else:
+        raise ValueError(f"layout: expected 'normal' or 'shuffle', got {layout!r}")
+    return offs, base + block_size * 128 + 4 * t
+
+
+def storage_bytes(view: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """All bytes of ``view``'s storage as a flat uint8 tensor, and the view's first byte within it."""
+    st = view.untyped_storage()
+    flat = torch.empty(0, dtype=torch.uint8, device=view.device).set_(st, 0, (st.nbytes(),), (1,))
+    return flat, view.storage_offset() * view.element_size()
