@@ -46,7 +46,8 @@ def _flat_on_kernel_device(name: str, t: torch.Tensor, dtype: torch.dtype) -> to
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+        raise TypeError(f"{name}: expected dtype {str(dtype).replace('torch.', '')}, "
+                        f"got {str(t.dtype).replace('torch.', '')}")
     return t.reshape(-1).contiguous().to(kernel_device())
 
 

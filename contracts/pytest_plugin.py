@@ -1,0 +1,74 @@
+"""The suite's pytest plugin (registered through the ``pytest11`` entry point as ``smv``).
+
+- decides the Triton mode before Triton is imported (interpreter when no GPU is visible);
+- registers the hardware markers ``gpu``, ``cuda``, ``rocm``, ``gfx942``, ``gfx950`` and ``slow`` (so
+  ``--strict-markers`` works) and skips tests whose hardware is missing, saying what was needed and what was found;
+- runs ``slow`` tests only with ``--run-slow``;
+- parametrizes a ``target`` fixture over the emulated targets (``--target`` repeatable; default all three);
+- registers the Hypothesis profiles dev / ci / nightly and loads ``ci`` when ``CI`` is set, else ``dev``.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import impl  # noqa: F401  - must run before anything imports Triton
+from contracts.markers import HARDWARE_MARKERS, MARKERS, marker_status
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("smv", "sparse-mla-verify")
+    group.addoption("--run-slow", action="store_true", default=False, help="also run tests marked slow (nightly)")
+    group.addoption("--target", action="append", default=None, dest="smv_targets",
+                    help="emulated target for the `target` fixture (repeatable; default: gfx942, gfx950, generic)")
+    group.addoption("--smv-profile", default=None, choices=("dev", "ci", "nightly"),
+                    help="Hypothesis profile (default: ci when $CI is set, else dev)")
+
+
+def pytest_configure(config):
+    for name, desc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {desc}")
+    from hypothesis import settings
+
+    from fuzz.profiles import default_profile, register_profiles
+
+    register_profiles()
+    explicit = config.getoption("hypothesis_profile", default=None)
+    if not explicit:
+        settings.load_profile(config.getoption("smv_profile") or default_profile())
+    names = config.getoption("smv_targets") or []
+    from impl.targets import TARGET_NAMES
+
+    bad = [n for n in names if n not in TARGET_NAMES]
+    if bad:
+        raise pytest.UsageError(f"--target: unknown {bad}; expected some of {', '.join(TARGET_NAMES)}")
+
+
+def pytest_report_header(config):
+    from impl.runtime import detect_device, triton_mode
+
+    d = detect_device()
+    return f"smv: device {d.kind} {d.name} ({d.arch}), Triton {triton_mode()}"
+
+
+def pytest_generate_tests(metafunc):
+    if "target" in metafunc.fixturenames and "target" not in getattr(metafunc.function, "_smv_no_target", ()):
+        if any(m.name == "parametrize" and "target" in str(m.args[0]) for m in metafunc.definition.iter_markers()):
+            return
+        from impl.targets import TARGET_NAMES, TARGETS
+
+        names = metafunc.config.getoption("smv_targets") or list(TARGET_NAMES)
+        metafunc.parametrize("target", [TARGETS[n] for n in names], ids=names)
+
+
+def pytest_collection_modifyitems(config, items):
+    run_slow = config.getoption("run_slow")
+    for item in items:
+        for m in HARDWARE_MARKERS + ("slow",):
+            if item.get_closest_marker(m) is None:
+                continue
+            runs, reason = marker_status(m, run_slow=run_slow)
+            if not runs:
+                item.add_marker(pytest.mark.skip(reason=f"[{m}] {reason}"))
+                break

@@ -1,0 +1,120 @@
+"""fp8 e4m3 (OCP/FNUZ) and UE8M0 codecs: Triton helpers and host codecs against torch and the reference."""
+import math
+
+import pytest
+import torch
+
+from impl import codec_kernels as K
+from impl import formats as F
+from oracles import formats as R
+
+CODES = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+TORCH_FP8 = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
+
+
+def same(a, b):
+    a, b = a.double(), b.double()
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@pytest.mark.parametrize("flavour", ["ocp", "fnuz"])
+@pytest.mark.parametrize("path", ["triton", "host", "oracle"])
+def test_fp8_decode_all_256_patterns_match_torch(flavour, path):
+    want = CODES.view(TORCH_FP8[flavour]).double()
+    got = {"triton": K.fp8_decode_triton, "host": F.fp8_decode, "oracle": R.fp8_decode}[path](CODES, flavour)
+    assert same(got, want)
+    nan_codes = torch.isnan(got).nonzero().flatten().tolist()
+    assert nan_codes == ([0x80] if flavour == "fnuz" else [0x7F, 0xFF])
+
+
+def _encode_inputs(flavour):
+    mx = {"ocp": 448.0, "fnuz": 240.0}[flavour]
+    g = torch.Generator().manual_seed(0)
+    rnd = torch.randn(4000, generator=g) * torch.exp2(torch.randint(-14, 9, (4000,), generator=g).float())
+    grid = CODES.view(TORCH_FP8[flavour]).float()
+    grid = grid[torch.isfinite(grid)].unique()
+    mids = (grid[1:] + grid[:-1]) / 2  # exact half-way ties
+    boundary = torch.tensor([mx, -mx, mx * 1.01, mx * 1.0625, 2.0 ** (-6 if flavour == "ocp" else -7),
+                             2.0 ** (-9 if flavour == "ocp" else -10), 2.0 ** -11, 0.0, -0.0])
+    return torch.cat([rnd, grid, mids, torch.nextafter(mids, torch.zeros_like(mids)),
+                      torch.nextafter(mids, torch.full_like(mids, 1e9)), boundary])
+
+
+@pytest.mark.parametrize("flavour", ["ocp", "fnuz"])
+def test_fp8_encode_random_and_boundary_matches_torch_and_reference(flavour):
+    x = _encode_inputs(flavour)
+    mx = {"ocp": 448.0, "fnuz": 240.0}[flavour]
+    want_torch = x.clamp(-mx, mx).to(TORCH_FP8[flavour]).view(torch.uint8)  # torch's cast is RNE, not saturating
+    assert torch.equal(F.fp8_encode(x, flavour), want_torch)
+    assert torch.equal(K.fp8_encode_triton(x, flavour), want_torch)
+    sub = x[::7]
+    assert torch.equal(R.fp8_encode(sub, flavour), want_torch[::7])
+
+
+@pytest.mark.parametrize("flavour,mx_code,nan_code", [("ocp", 0x7E, 0x7F), ("fnuz", 0x7F, 0x80)])
+def test_fp8_encode_non_finite_saturates_never_nan(flavour, mx_code, nan_code):
+    x = torch.tensor([math.inf, -math.inf, 1e30, -1e30, math.nan])
+    for enc in (F.fp8_encode, K.fp8_encode_triton):
+        got = enc(x, flavour).tolist()
+        assert got[:4] == [mx_code, mx_code | 0x80, mx_code, mx_code | 0x80]
+        assert got[4] == nan_code
+    assert F.fp8_decode(torch.tensor([mx_code], dtype=torch.uint8), flavour).item() == {"ocp": 448.0, "fnuz": 240.0}[flavour]
+
+
+def test_fnuz_has_no_negative_zero():
+    x = torch.tensor([-0.0, -1e-30])
+    assert F.fp8_encode(x, "fnuz").tolist() == [0, 0]
+    assert K.fp8_encode_triton(x, "fnuz").tolist() == [0, 0]
+    assert F.fp8_encode(x, "ocp").tolist() == [0x80, 0x80]
+
+
+def test_ue8m0_host_decode_matches_torch_e8m0fnu():
+    want = CODES.view(torch.float8_e8m0fnu).double()
+    assert same(F.ue8m0_decode(CODES), want)
+    assert same(R.ue8m0_decode(CODES), want)
+    assert math.isnan(F.ue8m0_decode(CODES)[255].item())
+
+
+def test_ue8m0_triton_reader_matches_production_readers():
+    """Readers give +inf for 255 (so a zero fp8 value times it is NaN) and 2^-127 for code 0 (not flushed)."""
+    got = K.ue8m0_decode_reader_triton(CODES)
+    assert same(got, R.ue8m0_decode(CODES, reader=True))
+    assert got[255].item() == math.inf and got[0].item() == 2.0 ** -127 and got[0].item() > 0
+    assert math.isnan((got[255] * 0.0).item())
+    assert same(F.ue8m0_decode_reader(CODES), got)
+
+
+@pytest.mark.parametrize("cap", [254, 255])
+def test_ue8m0_encode_exact(cap):
+    e = torch.arange(-149, 128).double()
+    p2 = torch.exp2(e).float()
+    p2 = p2[p2 > 0]
+    vals = torch.cat([p2, torch.nextafter(p2, torch.full_like(p2, math.inf)),
+                      torch.nextafter(p2, torch.zeros_like(p2)), torch.rand(500) * 1000,
+                      torch.tensor([math.inf, math.nan, 3.4028234663852886e38, 1e-4 / 448])])
+    vals = vals[(vals > 0) | torch.isnan(vals)]
+    want = R.ue8m0_encode(vals, cap)
+    assert torch.equal(F.ue8m0_encode(vals, cap), want)
+    assert torch.equal(K.ue8m0_encode_triton(vals, cap), want)
+    assert F.ue8m0_encode(torch.tensor([math.inf]), cap).item() == cap
+    assert F.ue8m0_encode(torch.tensor([1.0]), cap).item() == 127
+    assert F.ue8m0_encode(torch.tensor([1.5]), cap).item() == 128
+
+
+def test_codec_bad_input_errors():
+    with pytest.raises(TypeError, match="codes: expected dtype uint8, got int32"):
+        F.fp8_decode(torch.arange(4, dtype=torch.int32), "ocp")
+    with pytest.raises(ValueError, match="flavour: expected 'ocp' or 'fnuz', got 'e5m2'"):
+        F.fp8_decode(CODES, "e5m2")
+    with pytest.raises(TypeError, match="x: expected dtype"):
+        F.fp8_encode(torch.arange(4), "ocp")
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        F.fp8_encode([1.0], "ocp")
+    with pytest.raises(ValueError, match="cap: expected 254 or 255, got 253"):
+        F.ue8m0_encode(torch.ones(2), 253)
+    with pytest.raises(ValueError, match="scale: every value must be > 0"):
+        F.ue8m0_encode(torch.tensor([0.0, 1.0]))
+    with pytest.raises(TypeError, match="codes: expected dtype uint8"):
+        K.fp8_decode_triton(torch.zeros(3), "ocp")
+    with pytest.raises(ValueError, match="cap: expected 254 or 255"):
+        K.ue8m0_encode_triton(torch.ones(2), 7)

@@ -1,0 +1,30 @@
+"""Every registered contract, on every emulated target, under the ci profile: `pytest` alone proves the suite."""
+import pytest
+
+from contracts.registry import load_all
+from contracts.runner import run_contract
+
+CONTRACTS = load_all()
+
+# generous: the rows are bounded by the ci profile's example count, the budget only guards against hangs
+ROW_BUDGET = 120.0
+
+
+@pytest.mark.parametrize("contract_id", sorted(CONTRACTS))
+def test_contract_holds(contract_id, target):
+    c = CONTRACTS[contract_id]
+    row = run_contract(c, target, profile="ci", budget=ROW_BUDGET)
+    if row.status == "skipped":
+        assert not c.applies_to(target)
+        pytest.skip(f"{contract_id} does not apply to {target.name}: {row.reason}")
+    assert row.status == "pass", "\n".join([row.reason] + [str(v) for v in row.violations[:10]])
+    assert row.cases >= c.min_cases
+
+
+def test_every_contract_is_documented_and_has_a_planted_bug():
+    from contracts.zoo.runner import load_catalogs
+
+    expected = {c for m in load_catalogs() for c in m.expect}
+    for cid, c in CONTRACTS.items():
+        assert c.doc.strip(), cid
+        assert cid in expected, f"contract {cid} has no zoo entry proving it can fail"
