@@ -44,7 +44,7 @@ def test_schema_validator_catches_shape_errors():
     assert any("device" in e for e in reports.validate(doc, reports.AUDIT_JSON_SCHEMA))
 
 
-def test_skipped_and_incomplete_rows(tmp_path, temp_contracts):
+def test_skipped_and_incomplete_rows():
     import time
 
     def only_950(case, target):
