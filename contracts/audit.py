@@ -56,42 +56,59 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
     t0 = time.monotonic()
     prog = _Progress(stream, progress)
     results: list[RowResult] = []
-    applicable = [(c, t) for c, t in rows_todo if get_contract(c).applies_to(t)]
-    remaining = len(applicable)
-    for i, (cid, tname) in enumerate(rows_todo, 1):
-        c = get_contract(cid)
-        if c.applies_to(tname):
-            left = budget - (time.monotonic() - t0)
-            row_budget = max(left / max(remaining, 1), 0.5)
-            remaining -= 1
-        else:
-            row_budget = 0.0
-        r = run_contract(c, tname, profile=profile, budget=row_budget, seed=seed, repro_dir=repro_dir,
-                         use_examples=use_examples,
-                         progress=lambda n, i=i, cid=cid, tname=tname: prog.case(i, len(rows_todo), cid, tname, n))
-        results.append(r)
-        prog.row(i, len(rows_todo), r)
-    seconds = time.monotonic() - t0
-    ok = not any(r.status in FAILING for r in results)
-    doc = {
-        "schema_version": reports.AUDIT_SCHEMA_VERSION,
-        "run": {"started": started.isoformat(), "seconds": round(seconds, 3), "budget": budget, "profile": profile,
-                "seed": seed, "triton_mode": triton_mode(), "ok": ok, "pinned_examples": use_examples,
-                "command": " ".join(argv) if argv else None,
-                "counts": {s: sum(r.status == s for r in results) for s in reports.STATUSES}},
-        "device": detect_device().as_json(),
-        "targets": targets,
-        "results": [r.as_json() for r in results],
-    }
-    if report_dir:
-        reports.write_json(os.path.join(report_dir, "audit.json"), doc)
-        with open(os.path.join(report_dir, "audit.md"), "w") as fh:
-            fh.write(reports.audit_markdown(doc))
+    remaining = sum(get_contract(c).applies_to(t) for c, t in rows_todo)
+
+    def make_doc(final: bool) -> dict:
+        rows = list(results)
+        if not final:  # rows not reached (a killed or interrupted run) are reported as incomplete, never dropped
+            done = {(r.contract, r.target) for r in results}
+            rows += [RowResult(c, t, "incomplete", reason="not reached: the audit was interrupted")
+                     for c, t in rows_todo if (c, t) not in done]
+        ok = final and not any(r.status in FAILING for r in rows)
+        return {
+            "schema_version": reports.AUDIT_SCHEMA_VERSION,
+            "run": {"started": started.isoformat(), "seconds": round(time.monotonic() - t0, 3), "budget": budget,
+                    "profile": profile, "seed": seed, "triton_mode": triton_mode(), "ok": ok, "finished": final,
+                    "pinned_examples": use_examples, "command": " ".join(argv) if argv else None,
+                    "counts": {s: sum(r.status == s for r in rows) for s in reports.STATUSES}},
+            "device": detect_device().as_json(),
+            "targets": targets,
+            "results": [r.as_json() for r in rows],
+        }
+
+    def save(doc: dict) -> None:
+        """Written after every row, atomically: a killed audit still leaves a readable report."""
+        if report_dir:
+            reports.write_json(os.path.join(report_dir, "audit.json"), doc)
+            with open(os.path.join(report_dir, "audit.md"), "w") as fh:
+                fh.write(reports.audit_markdown(doc))
+
+    try:
+        for i, (cid, tname) in enumerate(rows_todo, 1):
+            c = get_contract(cid)
+            if c.applies_to(tname):
+                left = budget - (time.monotonic() - t0)
+                row_budget = max(left / max(remaining, 1), 0.5)
+                remaining -= 1
+            else:
+                row_budget = 0.0
+            r = run_contract(c, tname, profile=profile, budget=row_budget, seed=seed, repro_dir=repro_dir,
+                             use_examples=use_examples,
+                             progress=lambda n, i=i, cid=cid, tname=tname: prog.case(i, len(rows_todo), cid,
+                                                                                     tname, n))
+            results.append(r)
+            prog.row(i, len(rows_todo), r)
+            save(make_doc(final=False))
+    except KeyboardInterrupt:
+        save(make_doc(final=False))
+        raise
+    doc = make_doc(final=True)
+    save(doc)
     if junit:
         os.makedirs(os.path.dirname(os.path.abspath(junit)), exist_ok=True)
         with open(junit, "wb") as fh:
             fh.write(reports.audit_junit(doc))
-    return doc, (0 if ok else 1)
+    return doc, (0 if doc["run"]["ok"] else 1)
 
 
 def format_table(doc: dict) -> str:

@@ -64,6 +64,12 @@ def cmd_audit(args) -> int:
     from contracts.audit import format_table, run_audit
     from fuzz.profiles import default_profile
 
+    import signal
+
+    def _term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)  # a CI timeout's SIGTERM still leaves the rows done so far on disk
     try:
         doc, code = run_audit(args.contract, args.target, budget=args.budget,
                               profile=args.profile or default_profile(), seed=args.seed, report_dir=args.report,
@@ -72,6 +78,10 @@ def cmd_audit(args) -> int:
     except ValueError as exc:
         print(f"smv audit: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        where = f"; rows done so far are in {args.report}" if args.report else ""
+        print(f"smv audit: interrupted{where}", file=sys.stderr)
+        return 130
     print(format_table(doc))
     if args.report:
         print(f"reports: {os.path.join(args.report, 'audit.json')}, {os.path.join(args.report, 'audit.md')}")
@@ -99,12 +109,20 @@ def cmd_zoo(args) -> int:
     total = len(mutants)
     done = [0]
 
+    partial: dict = {}
+
     def on_result(r):
         done[0] += 1
+        if args.report:  # keep what is known if the zoo is killed part-way
+            partial[r.id] = r.as_json()
+            write_json(os.path.join(args.report, "zoo.json"),
+                       {"schema_version": 1, "finished": False, "results": list(partial.values()),
+                        "kill_rate": sum(x["status"] == "killed" for x in partial.values()) / len(partial)})
         print(f"[{done[0]}/{total}] {r.status.upper():<8} {r.id} ({r.seconds:.1f}s) {r.detail[:160]}",
               file=sys.stderr, flush=True)
 
     doc = run_zoo(mutants, cap=args.cap, jobs=args.jobs, budget=args.budget, on_result=on_result)
+    doc["finished"] = True
     if args.report:
         write_json(os.path.join(args.report, "zoo.json"), doc)
     counts: dict[str, int] = {}
@@ -174,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if not os.environ.get("SMV_TORCH_THREADS_KEEP"):
+        import torch
+
+        torch.set_num_threads(1)  # checks are many tiny ops: threads only contend (see pytest_plugin)
     return args.func(args)
 
 

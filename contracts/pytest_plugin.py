@@ -17,6 +17,15 @@ import impl  # noqa: F401  - must run before anything imports Triton
 from contracts.markers import HARDWARE_MARKERS, MARKERS, marker_status
 
 
+def _one_torch_thread():
+    """The checks run many tiny tensor ops; torch's intra-op thread pool only adds contention there (measured on
+    2-core CI machines: a [2,576]x[576,5] matmul took ms instead of us under load), and xdist already uses the cores."""
+    if not os.environ.get("SMV_TORCH_THREADS_KEEP"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("smv", "sparse-mla-verify")
     group.addoption("--run-slow", action="store_true", default=False, help="also run tests marked slow (nightly)")
@@ -27,6 +36,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    _one_torch_thread()
     for name, desc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {desc}")
     from hypothesis import settings

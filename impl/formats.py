@@ -265,17 +265,31 @@ def _slot_list(slots, cache: torch.Tensor, name: str = "slots") -> list[int]:
     return out
 
 
-def _block_bytes(cache: torch.Tensor, block: int) -> torch.Tensor:
-    return cache[block].reshape(-1)
+def _byte_span(cache: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view over every byte the cache view can address, through ``stride(0)`` (blocks may be padded
+    or be views into a larger pool)."""
+    nb, bs, width = cache.shape
+    span = (nb - 1) * cache.stride(0) + bs * width if nb else 0
+    return cache.as_strided((span,), (1,), cache.storage_offset())
+
+
+def _token_offsets(layout: Fp8DsMlaLayout, slot_ids: list[int], stride0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 byte offsets (from the view's first byte) of each slot's data record and scale record."""
+    s = torch.tensor(slot_ids, dtype=torch.int64)
+    block, pos = s // layout.block_size, s % layout.block_size
+    base = block * stride0
+    return base + layout.data_offset(pos), base + layout.scale_offset(pos)
 
 
 def pack_fp8_ds_mla(cache: torch.Tensor, slots, nope_codes: torch.Tensor, scale_codes: torch.Tensor,
                     rope: torch.Tensor, pad: int = 0) -> None:
     """Write tokens into an ``fp8_ds_mla`` cache: nope_codes [T,448] uint8, scale_codes [T,7] uint8,
-    rope [T,64] bf16, at global ``slots`` [T]. Bytes of other slots are untouched."""
+    rope [T,64] bf16, at global ``slots`` [T] (distinct). Bytes of other slots are untouched."""
     layout = check_fp8_ds_mla_cache(cache)
     slot_ids = _slot_list(slots, cache)
     T = len(slot_ids)
+    if len(set(slot_ids)) != T:
+        raise ValueError("slots: every slot may be written once per call")
     _require_tensor("nope_codes", nope_codes, (torch.uint8,))
     _require_tensor("scale_codes", scale_codes, (torch.uint8,))
     _require_tensor("rope", rope, (torch.bfloat16,))
@@ -283,16 +297,16 @@ def pack_fp8_ds_mla(cache: torch.Tensor, slots, nope_codes: torch.Tensor, scale_
                      ("rope", rope, DSV4_ROPE_DIM)):
         if tuple(t.shape) != (T, w):
             raise ValueError(f"{nm}: expected shape [{T}, {w}], got {list(t.shape)}")
-    rope_bytes = rope.contiguous().view(torch.uint8).reshape(T, 2 * DSV4_ROPE_DIM)
-    bs = layout.block_size
-    for i, s in enumerate(slot_ids):
-        blk = _block_bytes(cache, s // bs)
-        d = layout.data_offset(s % bs)
-        blk[d:d + DSV4_NOPE_DIM] = nope_codes[i].to(cache.device)
-        blk[d + DSV4_NOPE_DIM:d + DSV4_TOKEN_DATA_BYTES] = rope_bytes[i].to(cache.device)
-        so = layout.scale_offset(s % bs)
-        blk[so:so + DSV4_NUM_GROUPS] = scale_codes[i].to(cache.device)
-        blk[so + DSV4_NUM_GROUPS] = pad
+    if T == 0:
+        return
+    data_off, scale_off = _token_offsets(layout, slot_ids, cache.stride(0))
+    record = torch.cat([nope_codes.cpu(), rope.contiguous().cpu().view(torch.uint8).reshape(T, 2 * DSV4_ROPE_DIM)], 1)
+    flat = _byte_span(cache)
+    dev = cache.device
+    flat[(data_off[:, None] + torch.arange(DSV4_TOKEN_DATA_BYTES)).reshape(-1).to(dev)] = record.reshape(-1).to(dev)
+    flat[(scale_off[:, None] + torch.arange(DSV4_NUM_GROUPS)).reshape(-1).to(dev)] = \
+        scale_codes.cpu().reshape(-1).to(dev)
+    flat[(scale_off + DSV4_NUM_GROUPS).to(dev)] = pad
 
 
 def unpack_fp8_ds_mla(cache: torch.Tensor, slots) -> dict[str, torch.Tensor]:
@@ -300,20 +314,14 @@ def unpack_fp8_ds_mla(cache: torch.Tensor, slots) -> dict[str, torch.Tensor]:
     layout = check_fp8_ds_mla_cache(cache)
     slot_ids = _slot_list(slots, cache)
     T = len(slot_ids)
-    nope = torch.empty(T, DSV4_NOPE_DIM, dtype=torch.uint8)
-    scale = torch.empty(T, DSV4_NUM_GROUPS, dtype=torch.uint8)
-    rope_b = torch.empty(T, 2 * DSV4_ROPE_DIM, dtype=torch.uint8)
-    pad = torch.empty(T, dtype=torch.uint8)
-    bs = layout.block_size
-    for i, s in enumerate(slot_ids):
-        blk = _block_bytes(cache, s // bs).cpu()
-        d = layout.data_offset(s % bs)
-        nope[i] = blk[d:d + DSV4_NOPE_DIM]
-        rope_b[i] = blk[d + DSV4_NOPE_DIM:d + DSV4_TOKEN_DATA_BYTES]
-        so = layout.scale_offset(s % bs)
-        scale[i] = blk[so:so + DSV4_NUM_GROUPS]
-        pad[i] = blk[so + DSV4_NUM_GROUPS]
-    return {"nope": nope, "scale": scale, "rope": rope_b.view(torch.bfloat16), "pad": pad}
+    data_off, scale_off = _token_offsets(layout, slot_ids, cache.stride(0))
+    flat = _byte_span(cache)
+    dev = cache.device
+    record = flat[(data_off[:, None] + torch.arange(DSV4_TOKEN_DATA_BYTES)).to(dev)].cpu().reshape(T, -1)
+    scales = flat[(scale_off[:, None] + torch.arange(DSV4_TOKEN_SCALE_BYTES)).to(dev)].cpu().reshape(T, -1)
+    return {"nope": record[:, :DSV4_NOPE_DIM].contiguous(),
+            "rope": record[:, DSV4_NOPE_DIM:].contiguous().view(torch.bfloat16),
+            "scale": scales[:, :DSV4_NUM_GROUPS].contiguous(), "pad": scales[:, DSV4_NUM_GROUPS].contiguous()}
 
 
 def dequantize_fp8_ds_mla(cache: torch.Tensor, slots, flavour: "str | Fp8Flavour") -> torch.Tensor:
@@ -377,6 +385,10 @@ def check_indexer_k_cache(cache: torch.Tensor, layout: str, name: str = "cache")
     if cache.stride(2) != 1 or cache.stride(1) != INDEXER_TOKEN_BYTES:
         raise ValueError(f"{name}: each block must be contiguous, got strides {list(cache.stride())}")
     return IndexerKLayout(int(cache.shape[1]), layout)
+
+
+def _block_bytes(cache: torch.Tensor, block: int) -> torch.Tensor:
+    return cache[block].reshape(-1)
 
 
 def pack_indexer_k(cache: torch.Tensor, slots, k_codes: torch.Tensor, k_scale: torch.Tensor,

@@ -60,7 +60,7 @@ def test_skipped_and_incomplete_rows():
                   skip_reason="gfx950-only behaviour")(only_950)
     core.contract("test-slow", cases=lambda t: st.integers(), min_cases=50)(slow)
     try:
-        doc, code = run_audit(["test-only-gfx950", "test-slow"], ["gfx942", "gfx950"], budget=1.0,
+        doc, code = run_audit(["test-only-gfx950", "test-slow"], ["gfx942", "gfx950"], budget=6.0,
                               progress=False)
     finally:
         core.CONTRACTS.pop("test-only-gfx950")
@@ -118,3 +118,22 @@ def test_repro_rejects_garbage(tmp_path, capsys):
     p.write_text("{}")
     assert smv(["repro", str(p)]) == 2
     assert "not an smv repro file" in capsys.readouterr().err
+
+
+def test_interrupted_audit_keeps_the_rows_done(tmp_path):
+    def interrupts(case, target):
+        """Stands for a run killed part-way."""
+        raise KeyboardInterrupt
+
+    core.contract("test-interrupts", cases=lambda t: st.integers(), min_cases=1)(interrupts)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_audit(["ue8m0-codec-exact", "test-interrupts"], ["gfx950"], budget=30, progress=False,
+                      report_dir=str(tmp_path))
+    finally:
+        core.CONTRACTS.pop("test-interrupts")
+    doc = json.loads((tmp_path / "audit.json").read_text())
+    assert reports.validate(doc, reports.AUDIT_JSON_SCHEMA) == []
+    assert [(r["contract"], r["status"]) for r in doc["results"]] == [("ue8m0-codec-exact", "pass"),
+                                                                       ("test-interrupts", "incomplete")]
+    assert doc["run"]["finished"] is False and doc["run"]["ok"] is False
