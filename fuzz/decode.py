@@ -1,0 +1,224 @@
+"""Strategies and case builders for the sparse decode: ragged rows with empty rows, invalid indices (-1,
+INT32_MIN/MAX, slots at and past the end of the cache), entries outside indptr, NaN/inf-poisoned referenced rows,
+every unreferenced slot poisoned, odd block sizes, padded block strides inside a shared pool, non-contiguous q,
+sinks of -inf / ordinary / large values, non-default softmax scales.
+
+Cases are plain JSON; ``build_decode_inputs`` makes every tensor from the case's seed, so a saved case replays
+exactly. Shapes stay tiny: the kernels run under the Triton interpreter here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from impl import formats
+from impl.runtime import kernel_device
+from impl.targets import Target
+
+INT32_MIN = -(2 ** 31)
+INT32_MAX = 2 ** 31 - 1
+BLOCK_SIZES = (1, 2, 5, 61)
+HEADS = (1, 3, 16)
+SCALES = (0.03125, 0.0625, 0.11, 0.3)
+SINK_KINDS = ("none", "-inf", "ordinary", "large", "mixed")
+POISON_KINDS = ("none", "nan", "inf")
+#: extra blocks past each cache view, poisoned: an unmasked out-of-range slot reads NaN/inf instead of a crash
+TAIL_BLOCKS = 2
+
+#: poison for every slot no valid index reaches: finite fp8 codes under scale code 255 (+inf in the readers) give
+#: +-inf lanes that no scrub removes, and RoPE NaN; any read of such a slot shows up in the output.
+POISON_NOPE = 0x7E
+POISON_SCALE = 255
+POISON_ROPE_BITS = 0x7FC0
+
+
+def decode_cases(target: Target, *, max_batch: int = 3, max_main: int = 40, max_extra: int = 100):
+    """A Hypothesis strategy of JSON decode cases for ``target``."""
+    is_950 = target.decode_family == "gfx950"
+    split_k = target.split_selector is not None
+
+    @st.composite
+    def build(draw):
+        b = draw(st.integers(1, max_batch))
+        swa_only = draw(st.booleans().map(lambda x: x and draw(st.integers(0, 3)) == 0))
+        lens = st.one_of(st.just(0), st.integers(1, max_main))
+        case = {
+            "seed": draw(st.integers(0, 2 ** 31 - 1)),
+            "batch": b,
+            "heads": draw(st.sampled_from(HEADS)),
+            "main_bs": draw(st.sampled_from(BLOCK_SIZES)),
+            "extra_bs": draw(st.sampled_from(BLOCK_SIZES)),
+            "main_lens": draw(st.lists(lens, min_size=b, max_size=b)),
+            "extra_lens": None if swa_only else draw(st.lists(
+                st.one_of(st.just(0), st.sampled_from([1, 31, 32, 33, 63, 64, 65]),
+                          st.integers(1, max_extra)), min_size=b, max_size=b)),
+            "invalid_rate": draw(st.sampled_from([0.0, 0.15, 0.4])),
+            "indptr_offset": draw(st.sampled_from([0, 0, 3])),
+            "tail_junk": draw(st.integers(0, 4)),
+            "scale": draw(st.sampled_from(SCALES)),
+            "sink": draw(st.sampled_from(SINK_KINDS)),
+            "poison": draw(st.sampled_from(POISON_KINDS)),
+            "padded": draw(st.booleans()),
+            "q_transposed": draw(st.booleans()),
+            "cu_count": draw(st.integers(1, 8)),
+            "num_splits": None,
+            "adaptive": None,
+            "trust": False,
+        }
+        if split_k and draw(st.booleans()):
+            case["num_splits"] = draw(st.integers(1, min(target.split_cap or 1, 6)))
+        if is_950 and draw(st.integers(0, 2)) == 0:
+            s = draw(st.integers(5, 7))
+            case["num_splits"] = s
+            case["adaptive"] = {"one_wave": draw(st.integers(1, s))}
+        if target.may_trust_extra_nan_free and case["extra_lens"] is not None:
+            case["trust"] = draw(st.integers(0, 3)) == 0
+        return case
+
+    return build()
+
+
+@dataclass
+class DecodeInputs:
+    q: torch.Tensor
+    main_cache: torch.Tensor
+    main_indices: torch.Tensor
+    main_indptr: torch.Tensor
+    extra_cache: torch.Tensor | None
+    extra_indices: torch.Tensor | None
+    extra_indptr: torch.Tensor | None
+    attn_sink: torch.Tensor | None
+    softmax_scale: float
+    pools: tuple  # keep the pools alive
+
+
+def _fp8_nan_code(flavour: str, gen: torch.Generator) -> int:
+    if flavour == "fnuz":
+        return 0x80
+    return 0x7F if torch.randint(0, 2, (1,), generator=gen).item() else 0xFF
+
+
+def _make_cache(gen, flavour: str, block_size: int, lens: list[int], invalid_rate: float, indptr_offset: int,
+                tail_junk: int, padded: bool, poison: str, device, neg_inf_logits: bool = True):
+    """One cache segment: a poisoned pool, a view of ``nb`` blocks, referenced rows with data, ragged indices."""
+    total_valid = sum(lens)
+    nslots_needed = max(4, int(total_valid * 0.8) + 4)
+    nb = -(-nslots_needed // block_size)
+    nslots = nb * block_size
+    before = int(torch.randint(0, 2, (1,), generator=gen).item())
+    pool, big = formats.allocate_fp8_ds_mla_pool(nb + TAIL_BLOCKS, block_size, padded=padded,
+                                                 extra_blocks_before=before, fill=0xFF)
+    all_slots = list(range((nb + TAIL_BLOCKS) * block_size))
+    n_all = len(all_slots)
+    formats.pack_fp8_ds_mla(big, all_slots, torch.full((n_all, formats.DSV4_NOPE_DIM), POISON_NOPE, dtype=torch.uint8),
+                            torch.full((n_all, formats.DSV4_NUM_GROUPS), POISON_SCALE, dtype=torch.uint8),
+                            torch.full((n_all, formats.DSV4_ROPE_DIM), POISON_ROPE_BITS,
+                                       dtype=torch.int16).view(torch.bfloat16), pad=0xFF)
+    view = big[:nb]
+    # ragged entries: valid slots drawn from a subset so that some slots stay unreferenced
+    usable = max(1, nslots - 2)
+    entries, referenced = [], set()
+    invalid_values = [-1, INT32_MIN, INT32_MAX, nslots, nslots + 1, nslots + block_size, -2]
+    for n in lens:
+        row = []
+        for _ in range(n):
+            if invalid_rate and torch.rand(1, generator=gen).item() < invalid_rate:
+                row.append(invalid_values[int(torch.randint(0, len(invalid_values), (1,), generator=gen))])
+            else:
+                s = int(torch.randint(0, usable, (1,), generator=gen))
+                row.append(s)
+                referenced.add(s)
+        entries.append(row)
+    unreferenced = [s for s in range(nslots) if s not in referenced] or [nslots - 1]
+    junk = lambda k: [unreferenced[int(torch.randint(0, len(unreferenced), (1,), generator=gen))] for _ in range(k)]
+    flat = junk(indptr_offset)
+    indptr = [indptr_offset]
+    for row in entries:
+        flat += row
+        indptr.append(indptr[-1] + len(row))
+    flat += junk(tail_junk)
+    # data for referenced slots: values ~ N(0, 1) * 2^(code - 127) spread over a few binades
+    ref_slots = sorted(referenced)
+    T = len(ref_slots)
+    if T:
+        x = torch.randn(T, formats.DSV4_NOPE_DIM, generator=gen) * 4.0
+        nope = formats.fp8_encode(x, flavour)
+        scale = torch.randint(123, 128, (T, formats.DSV4_NUM_GROUPS), generator=gen).to(torch.uint8)
+        rope = torch.randn(T, formats.DSV4_ROPE_DIM, generator=gen).to(torch.bfloat16)
+        if poison != "none":
+            for i in range(T):
+                if torch.rand(1, generator=gen).item() >= 0.35:
+                    continue
+                kind = int(torch.randint(0, 3, (1,), generator=gen))
+                if poison == "nan":
+                    if kind == 0:  # fp8 NaN bytes
+                        lanes = torch.randint(0, formats.DSV4_NOPE_DIM, (3,), generator=gen)
+                        nope[i, lanes] = _fp8_nan_code(flavour, gen)
+                    elif kind == 1:  # scale code 255 over a zero group: 0 * inf = NaN
+                        g = int(torch.randint(0, formats.DSV4_NUM_GROUPS, (1,), generator=gen))
+                        nope[i, g * formats.DSV4_GROUP:(g + 1) * formats.DSV4_GROUP] = 0
+                        scale[i, g] = 255
+                    else:  # NaN RoPE lanes
+                        lanes = torch.randint(0, formats.DSV4_ROPE_DIM, (2,), generator=gen)
+                        rope.view(torch.int16)[i, lanes] = POISON_ROPE_BITS
+                else:
+                    if kind < 2 or not neg_inf_logits:  # scale code 255 over finite non-zero codes: +-inf lanes, never scrubbed
+                        g = int(torch.randint(0, formats.DSV4_NUM_GROUPS, (1,), generator=gen))
+                        scale[i, g] = 255
+                        seg = nope[i, g * formats.DSV4_GROUP:(g + 1) * formats.DSV4_GROUP]
+                        nope[i, g * formats.DSV4_GROUP:(g + 1) * formats.DSV4_GROUP] = torch.where(
+                            (seg & 0x7F) == 0, torch.full_like(seg, 0x38), seg)
+                    else:  # an inf RoPE lane: its logit may be -inf, giving 0 * inf = NaN in that lane only
+                        lane = int(torch.randint(0, formats.DSV4_ROPE_DIM, (1,), generator=gen))
+                        rope[i, lane] = math.inf
+        formats.pack_fp8_ds_mla(view, ref_slots, nope, scale, rope)
+    indices = torch.tensor(flat, dtype=torch.int32)
+    indptr_t = torch.tensor(indptr, dtype=torch.int32)
+    if device != "cpu":
+        pool = pool.to(device)
+        big_d = pool.as_strided(big.shape, big.stride(), big.storage_offset())
+        view = big_d[:nb]
+    return pool, view, indices.to(device), indptr_t.to(device)
+
+
+def build_decode_inputs(case: dict, target: Target, device: str | None = None) -> DecodeInputs:
+    """Every tensor of a decode case, made from ``case['seed']`` on the kernel device."""
+    device = device or kernel_device()
+    gen = torch.Generator().manual_seed(int(case["seed"]))
+    b, h = int(case["batch"]), int(case["heads"])
+    if case.get("q_transposed"):
+        q = (torch.randn(h, b, formats.DSV4_HEAD_DIM, generator=gen)).to(torch.bfloat16).to(device).transpose(0, 1)
+    else:
+        q = (torch.randn(b, h, formats.DSV4_HEAD_DIM, generator=gen)).to(torch.bfloat16).to(device)
+    mpool, mview, midx, mptr = _make_cache(gen, target.main_cache_fp8, int(case["main_bs"]), case["main_lens"],
+                                           float(case["invalid_rate"]), int(case["indptr_offset"]),
+                                           int(case["tail_junk"]), bool(case["padded"]), case["poison"], device,
+                                           not case.get("adaptive"))
+    epool = eview = eidx = eptr = None
+    if case["extra_lens"] is not None:
+        epool, eview, eidx, eptr = _make_cache(gen, target.extra_cache_fp8, int(case["extra_bs"]),
+                                               case["extra_lens"], float(case["invalid_rate"]),
+                                               int(case["indptr_offset"]), int(case["tail_junk"]),
+                                               bool(case["padded"]), case["poison"], device,
+                                               not case.get("adaptive"))
+    pad_heads = h + int(torch.randint(0, 3, (1,), generator=gen))
+    kind = case["sink"]
+    sink = None
+    if kind != "none":
+        ordinary = torch.randn(pad_heads, generator=gen) * 2.0
+        large = 30.0 + torch.rand(pad_heads, generator=gen) * 10.0
+        ninf = torch.full((pad_heads,), -math.inf)
+        if kind == "-inf":
+            sink = ninf
+        elif kind == "ordinary":
+            sink = ordinary
+        elif kind == "large":
+            sink = large
+        else:
+            pick = torch.randint(0, 3, (pad_heads,), generator=gen)
+            sink = torch.where(pick == 0, ninf, torch.where(pick == 1, ordinary, large))
+        sink = sink.to(torch.float32).to(device)
+    return DecodeInputs(q, mview, midx, mptr, eview, eidx, eptr, sink, float(case["scale"]), (mpool, epool))

@@ -1,0 +1,778 @@
+"""DSv4 sparse MLA decode over ``fp8_ds_mla`` caches (SPEC section 2): three Triton kernel families and the reduce.
+
+``sparse_attn_decode`` attends every query row to the union of its SWA ("main") tokens and its compressed
+("extra") tokens, plus an optional per-head sink logit with a zero value:
+
+    s_j = scale * (q_nope . k_nope_j + q_rope . k_rope_j),   V = K (all 512 lanes, RoPE included)
+    out = sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + e^(sink - m)),   m = max(max_j s_j, sink)
+
+An empty row without a sink gives 0. Which kernels run is decided by the ``Target``:
+
+- ``generic``: one kernel, grid (b, ceil(h/16)), BLOCK_K 16, 8 warps, writes bf16 directly.
+- ``gfx942``: split-K partial, grid (b, S, ceil(h/16)), BLOCK_H 16, BLOCK_K 32, natural-log online softmax over
+  separate NoPE/RoPE dots, then the reduce.
+- ``gfx950``: split-K partial with four 128-wide tiles of the 512 lanes (the last one 64 NoPE + 64 RoPE) joined
+  into one QK dot, four 128-wide PV accumulators, base-2 softmax, the main segment in guarded 32-token tiles, the
+  extra segment in 64-token tiles then at most two 32-token tails; optional adaptive splits. Then the reduce.
+
+Cache reads: a slot is valid when it lies inside its row's indptr range and 0 <= slot < num_blocks * block_size;
+anything else (-1, INT32 extremes, slots past the cache) is masked and never dereferenced. Blocks are addressed
+with ``cache.stride(0)`` in int64. fp8 is decoded from the raw bits (main flavour from ``target.main_cache_fp8``,
+extra from ``target.extra_cache_fp8``), UE8M0 through the readers' rule (code 255 -> +inf), products in fp32. NaN
+lanes are scrubbed to 0 after dequantization: always for the main cache, for the extra cache unless the trust gate
+is open. Inf is never scrubbed.
+
+Dot operands are bf16 (exact for fp8 x 2^k products and bf16 RoPE; p is rounded to bf16 for the PV dot),
+accumulation fp32; every dot goes through ``impl.triton_helpers.dot``.
+
+Every launch goes through ``_launch``, which reports it to an optional launch observer (``set_launch_observer``,
+``launch_observer``): kernel, grid, argument pointers/layouts, scalars and meta-parameters. Graph capture uses it
+to freeze a launch sequence and to prove a replay reuses it (``impl.graph_capture``).
+
+Source: vllm-project/vllm ``vllm/v1/attention/ops/rocm_aiter_mla_sparse.py`` (``rocm_sparse_attn_decode`` and the
+gfx950 partial kernel) as SPEC section 2 restates it.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from impl import formats
+from impl import splits as _splits
+from impl.runtime import kernel_device
+from impl.targets import Target, effective_cu_count, get_target
+from impl.triton_helpers import dot, fp8_decode_bits, ue8m0_decode_reader
+
+FLT_MAX = 3.4028234663852886e38
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+DEFAULT_SOFTMAX_SCALE = formats.DSV4_HEAD_DIM ** -0.5
+BLOCK_H = _splits.BLOCK_H
+GFX942_BLOCK_K = 32
+GENERIC_BLOCK_K = 16
+GFX950_MAIN_TILE = 32
+GFX950_EXTRA_TILE = 64
+GFX950_TAIL_TILE = 32
+#: l below this is clamped before the division (SPEC: the kernel clamps the denominator at 1e-30).
+L_FLOOR = 1e-30
+
+_NOPE: tl.constexpr = tl.constexpr(formats.DSV4_NOPE_DIM)
+_TOKEN_DATA: tl.constexpr = tl.constexpr(formats.DSV4_TOKEN_DATA_BYTES)
+_TOKEN_SCALE: tl.constexpr = tl.constexpr(formats.DSV4_TOKEN_SCALE_BYTES)
+_GROUP: tl.constexpr = tl.constexpr(formats.DSV4_GROUP)
+_FLT_MAX: tl.constexpr = tl.constexpr(FLT_MAX)
+_LN2: tl.constexpr = tl.constexpr(LN2)
+_L_FLOOR: tl.constexpr = tl.constexpr(L_FLOOR)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Device helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _split_slice(seg_lo, seg_hi, split, num_splits):
+    """Split ``split`` of ``num_splits`` takes [seg_lo + split*ceil(len/S), ...) of a segment, clipped to it."""
+    chunk = (seg_hi - seg_lo + num_splits - 1) // num_splits
+    lo = seg_lo + split * chunk
+    hi = tl.minimum(lo + chunk, seg_hi)
+    return lo, hi
+
+
+@triton.jit
+def _slot_tile(idx_ptr, offs, seg_hi, num_slots):
+    """Slots of one tile of ragged entries ``offs`` (absolute positions, int64). Only entries inside the segment
+    are read; a slot is valid when 0 <= slot < num_slots. Invalid slots come back as 0 with valid == False."""
+    in_seg = offs < seg_hi
+    raw = tl.load(idx_ptr + offs, mask=in_seg, other=-1).to(tl.int64)
+    valid = in_seg & (raw >= 0) & (raw < num_slots)
+    return tl.where(valid, raw, 0), valid
+
+
+@triton.jit
+def _load_kv(cache, slots, valid, dims, block_size, stride0,
+             IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HAS_NOPE: tl.constexpr, HAS_ROPE: tl.constexpr):
+    """Dequantized fp32 lanes ``dims`` (absolute, 0..511) of the tokens at ``slots`` -> [BK, W].
+
+    Layout (SPEC 1.2): block = slot // bs at ``block * stride0`` bytes; token data at pos*576 (448 fp8 NoPE, then
+    64 bf16 RoPE), scale codes at bs*576 + pos*8 (one UE8M0 code per 64 NoPE lanes). Offsets are int64. Masked
+    tokens read as 0 (code 0 x 2^-127 and RoPE 0). Lanes < 448 come from the NoPE part when HAS_NOPE, lanes >= 448
+    from the RoPE part when HAS_ROPE; a lane whose part is off is 0."""
+    blk = slots // block_size
+    pos = slots - blk * block_size
+    base = blk * stride0
+    row = base + pos * _TOKEN_DATA
+    is_nope = dims < _NOPE
+    x = tl.zeros((slots.shape[0], dims.shape[0]), tl.float32)
+    if HAS_NOPE:
+        nope_dim = tl.where(is_nope, dims, 0)
+        m_nope = valid[:, None] & is_nope[None, :]
+        codes = tl.load(cache + row[:, None] + nope_dim[None, :], mask=m_nope, other=0)
+        scale_row = base + block_size * _TOKEN_DATA + pos * _TOKEN_SCALE
+        sc = tl.load(cache + scale_row[:, None] + (nope_dim // _GROUP)[None, :], mask=m_nope, other=0)
+        nope = fp8_decode_bits(codes, IS_FNUZ) * ue8m0_decode_reader(sc)
+        x = tl.where(is_nope[None, :], nope, x)
+    if HAS_ROPE:
+        lane = tl.where(is_nope, 0, dims - _NOPE)
+        m_rope = valid[:, None] & (dims >= _NOPE)[None, :]
+        rp = cache + row[:, None] + _NOPE + 2 * lane[None, :]
+        lo = tl.load(rp, mask=m_rope, other=0).to(tl.int32)
+        hi = tl.load(rp + 1, mask=m_rope, other=0).to(tl.int32)
+        # bf16 -> fp32 is exact: the 16 bits become the high half of the fp32 word (little-endian bytes)
+        rope = ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        x = tl.where(is_nope[None, :], x, rope)
+    if SCRUB:
+        x = tl.where(x == x, x, 0.0)
+    return x
+
+
+@triton.jit
+def _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, cache, idx_ptr, offs, seg_hi, num_slots, block_size,
+                  stride0, scale, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr):
+    """One online-softmax step (natural exp) over the tokens at ragged positions ``offs``: separate NoPE
+    ([BK, 512] with lanes >= 448 zero) and RoPE ([BK, 64]) dots for QK and for PV."""
+    slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
+    d512 = tl.arange(0, 512)
+    d64 = tl.arange(0, 64) + _NOPE
+    kn = _load_kv(cache, slots, valid, d512, block_size, stride0, IS_FNUZ, SCRUB, True, False).to(tl.bfloat16)
+    kr = _load_kv(cache, slots, valid, d64, block_size, stride0, IS_FNUZ, SCRUB, False, True).to(tl.bfloat16)
+    s = dot(q_nope, tl.trans(kn), tl.zeros((q_nope.shape[0], kn.shape[0]), tl.float32))
+    s = dot(q_rope, tl.trans(kr), s)
+    s = s * scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    pb = p.to(tl.bfloat16)
+    acc_n = dot(pb, kn, acc_n * alpha[:, None])
+    acc_r = dot(pb, kr, acc_r * alpha[:, None])
+    return m_new, l_i, acc_n, acc_r
+
+
+@triton.jit
+def _load_q_split(q, b, heads, hmask, stride_qb, stride_qh, stride_qd):
+    d512 = tl.arange(0, 512)
+    d64 = tl.arange(0, 64) + _NOPE
+    qrow = q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+    q_nope = tl.load(qrow + d512[None, :] * stride_qd, mask=hmask[:, None] & (d512 < _NOPE)[None, :], other=0.0)
+    q_rope = tl.load(qrow + d64[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
+    return q_nope, q_rope
+
+
+@triton.jit
+def _sparse_decode_generic_kernel(
+        q, stride_qb, stride_qh, stride_qd,
+        main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
+        extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots,
+        sink, out, stride_ob, stride_oh, num_heads, scale,
+        HAS_EXTRA: tl.constexpr, HAS_SINK: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
+        SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Fallback single kernel (targets with neither split-K family).
+
+    Grid (b, ceil(h / BLOCK_H)). Program (b, hb) walks row b's main segment then its extra segment in BLOCK_K-token
+    tiles with a natural-exp online softmax, folds in the sink, normalises and writes bf16 ``out[b, heads, 512]``.
+    Invariant: tiles never cross segments; masked tokens get logit -inf and value 0; with no valid token and no
+    sink l == 0 and the row is written as 0."""
+    b = tl.program_id(0)
+    hb = tl.program_id(1)
+    heads = hb * BLOCK_H_ + tl.arange(0, BLOCK_H_)
+    hmask = heads < num_heads
+    q_nope, q_rope = _load_q_split(q, b, heads, hmask, stride_qb, stride_qh, stride_qd)
+    m_i = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
+    l_i = tl.zeros((BLOCK_H_,), tl.float32)
+    acc_n = tl.zeros((BLOCK_H_, 512), tl.float32)
+    acc_r = tl.zeros((BLOCK_H_, 64), tl.float32)
+    tk = tl.arange(0, BLOCK_K).to(tl.int64)
+    lo = tl.load(main_indptr + b).to(tl.int64)
+    hi = tl.load(main_indptr + b + 1).to(tl.int64)
+    for t0 in range(lo, hi, BLOCK_K):
+        m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, main_cache, main_idx,
+                                               t0 + tk, hi, main_num_slots, main_bs, main_stride0, scale,
+                                               IS_FNUZ_MAIN, True)
+    if HAS_EXTRA:
+        lo = tl.load(extra_indptr + b).to(tl.int64)
+        hi = tl.load(extra_indptr + b + 1).to(tl.int64)
+        for t0 in range(lo, hi, BLOCK_K):
+            m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, extra_cache, extra_idx,
+                                                   t0 + tk, hi, extra_num_slots, extra_bs, extra_stride0, scale,
+                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA)
+    if HAS_SINK:
+        sink_val = tl.load(sink + heads, mask=hmask, other=float("-inf"))
+        m_f = tl.maximum(m_i, sink_val)
+        alpha = tl.exp(m_i - m_f)
+        l_i = l_i * alpha + tl.exp(sink_val - m_f)
+        acc_n = acc_n * alpha[:, None]
+        acc_r = acc_r * alpha[:, None]
+    # 0 only when l <= 0 (no valid token, no sink); a NaN l must stay NaN
+    inv = 1.0 / tl.maximum(l_i, _L_FLOOR)
+    empty = l_i <= 0
+    o_n = tl.where(empty[:, None], 0.0, acc_n * inv[:, None])
+    o_r = tl.where(empty[:, None], 0.0, acc_r * inv[:, None])
+    d512 = tl.arange(0, 512)
+    d64 = tl.arange(0, 64) + _NOPE
+    orow = out + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+    tl.store(orow + d512[None, :], o_n.to(tl.bfloat16), mask=hmask[:, None] & (d512 < _NOPE)[None, :])
+    tl.store(orow + d64[None, :], o_r.to(tl.bfloat16), mask=hmask[:, None])
+
+
+@triton.jit
+def _sparse_decode_gfx942_partial_kernel(
+        q, stride_qb, stride_qh, stride_qd,
+        main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
+        extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots,
+        part_m, part_l, part_acc, stride_mb, stride_ms, stride_ab, stride_as, stride_ah,
+        num_heads, num_splits, scale,
+        HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
+        SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr):
+    """gfx942 split-K partial.
+
+    Grid (b, S, ceil(h / BLOCK_H)). Program (b, s, hb) takes slice [s*ceil(len/S), ...) of row b's main segment,
+    then the same slice of its extra segment (no tile crosses segments), and stores un-normalised fp32 partials:
+    ``part_m[b, s, h]`` (running max, natural log; -FLT_MAX when nothing was valid), ``part_l`` (sum of exp),
+    ``part_acc[b, s, h, 512]`` (sum of p*v). No sink here. Every (b, s, h < num_heads) entry is written."""
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    hb = tl.program_id(2)
+    heads = hb * BLOCK_H_ + tl.arange(0, BLOCK_H_)
+    hmask = heads < num_heads
+    q_nope, q_rope = _load_q_split(q, b, heads, hmask, stride_qb, stride_qh, stride_qd)
+    m_i = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
+    l_i = tl.zeros((BLOCK_H_,), tl.float32)
+    acc_n = tl.zeros((BLOCK_H_, 512), tl.float32)
+    acc_r = tl.zeros((BLOCK_H_, 64), tl.float32)
+    tk = tl.arange(0, BLOCK_K).to(tl.int64)
+    lo, hi = _split_slice(tl.load(main_indptr + b).to(tl.int64), tl.load(main_indptr + b + 1).to(tl.int64),
+                          split, num_splits)
+    for t0 in range(lo, hi, BLOCK_K):
+        m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, main_cache, main_idx,
+                                               t0 + tk, hi, main_num_slots, main_bs, main_stride0, scale,
+                                               IS_FNUZ_MAIN, True)
+    if HAS_EXTRA:
+        lo, hi = _split_slice(tl.load(extra_indptr + b).to(tl.int64), tl.load(extra_indptr + b + 1).to(tl.int64),
+                              split, num_splits)
+        for t0 in range(lo, hi, BLOCK_K):
+            m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, extra_cache, extra_idx,
+                                                   t0 + tk, hi, extra_num_slots, extra_bs, extra_stride0, scale,
+                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA)
+    ml = b.to(tl.int64) * stride_mb + split.to(tl.int64) * stride_ms + heads
+    tl.store(part_m + ml, m_i, mask=hmask)
+    tl.store(part_l + ml, l_i, mask=hmask)
+    d512 = tl.arange(0, 512)
+    d64 = tl.arange(0, 64) + _NOPE
+    arow = (part_acc + b.to(tl.int64) * stride_ab + split.to(tl.int64) * stride_as
+            + heads[:, None].to(tl.int64) * stride_ah)
+    tl.store(arow + d512[None, :], acc_n, mask=hmask[:, None] & (d512 < _NOPE)[None, :])
+    tl.store(arow + d64[None, :], acc_r, mask=hmask[:, None])
+
+
+@triton.jit
+def _tile_base2(q512, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num_slots, block_size, stride0,
+                qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr):
+    """One base-2 online-softmax step over the tokens at ragged positions ``offs``: four 128-lane tiles (the last
+    is 64 NoPE + 64 RoPE lanes) joined into one [BK, 512] operand for a single QK dot; PV into four 128-lane
+    accumulators. Logits are in log2 units (scale * log2(e) folded into ``qk_scale2``)."""
+    slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
+    d128 = tl.arange(0, 128)
+    k0 = _load_kv(cache, slots, valid, d128, block_size, stride0, IS_FNUZ, SCRUB, True, False).to(tl.bfloat16)
+    k1 = _load_kv(cache, slots, valid, d128 + 128, block_size, stride0, IS_FNUZ, SCRUB, True, False).to(tl.bfloat16)
+    k2 = _load_kv(cache, slots, valid, d128 + 256, block_size, stride0, IS_FNUZ, SCRUB, True, False).to(tl.bfloat16)
+    k3 = _load_kv(cache, slots, valid, d128 + 384, block_size, stride0, IS_FNUZ, SCRUB, True, True).to(tl.bfloat16)
+    # [BK, 128, i, o] holds tile 2*o + i; reorder to [BK, o, i, 128] so the flat lane is tile*128 + d
+    kk = tl.join(tl.join(k0, k1), tl.join(k2, k3))
+    kk = tl.reshape(tl.permute(kk, (0, 3, 2, 1)), (k0.shape[0], 512))
+    s = dot(q512, tl.trans(kk), tl.zeros((q512.shape[0], k0.shape[0]), tl.float32))
+    s = s * qk_scale2
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m2, tl.max(s, axis=1))
+    alpha = tl.exp2(m2 - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    pb = p.to(tl.bfloat16)
+    a0 = dot(pb, k0, a0 * alpha[:, None])
+    a1 = dot(pb, k1, a1 * alpha[:, None])
+    a2 = dot(pb, k2, a2 * alpha[:, None])
+    a3 = dot(pb, k3, a3 * alpha[:, None])
+    return m_new, l_i, a0, a1, a2, a3
+
+
+@triton.jit
+def _row_iters(len_m, len_e, s, K: tl.constexpr):
+    return ((len_m + s - 1) // s + K - 1) // K + ((len_e + s - 1) // s + K - 1) // K
+
+
+@triton.jit
+def _sparse_decode_gfx950_partial_kernel(
+        q, stride_qb, stride_qh, stride_qd,
+        main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
+        extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots,
+        part_m, part_l, part_acc, stride_mb, stride_ms, stride_ab, stride_as, stride_ah,
+        num_heads, num_splits, one_wave, qk_scale2,
+        HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
+        SCRUB_EXTRA: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_H_: tl.constexpr, MAIN_TILE: tl.constexpr,
+        EXTRA_TILE: tl.constexpr, TAIL_TILE: tl.constexpr, ITER_K: tl.constexpr):
+    """gfx950 split-K partial.
+
+    Grid (b, S, ceil(h / BLOCK_H)), S frozen by the caller (graph capture keeps it). With ADAPTIVE, each row first
+    recomputes its active split count A from its real indptr lengths (4 if iters(4) <= 3, else ONE_WAVE if
+    iters(ONE_WAVE) <= 3, else S; never above S); splits s >= A write ``m = -FLT_MAX, l = 0`` and exit, leaving
+    ``part_acc`` untouched (the reduce must skip them). Otherwise A = S. Split s takes slice [s*ceil(len/A), ...)
+    of the main segment (guarded MAIN_TILE tiles), then of the extra segment (EXTRA_TILE tiles, then at most two
+    TAIL_TILE tails). Partials are un-normalised: ``part_m`` = running max converted back to natural log (m2 * ln2),
+    or -FLT_MAX when l == 0; ``part_l``; ``part_acc[b, s, h, 512]``. No sink here."""
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    hb = tl.program_id(2)
+    heads = hb * BLOCK_H_ + tl.arange(0, BLOCK_H_)
+    hmask = heads < num_heads
+    ml = b.to(tl.int64) * stride_mb + split.to(tl.int64) * stride_ms + heads
+    m_lo = tl.load(main_indptr + b).to(tl.int64)
+    m_hi = tl.load(main_indptr + b + 1).to(tl.int64)
+    if HAS_EXTRA:
+        e_lo = tl.load(extra_indptr + b).to(tl.int64)
+        e_hi = tl.load(extra_indptr + b + 1).to(tl.int64)
+    else:
+        e_lo = m_lo * 0
+        e_hi = m_lo * 0
+    active = num_splits
+    if ADAPTIVE:
+        len_m = m_hi - m_lo
+        len_e = e_hi - e_lo
+        active = tl.where(_row_iters(len_m, len_e, 4, ITER_K) <= 3, 4,
+                          tl.where(_row_iters(len_m, len_e, one_wave, ITER_K) <= 3, one_wave, num_splits))
+        active = tl.minimum(active, num_splits)
+    if split >= active:
+        tl.store(part_m + ml, tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32), mask=hmask)
+        tl.store(part_l + ml, tl.zeros((BLOCK_H_,), tl.float32), mask=hmask)
+        return
+    d512 = tl.arange(0, 512)
+    qrow = q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+    q512 = tl.load(qrow + d512[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
+    m2 = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
+    l_i = tl.zeros((BLOCK_H_,), tl.float32)
+    a0 = tl.zeros((BLOCK_H_, 128), tl.float32)
+    a1 = tl.zeros((BLOCK_H_, 128), tl.float32)
+    a2 = tl.zeros((BLOCK_H_, 128), tl.float32)
+    a3 = tl.zeros((BLOCK_H_, 128), tl.float32)
+    lo, hi = _split_slice(m_lo, m_hi, split, active)
+    tm = tl.arange(0, MAIN_TILE).to(tl.int64)
+    for t0 in range(lo, hi, MAIN_TILE):
+        m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, main_cache, main_idx, t0 + tm, hi,
+                                              main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True)
+    if HAS_EXTRA:
+        lo, hi = _split_slice(e_lo, e_hi, split, active)
+        te = tl.arange(0, EXTRA_TILE).to(tl.int64)
+        n_full = (hi - lo) // EXTRA_TILE
+        for i in range(0, n_full):
+            m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx,
+                                                  lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
+                                                  extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA)
+        tt = tl.arange(0, TAIL_TILE).to(tl.int64)
+        for t0 in range(lo + n_full * EXTRA_TILE, hi, TAIL_TILE):
+            m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx, t0 + tt,
+                                                  hi, extra_num_slots, extra_bs, extra_stride0, qk_scale2,
+                                                  IS_FNUZ_EXTRA, SCRUB_EXTRA)
+    tl.store(part_m + ml, tl.where(l_i == 0, -_FLT_MAX, m2 * _LN2), mask=hmask)
+    tl.store(part_l + ml, l_i, mask=hmask)
+    d128 = tl.arange(0, 128)
+    arow = (part_acc + b.to(tl.int64) * stride_ab + split.to(tl.int64) * stride_as
+            + heads[:, None].to(tl.int64) * stride_ah + d128[None, :])
+    tl.store(arow, a0, mask=hmask[:, None])
+    tl.store(arow + 128, a1, mask=hmask[:, None])
+    tl.store(arow + 256, a2, mask=hmask[:, None])
+    tl.store(arow + 384, a3, mask=hmask[:, None])
+
+
+@triton.jit
+def _sparse_decode_reduce_kernel(part_m, part_l, part_acc, stride_mb, stride_ms, stride_ab, stride_as, stride_ah,
+                                 sink, out, stride_ob, stride_oh, num_splits,
+                                 HAS_SINK: tl.constexpr, ADAPTIVE: tl.constexpr):
+    """Combine split partials into the bf16 output.
+
+    Grid (b, h). m = max over splits of part_m, then with the sink; w_s = e^(m_s - m);
+    l = sum w_s l_s + e^(sink - m); out = sum w_s acc_s / max(l, 1e-30), or 0 when l <= 0. With ADAPTIVE, splits
+    whose m is -FLT_MAX are skipped outright: their acc may be stale or NaN (inactive splits never write it)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    d = tl.arange(0, 512)
+    mrow = b.to(tl.int64) * stride_mb + h
+    arow = part_acc + b.to(tl.int64) * stride_ab + h.to(tl.int64) * stride_ah + d
+    # loop-carried values must keep one type: fp32 scalars from the start
+    m = tl.full((), -_FLT_MAX, tl.float32)
+    for s in range(0, num_splits):
+        m = tl.maximum(m, tl.load(part_m + mrow + s * stride_ms))
+    if HAS_SINK:
+        sink_val = tl.load(sink + h)
+        m = tl.maximum(m, sink_val)
+    l = tl.zeros((), tl.float32)
+    acc = tl.zeros((512,), tl.float32)
+    for s in range(0, num_splits):
+        m_s = tl.load(part_m + mrow + s * stride_ms)
+        l_s = tl.load(part_l + mrow + s * stride_ms)
+        acc_s = tl.load(arow + s * stride_as)
+        w = tl.exp(m_s - m)
+        if ADAPTIVE:
+            # a select, not a product: 0 * NaN would still be NaN
+            live = m_s != -_FLT_MAX
+            l = l + tl.where(live, w * l_s, 0.0)
+            acc = acc + tl.where(live, w * acc_s, 0.0)
+        else:
+            l = l + w * l_s
+            acc = acc + w * acc_s
+    if HAS_SINK:
+        l = l + tl.exp(sink_val - m)
+    # 0 only when l <= 0 (no valid token, no sink); a NaN l must stay NaN
+    o = tl.where(l <= 0, 0.0, acc / tl.maximum(l, _L_FLOOR))
+    tl.store(out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + d, o.to(tl.bfloat16))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------------------------
+
+# --- launch observer: every kernel launch of this module goes through ``_launch`` ---------------------------------
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor argument as a launch sees it: where it points and how it is laid out, never its data."""
+
+    data_ptr: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """One kernel launch: kernel name, grid, every argument by parameter name (tensors as ``TensorArg``, scalars
+    by value) and the constexpr/meta keywords. Two launches with equal records read and write the same addresses
+    with the same host-side parameters; only the data behind the pointers can differ."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    args: tuple[tuple[str, object], ...]
+    meta: tuple[tuple[str, object], ...]
+
+
+#: None (the default) or ``observer(record: LaunchRecord)``, called before each launch; an exception it raises
+#: stops the launch. Only ``_launch`` reads it, so with no observer a launch costs one global lookup more.
+_launch_observer = None
+
+
+def set_launch_observer(observer) -> object:
+    """Install ``observer`` (a callable taking a ``LaunchRecord``, or None to remove it); returns the previous one."""
+    global _launch_observer
+    if observer is not None and not callable(observer):
+        raise TypeError(f"observer: expected a callable or None, got {type(observer).__name__}")
+    previous, _launch_observer = _launch_observer, observer
+    return previous
+
+
+@contextmanager
+def launch_observer(observer):
+    """``with launch_observer(fn): ...`` installs ``fn`` for the block and restores the previous observer after."""
+    previous = set_launch_observer(observer)
+    try:
+        yield observer
+    finally:
+        set_launch_observer(previous)
+
+
+def _normalize_arg(value):
+    if isinstance(value, torch.Tensor):
+        return TensorArg(int(value.data_ptr()), tuple(int(x) for x in value.shape),
+                         tuple(int(x) for x in value.stride()), _name_dtype(value.dtype))
+    return value
+
+
+def _launch(kernel, grid: tuple, *args, **meta) -> None:
+    observer = _launch_observer
+    if observer is not None:
+        names = getattr(kernel, "arg_names", None) or [f"arg{i}" for i in range(len(args))]
+        name = getattr(kernel, "__name__", None) or kernel.fn.__name__
+        observer(LaunchRecord(name, tuple(int(g) for g in grid),
+                              tuple((n, _normalize_arg(a)) for n, a in zip(names, args)),
+                              tuple(sorted((k, _normalize_arg(v)) for k, v in meta.items()))))
+    kernel[grid](*args, **meta)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Everything that fixes the launch: kernel family, split count S (grid dim 1), head blocks (grid dim 2),
+    adaptive splits and ONE_WAVE. A graph-capture mode freezes one plan and replays it with new indices."""
+
+    family: str
+    num_splits: int
+    head_blocks: int
+    adaptive: bool = False
+    one_wave: int = 1
+
+
+@dataclass
+class DecodeWorkspace:
+    """Split-K partials: part_m, part_l [b, S, h] and part_acc [b, S, h, 512], fp32."""
+
+    part_m: torch.Tensor
+    part_l: torch.Tensor
+    part_acc: torch.Tensor
+
+    @staticmethod
+    def allocate(batch: int, num_splits: int, num_heads: int, device, fill: float = 0.0) -> "DecodeWorkspace":
+        def mk(*shape):
+            return torch.full(shape, fill, dtype=torch.float32, device=device)
+
+        return DecodeWorkspace(mk(batch, num_splits, num_heads), mk(batch, num_splits, num_heads),
+                               mk(batch, num_splits, num_heads, formats.DSV4_HEAD_DIM))
+
+
+def plan_decode(target: "Target | str | None", batch: int, num_heads: int, main_numel: int, extra_numel: int = 0,
+                *, adaptive_splits: bool = False, cu_count: int | None = None) -> DecodePlan:
+    """The plan ``sparse_attn_decode`` would use: family and selector from the target, sizes only (sync-free)."""
+    t = get_target(target)
+    if adaptive_splits and not t.adaptive_splits_in_capture:
+        raise ValueError(f"adaptive_splits: target {t.name} does not allow adaptive splits (only targets with "
+                         f"adaptive_splits_in_capture, i.e. gfx950)")
+    cu = effective_cu_count(t) if cu_count is None else cu_count
+    if isinstance(cu, bool) or not isinstance(cu, int) or cu < 1:
+        raise ValueError(f"cu_count: expected a positive int, got {cu!r}")
+    hb = _splits.head_blocks(num_heads)
+    if t.split_selector is None:
+        return DecodePlan(t.decode_family, 1, hb)
+    s = _splits.select_num_splits(t.split_selector, batch, num_heads, main_numel, extra_numel, cu)
+    if adaptive_splits:
+        ap = _splits.adaptive_plan(s, batch, num_heads, cu)
+        if ap.enabled:
+            return DecodePlan(t.decode_family, s, hb, True, ap.one_wave)
+    return DecodePlan(t.decode_family, s, hb)
+
+
+def _name_dtype(dt) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def _check_tensor(name: str, t, dtype: torch.dtype, dims: int, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {_name_dtype(dtype)}, got {_name_dtype(t.dtype)}")
+    if t.dim() != dims:
+        raise ValueError(f"{name}: expected {dims} dimensions, got shape {list(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected device {device} (the device of q), got {t.device}")
+
+
+def _check_ragged(prefix: str, indices, indptr, batch: int, device, check_indptr: bool) -> None:
+    _check_tensor(f"{prefix}_indices", indices, torch.int32, 1, device)
+    _check_tensor(f"{prefix}_indptr", indptr, torch.int32, 1, device)
+    if indptr.numel() != batch + 1:
+        raise ValueError(f"{prefix}_indptr: expected batch + 1 = {batch + 1} entries, got {indptr.numel()}")
+    if not indices.is_contiguous() or not indptr.is_contiguous():
+        raise ValueError(f"{prefix}_indices/{prefix}_indptr: expected contiguous tensors")
+    if check_indptr:
+        ip = indptr.to("cpu", torch.int64)
+        if int(ip[0]) < 0:
+            raise ValueError(f"{prefix}_indptr: expected indptr[0] >= 0, got {int(ip[0])}")
+        steps = ip[1:] - ip[:-1]
+        if bool((steps < 0).any()):
+            r = int((steps < 0).nonzero()[0])
+            raise ValueError(f"{prefix}_indptr: expected a non-decreasing indptr, got indptr[{r}] = {int(ip[r])} > "
+                             f"indptr[{r + 1}] = {int(ip[r + 1])}")
+        if int(ip[-1]) > indices.numel():
+            raise ValueError(f"{prefix}_indptr: indptr[-1] = {int(ip[-1])} exceeds {prefix}_indices.numel() = "
+                             f"{indices.numel()}")
+
+
+def _check_plan(plan: DecodePlan, t: Target, num_heads: int) -> None:
+    if not isinstance(plan, DecodePlan):
+        raise TypeError(f"plan: expected a DecodePlan, got {type(plan).__name__}")
+    if plan.family != t.decode_family:
+        raise ValueError(f"plan: family {plan.family!r} does not match target {t.name}'s {t.decode_family!r}")
+    hb = _splits.head_blocks(num_heads)
+    if plan.head_blocks != hb:
+        raise ValueError(f"plan: head_blocks must be ceil(num_heads / {BLOCK_H}) = {hb}, got {plan.head_blocks}")
+    cap = t.split_cap if t.split_selector is not None else 1
+    if not 1 <= plan.num_splits <= cap:
+        raise ValueError(f"plan: num_splits must be in [1, {cap}] on {t.name}, got {plan.num_splits}")
+    if plan.adaptive:
+        if not t.adaptive_splits_in_capture:
+            raise ValueError(f"plan: target {t.name} does not allow adaptive splits")
+        if not 1 <= plan.one_wave <= plan.num_splits:
+            raise ValueError(f"plan: one_wave must be in [1, num_splits = {plan.num_splits}], got {plan.one_wave}")
+
+
+def sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: torch.Tensor,
+                       main_indptr: torch.Tensor, extra_cache: torch.Tensor | None = None,
+                       extra_indices: torch.Tensor | None = None, extra_indptr: torch.Tensor | None = None, *,
+                       attn_sink: torch.Tensor | None = None, softmax_scale: float | None = None,
+                       target: "Target | str | None" = None, adaptive_splits: bool = False,
+                       trust_extra_nan_free: bool = False, cu_count: int | None = None,
+                       plan: DecodePlan | None = None, workspace: DecodeWorkspace | None = None,
+                       out: torch.Tensor | None = None, check_indptr: bool = True) -> torch.Tensor:
+    """Sparse MLA decode of ``q [b, h, 448 + 64]`` bf16 over a main (SWA) cache and an optional extra (compressed)
+    cache, each ``[num_blocks, block_size, 584]`` uint8 with ragged int32 global-slot ``indices``/``indptr [b+1]``.
+
+    ``attn_sink``: fp32 ``[>= h]`` (-inf = no sink). ``softmax_scale`` defaults to 512^-0.5. ``target`` picks the
+    kernel family, the split selector and the fp8 flavours. ``adaptive_splits`` (gfx950 only) turns on per-row
+    active splits when the host rule allows (base >= 16, S > 4). ``trust_extra_nan_free`` opens the trust gate
+    (targets with ``may_trust_extra_nan_free`` only): the extra cache is then not scrubbed. ``cu_count`` overrides
+    the target's CU count; ``plan`` freezes the launch (validated against the target); ``workspace``/``out`` let
+    the caller own the buffers. ``check_indptr`` reads indptr on the host to reject a decreasing one.
+    Returns ``out [b, h, 512]`` bf16. Every argument is validated before anything is launched or written."""
+    t = get_target(target)
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
+    if q.dtype != torch.bfloat16:
+        raise TypeError(f"q: expected dtype bfloat16, got {_name_dtype(q.dtype)}")
+    width = formats.DSV4_NOPE_DIM + formats.DSV4_ROPE_DIM
+    if q.dim() != 3 or q.shape[2] != width:
+        raise ValueError(f"q: expected shape [batch, heads, {formats.DSV4_NOPE_DIM} + {formats.DSV4_ROPE_DIM} = "
+                         f"{width}], got {list(q.shape)}")
+    batch, num_heads = int(q.shape[0]), int(q.shape[1])
+    if batch < 1 or num_heads < 1:
+        raise ValueError(f"q: expected at least one row and one head, got shape {list(q.shape)}")
+    device = q.device
+    if device.type != kernel_device():
+        raise ValueError(f"q: kernels run on '{kernel_device()}' here, got tensors on {device}")
+    formats.check_fp8_ds_mla_cache(main_cache, "main_cache")
+    if main_cache.device != device:
+        raise ValueError(f"main_cache: expected device {device} (the device of q), got {main_cache.device}")
+    _check_ragged("main", main_indices, main_indptr, batch, device, check_indptr)
+    extra_given = [x is not None for x in (extra_cache, extra_indices, extra_indptr)]
+    if any(extra_given) and not all(extra_given):
+        raise ValueError("extra_cache, extra_indices, extra_indptr: give all three or none")
+    has_extra = all(extra_given)
+    if has_extra:
+        formats.check_fp8_ds_mla_cache(extra_cache, "extra_cache")
+        if extra_cache.device != device:
+            raise ValueError(f"extra_cache: expected device {device} (the device of q), got {extra_cache.device}")
+        _check_ragged("extra", extra_indices, extra_indptr, batch, device, check_indptr)
+    if attn_sink is not None:
+        _check_tensor("attn_sink", attn_sink, torch.float32, 1, device)
+        if attn_sink.numel() < num_heads:
+            raise ValueError(f"attn_sink: expected at least {num_heads} entries (one per head), got {attn_sink.numel()}")
+        if not attn_sink.is_contiguous():
+            raise ValueError("attn_sink: expected a contiguous tensor")
+    scale = DEFAULT_SOFTMAX_SCALE if softmax_scale is None else softmax_scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
+    if not isinstance(adaptive_splits, bool):
+        raise TypeError(f"adaptive_splits: expected a bool, got {type(adaptive_splits).__name__}")
+    if not isinstance(trust_extra_nan_free, bool):
+        raise TypeError(f"trust_extra_nan_free: expected a bool, got {type(trust_extra_nan_free).__name__}")
+    if trust_extra_nan_free and not t.may_trust_extra_nan_free:
+        raise ValueError(f"trust_extra_nan_free: target {t.name} may not trust the extra cache to be NaN-free "
+                         f"(its compressor does not sanitize)")
+    if trust_extra_nan_free and not has_extra:
+        raise ValueError("trust_extra_nan_free: the trust gate needs an extra cache, none was given")
+    if plan is None:
+        plan = plan_decode(t, batch, num_heads, main_indices.numel(),
+                           extra_indices.numel() if has_extra else 0,
+                           adaptive_splits=adaptive_splits, cu_count=cu_count)
+    else:
+        if adaptive_splits and not plan.adaptive:
+            raise ValueError("adaptive_splits: True, but the given plan has adaptive splits off")
+        _check_plan(plan, t, num_heads)
+    S = plan.num_splits
+    if out is None:
+        out = torch.empty(batch, num_heads, width, dtype=torch.bfloat16, device=device)
+    else:
+        _check_tensor("out", out, torch.bfloat16, 3, device)
+        if tuple(out.shape) != (batch, num_heads, width) or out.stride(2) != 1:
+            raise ValueError(f"out: expected shape [{batch}, {num_heads}, {width}] with unit last stride, "
+                             f"got {list(out.shape)} strides {list(out.stride())}")
+    if plan.family != "generic":
+        if workspace is None:
+            workspace = DecodeWorkspace.allocate(batch, S, num_heads, device)
+        else:
+            if not isinstance(workspace, DecodeWorkspace):
+                raise TypeError(f"workspace: expected a DecodeWorkspace, got {type(workspace).__name__}")
+            for nm, ten, shape in (("part_m", workspace.part_m, (batch, S, num_heads)),
+                                   ("part_l", workspace.part_l, (batch, S, num_heads)),
+                                   ("part_acc", workspace.part_acc, (batch, S, num_heads, width))):
+                _check_tensor(f"workspace.{nm}", ten, torch.float32, len(shape), device)
+                if tuple(ten.shape) != shape or not ten.is_contiguous():
+                    raise ValueError(f"workspace.{nm}: expected a contiguous {list(shape)} tensor, got "
+                                     f"{list(ten.shape)}")
+
+    # --- launch (nothing above wrote anything) ---
+    is_fnuz_main = t.main_cache_is_fnuz
+    is_fnuz_extra = t.extra_cache_is_fnuz
+    scrub_extra = not trust_extra_nan_free
+    ec, ei, ep = (extra_cache, extra_indices, extra_indptr) if has_extra else (main_cache, main_indices, main_indptr)
+    main_args = (main_cache, main_indices, main_indptr, int(main_cache.shape[1]), int(main_cache.stride(0)),
+                 int(main_cache.shape[0]) * int(main_cache.shape[1]))
+    extra_args = (ec, ei, ep, int(ec.shape[1]), int(ec.stride(0)), int(ec.shape[0]) * int(ec.shape[1]))
+    q_args = (q, q.stride(0), q.stride(1), q.stride(2))
+    sink = attn_sink if attn_sink is not None else q
+    if plan.family == "generic":
+        _launch(_sparse_decode_generic_kernel, (batch, plan.head_blocks),
+                *q_args, *main_args, *extra_args, sink, out, out.stride(0), out.stride(1), num_heads, float(scale),
+                HAS_EXTRA=has_extra, HAS_SINK=attn_sink is not None, IS_FNUZ_MAIN=is_fnuz_main,
+                IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra, BLOCK_H_=BLOCK_H, BLOCK_K=GENERIC_BLOCK_K,
+                num_warps=8)
+        return out
+    ws = workspace
+    part_args = (ws.part_m, ws.part_l, ws.part_acc, ws.part_m.stride(0), ws.part_m.stride(1),
+                 ws.part_acc.stride(0), ws.part_acc.stride(1), ws.part_acc.stride(2))
+    grid = (batch, S, plan.head_blocks)
+    if plan.family == "gfx942":
+        _launch(_sparse_decode_gfx942_partial_kernel, grid,
+                *q_args, *main_args, *extra_args, *part_args, num_heads, S, float(scale),
+                HAS_EXTRA=has_extra, IS_FNUZ_MAIN=is_fnuz_main, IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra,
+                BLOCK_H_=BLOCK_H, BLOCK_K=GFX942_BLOCK_K, num_warps=4)
+    elif plan.family == "gfx950":
+        _launch(_sparse_decode_gfx950_partial_kernel, grid,
+                *q_args, *main_args, *extra_args, *part_args, num_heads, S, plan.one_wave, float(scale * LOG2E),
+                HAS_EXTRA=has_extra, IS_FNUZ_MAIN=is_fnuz_main, IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra,
+                ADAPTIVE=plan.adaptive, BLOCK_H_=BLOCK_H, MAIN_TILE=GFX950_MAIN_TILE, EXTRA_TILE=GFX950_EXTRA_TILE,
+                TAIL_TILE=GFX950_TAIL_TILE, ITER_K=_splits.BLOCK_K, num_warps=4)
+    else:
+        raise ValueError(f"target {t.name}: unknown decode family {plan.family!r}")
+    _launch_reduce(ws, attn_sink, out, plan.adaptive)
+    return out
+
+
+def _launch_reduce(ws: DecodeWorkspace, attn_sink: torch.Tensor | None, out: torch.Tensor, adaptive: bool) -> None:
+    batch, S, num_heads = ws.part_m.shape
+    part_args = (ws.part_m, ws.part_l, ws.part_acc, ws.part_m.stride(0), ws.part_m.stride(1),
+                 ws.part_acc.stride(0), ws.part_acc.stride(1), ws.part_acc.stride(2))
+    sink = attn_sink if attn_sink is not None else ws.part_m
+    _launch(_sparse_decode_reduce_kernel, (batch, num_heads),
+            *part_args, sink, out, out.stride(0), out.stride(1), S,
+            HAS_SINK=attn_sink is not None, ADAPTIVE=adaptive, num_warps=4)
+
+
+def decode_reduce(workspace: DecodeWorkspace, *, attn_sink: torch.Tensor | None = None, adaptive: bool = False,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run only the reduce over given partials (``part_m``/``part_l`` [b, S, h], ``part_acc`` [b, S, h, 512]):
+    out [b, h, 512] bf16. With ``adaptive`` splits whose m is -FLT_MAX are skipped."""
+    if not isinstance(workspace, DecodeWorkspace):
+        raise TypeError(f"workspace: expected a DecodeWorkspace, got {type(workspace).__name__}")
+    pm = workspace.part_m
+    if not isinstance(pm, torch.Tensor) or pm.dim() != 3:
+        raise ValueError("workspace.part_m: expected a [b, S, h] tensor")
+    batch, S, num_heads = (int(x) for x in pm.shape)
+    device = pm.device
+    for nm, ten, shape in (("part_m", workspace.part_m, (batch, S, num_heads)),
+                           ("part_l", workspace.part_l, (batch, S, num_heads)),
+                           ("part_acc", workspace.part_acc, (batch, S, num_heads, formats.DSV4_HEAD_DIM))):
+        _check_tensor(f"workspace.{nm}", ten, torch.float32, len(shape), device)
+        if tuple(ten.shape) != shape or not ten.is_contiguous():
+            raise ValueError(f"workspace.{nm}: expected a contiguous {list(shape)} tensor, got {list(ten.shape)}")
+    if attn_sink is not None:
+        _check_tensor("attn_sink", attn_sink, torch.float32, 1, device)
+        if attn_sink.numel() < num_heads or not attn_sink.is_contiguous():
+            raise ValueError(f"attn_sink: expected a contiguous tensor of at least {num_heads} entries")
+    if out is None:
+        out = torch.empty(batch, num_heads, formats.DSV4_HEAD_DIM, dtype=torch.bfloat16, device=device)
+    else:
+        _check_tensor("out", out, torch.bfloat16, 3, device)
+        if tuple(out.shape) != (batch, num_heads, formats.DSV4_HEAD_DIM) or out.stride(2) != 1:
+            raise ValueError(f"out: expected shape [{batch}, {num_heads}, {formats.DSV4_HEAD_DIM}] with unit last "
+                             f"stride, got {list(out.shape)}")
+    _launch_reduce(workspace, attn_sink, out, bool(adaptive))
+    return out

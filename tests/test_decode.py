@@ -1,0 +1,181 @@
+"""Sparse decode: the oracle-agreement contract on every target, the reduce's rules, adaptive splits, the trust
+gate, and bad input rejected before any launch."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import impl  # noqa: F401
+from contracts import decode as _decode_contracts  # noqa: F401  (registers the contracts)
+from contracts.core import CONTRACTS
+from contracts.runner import run_contract
+from fuzz import decode as fz
+from impl import decode as dec
+from impl import formats, splits
+from impl.runtime import kernel_device
+from impl.targets import get_target
+
+DEV = kernel_device()
+AGREE = CONTRACTS["decode-oracle-agreement"]
+
+
+def _case(**kw):
+    base = {"seed": 11, "batch": 2, "heads": 3, "main_bs": 5, "extra_bs": 2, "main_lens": [6, 0],
+            "extra_lens": [9, 4], "invalid_rate": 0.15, "indptr_offset": 0, "tail_junk": 1, "scale": 0.11,
+            "sink": "ordinary", "poison": "none", "padded": True, "q_transposed": False, "cu_count": 2,
+            "num_splits": None, "adaptive": None, "trust": False}
+    base.update(kw)
+    return base
+
+
+def _run(case, target, **kw):
+    t = get_target(target)
+    inp = fz.build_decode_inputs(case, t)
+    out = dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
+                                 inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
+                                 softmax_scale=inp.softmax_scale, target=t, cu_count=case["cu_count"], **kw)
+    return inp, out.cpu()
+
+
+@pytest.mark.parametrize("target", ["generic", "gfx942", "gfx950"])
+def test_decode_oracle_agreement_contract(target):
+    row = run_contract(AGREE, target, profile="ci", budget=40)
+    assert row.status == "pass", [str(v) for v in row.violations] + [row.reason, str(row.case)]
+
+
+def test_reduce_adaptive_skips_stale_splits_exactly():
+    # upstream's reduce test: live splits with acc 1 and 3 (equal m, l) give exactly 2; the skipped split's acc is
+    # NaN (stale) and must not leak in
+    ws = dec.DecodeWorkspace.allocate(1, 3, 2, DEV)
+    ws.part_m[0, :, :] = torch.tensor([[0.5, 0.5], [0.5, 0.5], [-dec.FLT_MAX, -dec.FLT_MAX]])
+    ws.part_l[0, :, :] = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    ws.part_acc[0, 0] = 1.0
+    ws.part_acc[0, 1] = 3.0
+    ws.part_acc[0, 2] = math.nan
+    out = dec.decode_reduce(ws, adaptive=True).cpu()
+    assert torch.equal(out, torch.full((1, 2, 512), 2.0, dtype=torch.bfloat16))
+    # without the skip the stale NaN propagates: the flag is what makes the difference
+    assert bool(torch.isnan(dec.decode_reduce(ws, adaptive=False).cpu()).all())
+
+
+def test_reduce_sink_and_empty_row():
+    ws = dec.DecodeWorkspace.allocate(2, 2, 1, DEV)
+    ws.part_m[0] = torch.tensor([[0.0], [0.0]])
+    ws.part_l[0] = torch.tensor([[1.0], [1.0]])
+    ws.part_acc[0] = 3.0
+    ws.part_m[1] = -dec.FLT_MAX  # an empty row: nothing valid anywhere
+    sink = torch.tensor([math.log(2.0)], dtype=torch.float32, device=DEV)
+    out = dec.decode_reduce(ws, attn_sink=sink).cpu().to(torch.float64)
+    # row 0: (3 + 3) / (1 + 1 + e^{ln 2}) = 1.5 ; row 1: l = e^{sink - sink} = 1, acc 0 -> 0
+    assert torch.equal(out[0], torch.full((1, 512), 1.5, dtype=torch.float64))
+    assert torch.equal(out[1], torch.zeros(1, 512, dtype=torch.float64))
+    no_sink = dec.decode_reduce(ws).cpu()
+    assert torch.equal(no_sink[1], torch.zeros(1, 512, dtype=torch.bfloat16))  # l == 0 -> 0, not NaN
+
+
+def test_adaptive_active_split_counts_follow_the_row_lengths():
+    # three rows hitting the three per-query branches: 4 splits, ONE_WAVE, S
+    case = _case(seed=5, batch=3, heads=1, main_bs=61, extra_bs=61, main_lens=[10, 10, 10],
+                 extra_lens=[20, 300, 700], invalid_rate=0.0, sink="none", num_splits=7,
+                 adaptive={"one_wave": 6})
+    t = get_target("gfx950")
+    inp = fz.build_decode_inputs(case, t)
+    ws = dec.DecodeWorkspace.allocate(3, 7, 1, DEV, fill=math.nan)
+    plan = dec.DecodePlan("gfx950", 7, 1, True, 6)
+    dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
+                           inp.extra_indices, inp.extra_indptr, softmax_scale=inp.softmax_scale, target=t,
+                           plan=plan, workspace=ws)
+    pm = ws.part_m.cpu()
+    actives = []
+    for r, (lm, le) in enumerate(zip(case["main_lens"], case["extra_lens"])):
+        a = splits.adaptive_active_splits(lm, le, 7, 6)
+        actives.append(a)
+        assert bool((pm[r, a:] == -dec.FLT_MAX).all()), (r, a, pm[r])
+        assert bool(torch.isfinite(pm[r, :a]).all() & (pm[r, :a] > -dec.FLT_MAX).all()), (r, a, pm[r])
+    assert actives == [4, 6, 7]
+    assert AGREE.check(case, t) == []
+
+
+def test_trust_gate_changes_only_what_it_should():
+    # NaN-poisoned extra rows: scrubbed (finite output) with the gate closed, NaN with it open; oracle agrees both
+    case = _case(seed=3, poison="nan", extra_lens=[30, 40], invalid_rate=0.0, sink="none")
+    t = get_target("gfx950")
+    assert AGREE.check(case, t) == []
+    assert AGREE.check(dict(case, trust=True), t) == []
+    _, closed = _run(case, "gfx950")
+    _, open_ = _run(case, "gfx950", trust_extra_nan_free=True)
+    assert bool(torch.isfinite(closed).all())
+    assert bool(torch.isnan(open_).any())
+
+
+def test_main_cache_flavour_comes_from_the_target():
+    # gfx942 writes its main cache as FNUZ, generic as OCP: each agrees with the oracle under its own flavour
+    case = _case(extra_lens=None, sink="none", invalid_rate=0.0)
+    assert AGREE.check(case, get_target("gfx942")) == []
+    assert AGREE.check(case, get_target("generic")) == []
+
+
+# --- bad input ------------------------------------------------------------------------------------------------
+
+def _inputs():
+    return fz.build_decode_inputs(_case(), get_target("gfx950"))
+
+
+def _call(inp, **kw):
+    args = dict(q=inp.q, main_cache=inp.main_cache, main_indices=inp.main_indices, main_indptr=inp.main_indptr,
+                extra_cache=inp.extra_cache, extra_indices=inp.extra_indices, extra_indptr=inp.extra_indptr)
+    opts = dict(attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale, target="gfx950")
+    for k, v in kw.items():
+        (args if k in args else opts)[k] = v
+    return dec.sparse_attn_decode(args.pop("q"), args.pop("main_cache"), args.pop("main_indices"),
+                                  args.pop("main_indptr"), args.pop("extra_cache"), args.pop("extra_indices"),
+                                  args.pop("extra_indptr"), **opts)
+
+
+@pytest.mark.parametrize("change, exc, match", [
+    (lambda i: {"q": i.q[..., :448].contiguous()}, ValueError, r"q: expected shape \[batch, heads, 448 \+ 64"),
+    (lambda i: {"q": i.q.to(torch.float32)}, TypeError, "q: expected dtype bfloat16"),
+    (lambda i: {"main_indices": i.main_indices.to(torch.int64)}, TypeError, "main_indices: expected dtype int32"),
+    (lambda i: {"main_indptr": i.main_indptr.flip(0).contiguous()}, ValueError, "main_indptr: expected a non-decreasing"),
+    (lambda i: {"extra_indptr": i.extra_indptr[:-1].contiguous()}, ValueError, "extra_indptr: expected batch \\+ 1"),
+    (lambda i: {"main_cache": i.main_cache.view(torch.int8)}, TypeError, "main_cache: expected dtype uint8"),
+    (lambda i: {"extra_indices": None}, ValueError, "give all three or none"),
+    (lambda i: {"main_indices": i.main_indices.to("meta")}, ValueError, "main_indices: expected device"),
+    (lambda i: {"attn_sink": i.attn_sink[:1]}, ValueError, "attn_sink: expected at least 3"),
+    (lambda i: {"attn_sink": i.attn_sink.to(torch.bfloat16)}, TypeError, "attn_sink: expected dtype float32"),
+    (lambda i: {"softmax_scale": float("nan")}, ValueError, "softmax_scale"),
+    (lambda i: {"target": "gfx942", "trust_extra_nan_free": True}, ValueError, "trust_extra_nan_free: target gfx942"),
+    (lambda i: {"target": "generic", "adaptive_splits": True}, ValueError, "adaptive_splits: target generic"),
+    (lambda i: {"plan": dec.DecodePlan("gfx950", 33, 1)}, ValueError, r"num_splits must be in \[1, 32\]"),
+    (lambda i: {"plan": dec.DecodePlan("gfx942", 2, 1)}, ValueError, "plan: family"),
+    (lambda i: {"plan": dec.DecodePlan("gfx950", 4, 1, True, 5)}, ValueError, "one_wave"),
+])
+def test_bad_input_rejected_before_launch(change, exc, match):
+    inp = _inputs()
+    out = torch.full((2, 3, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(exc, match=match):
+        _call(inp, out=out, **change(inp))
+    assert bool(torch.isnan(out).all()), "nothing may be written before the arguments are validated"
+
+
+def test_indptr_past_indices_rejected():
+    inp = _inputs()
+    bad = inp.main_indptr.clone()
+    bad[-1] = inp.main_indices.numel() + 1
+    with pytest.raises(ValueError, match="main_indptr: indptr\\[-1\\]"):
+        _call(inp, main_indptr=bad)
+
+
+def test_workspace_shape_checked():
+    inp = _inputs()
+    plan = dec.plan_decode("gfx950", 2, 3, inp.main_indices.numel(), inp.extra_indices.numel(), cu_count=2)
+    ws = dec.DecodeWorkspace.allocate(2, plan.num_splits + 1, 3, DEV, fill=math.nan)
+    with pytest.raises(ValueError, match="workspace.part_m"):
+        _call(inp, plan=plan, workspace=ws)
+    assert bool(torch.isnan(ws.part_acc).all())
+
+
+def test_default_scale_is_head_dim_inverse_sqrt():
+    assert dec.DEFAULT_SOFTMAX_SCALE == formats.DSV4_HEAD_DIM ** -0.5

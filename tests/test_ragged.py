@@ -1,0 +1,97 @@
+"""Ragged helpers against their loop oracles (SPEC 1.3 SWA window, SPEC 2 dense->ragged and C4A global slots)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import impl  # noqa: F401  (configures Triton before anything imports it)
+from impl import ragged
+from oracles import ragged as ref
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+_values = st.one_of(st.integers(-3, 40), st.sampled_from([-1, INT32_MIN, INT32_MAX]))
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(st.integers(0, 5).flatmap(lambda R: st.tuples(
+    st.integers(0, 7).flatmap(lambda W: st.lists(st.lists(_values, min_size=W, max_size=W), min_size=R, max_size=R)),
+    st.one_of(st.none(), st.lists(st.integers(-2, 9), min_size=R, max_size=R)),
+    st.sampled_from([-1, 0, 5, 33]))))
+def test_dense_to_ragged_matches_oracle(args):
+    dense, lens, num_rows = args
+    W = len(dense[0]) if dense else 0
+    d = torch.tensor(dense, dtype=torch.int32).reshape(len(dense), W)
+    tl = None if lens is None else torch.tensor(lens, dtype=torch.int32)
+    idx, indptr = ragged.build_ragged_indices_from_dense(d, tl, num_rows)
+    want_idx, want_ptr = ref.ref_ragged_from_dense([list(r) for r in dense], lens, num_rows)
+    assert idx.dtype == torch.int32 and indptr.dtype == torch.int32
+    assert idx.tolist() == want_idx
+    assert indptr.tolist() == want_ptr
+
+
+def test_dense_to_ragged_keeps_prefix_not_valid_entries():
+    # SPEC: the *first* len entries are kept, even when a -1 sits among them
+    d = torch.tensor([[4, -1, 7, 9], [-1, -1, -1, -1]], dtype=torch.int32)
+    idx, indptr = ragged.build_ragged_indices_from_dense(d, None, num_rows=8)
+    assert indptr.tolist() == [0, 3, 3]
+    assert idx.tolist() == [4, -1, 7]  # count(>=0) = 3 -> [4, -1, 7]; 9 is dropped, 7 stays (< 8)
+
+
+_tables = st.integers(1, 3).flatmap(lambda R: st.integers(1, 4).flatmap(
+    lambda nb: st.lists(st.lists(st.integers(-1, 9), min_size=nb, max_size=nb), min_size=R, max_size=R)))
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(_tables, st.sampled_from([1, 2, 5, 61]), st.integers(0, 6).flatmap(
+    lambda T: st.tuples(st.lists(st.lists(st.integers(-2, 130), min_size=4, max_size=4), min_size=T, max_size=T),
+                        st.lists(st.integers(-1, 3), min_size=T, max_size=T),
+                        st.one_of(st.none(), st.lists(st.booleans(), min_size=T, max_size=T)))))
+def test_global_topk_matches_oracle(table, bs, rows):
+    local, reqs, valid = rows
+    T = len(local)
+    idx, indptr = ragged.compute_global_topk_ragged_indices_and_indptr(
+        torch.tensor(local, dtype=torch.int32).reshape(T, 4), torch.tensor(reqs, dtype=torch.int32),
+        torch.tensor(table, dtype=torch.int32), bs, None if valid is None else torch.tensor(valid, dtype=torch.bool))
+    want_idx, want_ptr = ref.ref_global_topk(local, reqs, table, bs, valid)
+    assert idx.tolist() == want_idx
+    assert indptr.tolist() == want_ptr
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(_tables, st.sampled_from([1, 2, 5, 64]), st.sampled_from([1, 3, 8, 128]), st.integers(0, 6).flatmap(
+    lambda T: st.tuples(st.lists(st.integers(-3, 300), min_size=T, max_size=T),
+                        st.lists(st.integers(0, 2), min_size=T, max_size=T))))
+def test_swa_window_matches_oracle(table, bs, window, rows):
+    positions, reqs = rows
+    idx, lens = ragged.compute_swa_indices_and_lens(torch.tensor(positions, dtype=torch.int64),
+                                                    torch.tensor(reqs, dtype=torch.int32),
+                                                    torch.tensor(table, dtype=torch.int32), bs, window)
+    want_rows, want_lens = ref.ref_swa_window(positions, reqs, table, bs, window)
+    assert tuple(idx.shape) == (len(positions), 1, window) and idx.dtype == torch.int32
+    assert idx.reshape(len(positions), window).tolist() == want_rows
+    assert lens.tolist() == want_lens
+
+
+def test_swa_window_example():
+    # window 4 at position 5 with block size 2: positions 2..5 -> blocks table[0][1], table[0][2]
+    table = torch.tensor([[7, 3, 9]], dtype=torch.int32)
+    idx, lens = ragged.compute_swa_indices_and_lens(torch.tensor([5, 1]), torch.tensor([0, 0]), table, 2, 4)
+    assert lens.tolist() == [4, 2]
+    assert idx[:, 0].tolist() == [[6, 7, 18, 19], [14, 15, -1, -1]]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: ragged.build_ragged_indices_from_dense(torch.zeros(2, 3), None), "dense_indices: expected dtype"),
+    (lambda: ragged.build_ragged_indices_from_dense(torch.zeros(2, 3, dtype=torch.int32),
+                                                     torch.zeros(3, dtype=torch.int32)), "topk_lens: expected 2"),
+    (lambda: ragged.compute_swa_indices_and_lens(torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                                                 torch.zeros(1, 1, dtype=torch.int32), 0, 4), "block_size"),
+    (lambda: ragged.compute_global_topk_ragged_indices_and_indptr(
+        torch.zeros(2, 3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32),
+        torch.zeros(1, 1, dtype=torch.int32), 4), "token_to_req: expected 2"),
+])
+def test_bad_input_names_the_argument(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
