@@ -1,0 +1,122 @@
+"""The biased grouped top-k router, its gate dtype policy, and the float64 oracle (two mask values)."""
+import pytest
+import torch
+
+import impl  # noqa: F401
+from contracts.router import compare, make_inputs
+from impl.router import biased_grouped_topk, correction_bias_for_gate, gate_out_dtype
+from oracles import router as oracle
+
+
+def _route(logits, bias, topk, **kw):
+    return biased_grouped_topk(logits, bias, topk, **kw)
+
+
+def test_matches_oracle_fp32():
+    case = {"seed": 3, "tokens": 6, "experts": 32, "n_group": 8, "topk_group": 3, "topk": 6, "renormalize": True,
+            "routed_scaling_factor": 2.5, "gate_dtype": "fp32", "ties": False, "logit_scale": 3.0, "bias_scale": 1.0}
+    logits, bias = make_inputs(case)
+    w, ids = _route(logits, bias, 6, n_group=8, topk_group=3, renormalize=True, routed_scaling_factor=2.5)
+    ref = oracle.biased_grouped_topk(logits.double().tolist(), bias.double().tolist(), 6, n_group=8, topk_group=3,
+                                     renormalize=True, routed_scaling_factor=2.5)
+    assert [sorted(r) for r in ids.tolist()] == [sorted(r["ids"]) for r in ref]
+    assert compare(case, w, ids, ref, logits, bias) == ([], 0)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int32
+    assert torch.allclose(w.sum(-1), torch.full((6,), 2.5), rtol=1e-6)
+
+
+def test_tie_rule_lower_index_wins():
+    # every expert equal: groups 0 and 1 are kept, experts 0..3 chosen, in ascending order
+    logits = torch.zeros(1, 16)
+    bias = torch.zeros(16)
+    _, ids = _route(logits, bias, 4, n_group=4, topk_group=2, renormalize=False)
+    assert ids.tolist() == [[0, 1, 2, 3]]
+    assert oracle.route_token([0.0] * 16, [0.0] * 16, 4, 4, 2, False)["ids"] == [0, 1, 2, 3]
+    # tie between experts 5 and 9 at the boundary: 5 wins
+    logits = torch.full((1, 16), -5.0)
+    logits[0, [5, 9, 12]] = torch.tensor([1.0, 1.0, 2.0])
+    _, ids = _route(logits, torch.zeros(16), 2, n_group=1, topk_group=1, renormalize=False)
+    assert ids.tolist() == [[12, 5]]
+
+
+def test_weights_are_unbiased_scores():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
+    bias = torch.tensor([5.0, 0.0, 0.0, 0.0])  # steers selection to expert 0, not its weight
+    w, ids = _route(logits, bias, 2, n_group=1, topk_group=1, renormalize=False)
+    assert ids.tolist() == [[0, 2]]
+    assert torch.allclose(w, torch.sigmoid(torch.tensor([[0.0, 2.0]])))
+
+
+def test_ungroupable_experts_fall_back_to_plain_biased_topk():
+    g = torch.Generator().manual_seed(0)
+    logits, bias = torch.randn(3, 10, generator=g), torch.randn(10, generator=g) * 0.1
+    w, ids = _route(logits, bias, 3, n_group=4, topk_group=1, renormalize=True)  # 10 % 4 != 0
+    exp_ids = torch.sort(torch.sigmoid(logits) + bias, dim=-1, descending=True, stable=True).indices[:, :3]
+    assert torch.equal(ids.long(), exp_ids)
+    ref = oracle.biased_grouped_topk(logits.double().tolist(), bias.double().tolist(), 3, n_group=4, topk_group=1,
+                                     renormalize=True)
+    assert not ref[0]["grouped"] and [r["ids"] for r in ref] == exp_ids.tolist()
+
+
+def test_mask_value_minus_inf_vs_zero():
+    # all biased scores negative: with 0.0 masking, experts of dropped groups outrank the kept ones
+    logits = torch.tensor([[2.0, 1.0, -1.0, -2.0, 0.5, 0.0, -3.0, -4.0]])
+    bias = torch.full((8,), -2.0)
+    _, ids = _route(logits, bias, 2, n_group=2, topk_group=1, renormalize=False)
+    kw = dict(n_group=2, topk_group=1, renormalize=False)
+    neg_inf = oracle.biased_grouped_topk(logits.double().tolist(), bias.tolist(), 2, **kw)[0]
+    zero = oracle.biased_grouped_topk(logits.double().tolist(), bias.tolist(), 2, mask_value=0.0, **kw)[0]
+    assert neg_inf["ids"] == ids[0].tolist() == [0, 1]
+    assert zero["ids"] == [4, 5]  # masked experts (group 1), chosen by the tie rule
+    # with positive biased scores the two agree
+    bias = torch.zeros(8)
+    a = oracle.biased_grouped_topk(logits.double().tolist(), bias.tolist(), 2, **kw)[0]["ids"]
+    b = oracle.biased_grouped_topk(logits.double().tolist(), bias.tolist(), 2, mask_value=0.0, **kw)[0]["ids"]
+    assert a == b
+
+
+def test_gate_dtype_policy():
+    assert gate_out_dtype(torch.bfloat16, has_correction_bias=True, aiter_moe_enabled=True) == torch.bfloat16
+    assert gate_out_dtype(torch.bfloat16, has_correction_bias=True, aiter_moe_enabled=True,
+                          policy="fp32") == torch.float32
+    assert gate_out_dtype(torch.bfloat16, has_correction_bias=False, aiter_moe_enabled=True) is None
+    assert gate_out_dtype(torch.bfloat16, has_correction_bias=True, aiter_moe_enabled=False) is None
+    assert correction_bias_for_gate(torch.tensor([0.1]), torch.bfloat16).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="policy"):
+        gate_out_dtype(torch.bfloat16, has_correction_bias=True, aiter_moe_enabled=True, policy="fp16")
+
+
+def test_bf16_gate_set_difference_excused_only_within_rounding():
+    # experts 1 and 3 differ by 2^-10 in fp32 logits; both round to 1.0 in bf16 -> tie -> lower index (1) wins,
+    # while the oracle picks 3. The boundary gap is positive and within the bf16 bound: excused.
+    logits = torch.full((1, 8), -4.0)
+    logits[0, 1] = 1.0
+    logits[0, 3] = 1.0 + 2.0 ** -10
+    bias = torch.zeros(8)
+    case = {"tokens": 1, "experts": 8, "n_group": 1, "topk_group": 1, "topk": 1, "renormalize": False,
+            "routed_scaling_factor": 1.0, "gate_dtype": "bf16"}
+    w, ids = _route(logits.to(torch.bfloat16), bias.to(torch.bfloat16), 1, n_group=1, topk_group=1,
+                    renormalize=False)
+    ref = oracle.biased_grouped_topk(logits.double().tolist(), bias.tolist(), 1, n_group=1, topk_group=1,
+                                     renormalize=False)
+    assert ids.tolist() == [[1]] and ref[0]["ids"] == [3]
+    assert compare(case, w, ids, ref, logits, bias) == ([], 1)
+    # the same difference with fp32 gate output is not excused
+    violations, _ = compare({**case, "gate_dtype": "fp32"}, w, ids, ref, logits, bias)
+    assert violations and "expert set differs" in violations[0].message
+    # nor is a pick far below the boundary
+    violations, _ = compare(case, w, torch.tensor([[0]], dtype=torch.int32), ref, logits, bias)
+    assert violations
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(topk=9), "topk"),
+    (dict(topk_group=5), "topk_group"),
+    (dict(topk=5, topk_group=1), "exceeds"),
+    (dict(bias=torch.zeros(7)), "correction_bias"),
+])
+def test_bad_arguments(kw, match):
+    args = dict(topk=2, n_group=4, topk_group=2, bias=torch.zeros(8))
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        biased_grouped_topk(torch.zeros(2, 8), args.pop("bias"), args.pop("topk"), renormalize=False, **args)
