@@ -7,6 +7,11 @@ from contracts.core import CONTRACTS, Contract
 
 CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.codecs",
+    "contracts.metadata",
+    "contracts.router",
+    "contracts.decode",
+    "contracts.graph",
+    "contracts.writers",
 )
 
 _loaded = False

@@ -1,0 +1,184 @@
+"""Strategies for the DSv4 cache writers: JSON cases (tensors are built from a seed by ``build_*``).
+
+What they reach: NaN, +-inf, huge (fp32-overflowing) and denormal values in state rows, k rows and norm weights;
+all-zero NoPE groups (the 1e-4 amax floor); odd block sizes; padded and dense block strides; views that start
+inside a shared pool; slot mappings with -1; windows that start before position 0; two requests with permuted
+state block tables; ratio 4 (overlapping windows) and 128 (single pass and two-stage with every split count).
+Duplicate slots are not generated: the writers reject them (tests/test_writers.py checks that).
+"""
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from impl.formats import allocate_fp8_ds_mla_pool
+
+SPECIAL_VALUES = {
+    "nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"),
+    "huge": 1e30,          # pooled c^2 overflows fp32: the norm's mean is inf
+    "huger": 3e38,         # near FLT_MAX: sums overflow (nan-free-cache only)
+    "denormal": 1e-40,
+}
+#: special kinds the writer-oracle comparison uses (outcomes do not depend on summation order)
+ORACLE_KINDS = ("nan", "inf", "-inf", "huge", "denormal", "zero-group")
+#: special kinds for nan-free-cache (anything goes)
+ANY_KINDS = ORACLE_KINDS + ("huger",)
+WEIGHT_KINDS = ("normal", "huge", "huge-rope", "denormal", "zero-group", "nan", "inf")
+#: nan-free-cache leans on the weights that overflow the norm's output (NoPE groups and RoPE lanes)
+NAN_FREE_WEIGHT_KINDS = ("normal", "huge", "huge-rope", "huge-rope", "denormal", "zero-group", "nan", "inf")
+
+BLOCK_SIZES = (1, 2, 3, 5, 7, 16)
+
+
+def _geometry():
+    return st.fixed_dictionaries({
+        "block_size": st.sampled_from(BLOCK_SIZES),
+        "padded": st.booleans(),
+        "extra_blocks_before": st.integers(0, 2),
+        "spare_blocks": st.integers(0, 2),
+    })
+
+
+def _slots(n_tokens: int, n_slots: int, draw):
+    perm = draw(st.permutations(range(n_slots)))
+    skip = draw(st.lists(st.sampled_from((False, False, False, True)), min_size=n_tokens, max_size=n_tokens))
+    return [-1 if s else perm[i] for i, s in enumerate(skip)]
+
+
+@st.composite
+def swa_cases(draw, kinds=ORACLE_KINDS):
+    T = draw(st.integers(1, 5))
+    geo = draw(_geometry())
+    n_slots = geo["block_size"] * (-(-T // geo["block_size"]) + geo["spare_blocks"])
+    return {
+        "writer": "swa", "seed": draw(st.integers(0, 2 ** 31 - 1)), "T": T, **geo,
+        "num_blocks": n_slots // geo["block_size"], "slots": _slots(T, n_slots, draw),
+        "log_scale": draw(st.lists(st.integers(-30, 30), min_size=T, max_size=T)),
+        "specials": draw(st.lists(st.tuples(st.integers(0, T - 1), st.integers(0, 511), st.sampled_from(kinds))
+                                  .map(list), max_size=4)),
+    }
+
+
+@st.composite
+def compressor_cases(draw, kinds=ORACLE_KINDS, weight_kinds=WEIGHT_KINDS, min_specials=0):
+    ratio = draw(st.sampled_from((4, 128)))
+    sbs = draw(st.sampled_from((4, 3) if ratio == 4 else (8, 16)))
+    n_req = draw(st.integers(1, 2))
+    # positions: mostly window ends ((pos + 1) % ratio == 0), some not, windows starting before 0 included
+    max_windows = 5 if ratio == 4 else 3
+    T = draw(st.integers(1, 4 if ratio == 4 else 3))
+    positions, reqs = [], []
+    for _ in range(T):
+        k = draw(st.integers(1, max_windows))
+        off = draw(st.sampled_from((0, 0, 0, 1)))
+        positions.append(k * ratio - 1 - off)
+        reqs.append(draw(st.integers(0, n_req - 1)))
+    geo = draw(_geometry())
+    n_slots = geo["block_size"] * (-(-T // geo["block_size"]) + geo["spare_blocks"])
+    two_stage = ratio == 128 and draw(st.booleans())
+    return {
+        "writer": "compressor", "seed": draw(st.integers(0, 2 ** 31 - 1)), "ratio": ratio,
+        "state_block_size": sbs, "num_reqs": n_req, "positions": positions, "reqs": reqs, **geo,
+        "num_blocks": n_slots // geo["block_size"], "slots": _slots(T, n_slots, draw),
+        "score_scale": draw(st.sampled_from((0.0, 1.0, 4.0, 30.0))),
+        "weight": draw(st.sampled_from(weight_kinds)),
+        "eps": draw(st.sampled_from((1e-6, 1e-20, 0.0))),
+        "two_stage": two_stage,
+        "splits": draw(st.sampled_from((None, 1, 2, 4, 8, 16))) if two_stage else None,
+        "specials": draw(st.lists(
+            st.tuples(st.integers(0, 10 ** 6), st.sampled_from(("kv", "score")), st.integers(0, 511),
+                      st.sampled_from(kinds)).map(list), min_size=min_specials, max_size=4)),
+    }
+
+
+def writer_cases():
+    return st.one_of(swa_cases(), compressor_cases())
+
+
+# --- building tensors from a case ---------------------------------------------------------------------------------
+
+def build_cache(case: dict, device, fill: int = 0xFF):
+    """(pool, view) for a case's geometry, every byte set to ``fill`` (0xFF: NaN fp8 byte and NaN scale code)."""
+    return allocate_fp8_ds_mla_pool(case["num_blocks"], case["block_size"], padded=case["padded"], device=device,
+                                    fill=fill, extra_blocks_before=case["extra_blocks_before"])
+
+
+def build_swa_inputs(case: dict, device):
+    g = torch.Generator().manual_seed(case["seed"])
+    T = case["T"]
+    k = torch.randn(T, 512, generator=g, dtype=torch.float64)
+    k *= torch.tensor([10.0 ** (s / 3) for s in case["log_scale"]], dtype=torch.float64)[:, None]
+    for t, d, kind in case["specials"]:
+        if kind == "zero-group":
+            lo = (d // 64) * 64
+            k[t, lo:lo + 64] = 0.0
+        else:
+            k[t, d] = SPECIAL_VALUES[kind] * (1 if d % 2 else -1) if kind in ("huge", "huger", "denormal") \
+                else SPECIAL_VALUES[kind]
+    k = k.to(torch.float32).to(torch.bfloat16).to(device)
+    return k, torch.tensor(case["slots"], dtype=torch.int64, device=device)
+
+
+def build_compressor_inputs(case: dict, device) -> dict:
+    """Tensors for ``compress_norm_rope_store`` from a compressor case."""
+    g = torch.Generator().manual_seed(case["seed"])
+    ratio, sbs = case["ratio"], case["state_block_size"]
+    coff = 2 if ratio == 4 else 1
+    R = coff * ratio
+    max_pos = max(case["positions"])
+    cols = max_pos // sbs + 1
+    n_req = case["num_reqs"]
+    n_state_blocks = cols * n_req + 1
+    state = torch.randn(n_state_blocks, sbs, 2 * coff * 512, generator=g)
+    state[:, :, coff * 512:] *= case["score_scale"]
+    table = torch.stack([torch.randperm(n_state_blocks, generator=g)[:cols] for _ in range(n_req)]).to(torch.int32)
+    positions = case["positions"]
+    reqs = case["reqs"]
+    for idx, part, d, kind in case["specials"]:
+        t = idx % len(positions)
+        p = positions[t] - (idx // len(positions)) % R
+        if p < 0:
+            p = positions[t]
+        i = p - (positions[t] - R + 1)
+        half = 512 if (ratio == 4 and i >= ratio) else 0
+        blk = int(table[reqs[t], p // sbs])
+        col0 = (coff * 512 if part == "score" else 0) + half
+        if kind == "zero-group":
+            # every row of the window: this 64-dim group pools to exactly 0
+            lo = (d // 64) * 64
+            for q in range(max(positions[t] - R + 1, 0), positions[t] + 1):
+                qi = q - (positions[t] - R + 1)
+                h = 512 if (ratio == 4 and qi >= ratio) else 0
+                state[int(table[reqs[t], q // sbs]), q % sbs, h + lo:h + lo + 64] = 0.0
+        else:
+            v = SPECIAL_VALUES[kind]
+            if kind in ("huge", "huger", "denormal") and d % 2 == 0:
+                v = -v
+            state[blk, p % sbs, col0 + d] = v
+    w = 1.0 + 0.25 * torch.randn(512, generator=g)
+    kind = case["weight"]
+    if kind == "huge":
+        w[::3] = 1e38
+    elif kind == "huge-rope":
+        # RoPE lanes overflow to +-inf (or inf - inf = NaN after the rotation); NoPE stays finite
+        w[448:] = 3e38
+        w[449::4] = -3e38
+    elif kind == "denormal":
+        w[1::4] = 1e-40
+    elif kind == "zero-group":
+        w[64:128] = 0.0
+    elif kind == "nan":
+        w[7] = float("nan")
+    elif kind == "inf":
+        w[300] = float("inf")
+    # rows up to max_pos exist, so a writer that rotates at pos instead of (pos // ratio) * ratio reads wrong rows
+    cs_rows = max_pos + 1
+    ang = torch.rand(cs_rows, 32, generator=g, dtype=torch.float64) * 6.283185307179586
+    cos_sin = torch.cat([ang.cos(), ang.sin()], dim=1).to(torch.float32)
+    return {
+        "state": state.to(device), "state_block_table": table.to(device),
+        "token_to_req": torch.tensor(reqs, dtype=torch.int32, device=device),
+        "positions": torch.tensor(positions, dtype=torch.int64, device=device),
+        "slot_mapping": torch.tensor(case["slots"], dtype=torch.int64, device=device),
+        "norm_weight": w.to(device), "cos_sin_cache": cos_sin.to(device),
+    }
