@@ -32,7 +32,7 @@ import triton.language as tl
 from impl import formats
 from impl.runtime import kernel_device
 from impl.targets import Target, get_target
-from impl.triton_helpers import fp8_encode_bits, ue8m0_encode_bits
+from impl.triton_helpers import bf16_rne_bits, bf16_round, fp8_encode_bits, ue8m0_encode_bits
 
 NOPE = formats.DSV4_NOPE_DIM
 ROPE = formats.DSV4_ROPE_DIM
@@ -83,24 +83,6 @@ def quantize_nope_groups(x, FP8_MAX: tl.constexpr, IS_FNUZ: tl.constexpr, CAP: t
         bound = tl.minimum(bound, FP8_MAX)[:, None]
         q = tl.where(tl.abs(q) > bound, tl.where(q < 0, -bound, bound), q)
     return fp8_encode_bits(q, IS_FNUZ), code
-
-
-@triton.jit
-def bf16_rne_bits(x):
-    """fp32 -> bf16 bit pattern (int32 in [0, 0xFFFF]), round-to-nearest-even; a NaN stays a (quiet) NaN.
-
-    From bits because the Triton interpreter (3.9) truncates fp32 -> bf16 casts, ``fp_downcast_rounding="rtne"``
-    included, while GPUs round to nearest even; this gives the same bits everywhere."""
-    bits = x.to(tl.int32, bitcast=True)
-    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return tl.where(is_nan, (bits >> 16) | 0x40, rounded) & 0xFFFF
-
-
-@triton.jit
-def bf16_round(x):
-    """fp32 -> nearest bf16 (ties to even), returned as fp32."""
-    return (bf16_rne_bits(x) << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -43,7 +43,8 @@ import triton
 import triton.language as tl
 
 from impl import formats
-from impl.cache_writers import (HEAD, bf16_round, check_cache, check_slot_mapping, quantize_nope_groups, require_kernel_device,
+from impl.triton_helpers import bf16_round
+from impl.cache_writers import (HEAD, check_cache, check_slot_mapping, quantize_nope_groups, require_kernel_device,
                                 require_tensor, store_bf16_bytes)
 from impl.targets import Target, effective_cu_count, get_target
 

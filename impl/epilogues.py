@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.cache_writers import bf16_rne_bits
+from impl.triton_helpers import bf16_rne_bits, load_as_f32
 from impl.runtime import kernel_device
 from impl.triton_helpers import fp8_encode_bits, ue8m0_encode_bits
 
@@ -58,17 +58,6 @@ def _require_tensor(name: str, t, dtypes: tuple[torch.dtype, ...]) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _load_f32(ptr, mask, IN_BF16: tl.constexpr):
-    """Load as float32. bf16 is read as raw 16-bit words (``ptr`` then points at int16) and widened by a shift: exact
-    everywhere, where the Triton interpreter (3.9) converts bf16 subnormals wrongly (2^-130 -> 0)."""
-    if IN_BF16:
-        bits = tl.load(ptr, mask=mask, other=0).to(tl.int32)
-        return (bits << 16).to(tl.float32, bitcast=True)
-    else:
-        return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def _store_out(ptr, v, OUT_BF16: tl.constexpr, mask=None):
     """Store float32 ``v``: as float32, or as bf16 bits rounded to nearest even (``ptr`` then points at int16: the
     interpreter truncates fp32 -> bf16 casts, GPUs round, the bit route is the same everywhere)."""
@@ -98,15 +87,15 @@ def _inverse_rope_gptj_kernel(x, stride_xt, stride_xh, out, stride_ot, stride_oh
     for start in range(0, head, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         m = offs < head
-        v = _load_f32(xrow + offs, m, IN_BF16)
+        v = load_as_f32(xrow + offs, m, IN_BF16)
         _store_out(orow + offs, v, OUT_BF16, mask=m)
     i = tl.arange(0, PAIRS)
     pos = tl.load(positions + t).to(tl.int64)
     c = tl.load(cos_sin + pos * stride_cp + i)
     s = tl.load(cos_sin + pos * stride_cp + PAIRS + i)
     every = i < PAIRS
-    a = _load_f32(xrow + head + 2 * i, every, IN_BF16)
-    b = _load_f32(xrow + head + 2 * i + 1, every, IN_BF16)
+    a = load_as_f32(xrow + head + 2 * i, every, IN_BF16)
+    b = load_as_f32(xrow + head + 2 * i + 1, every, IN_BF16)
     even = a * c + b * s
     odd = b * c - a * s
     _store_out(orow + head + 2 * i, even, OUT_BF16)
@@ -237,7 +226,7 @@ def _mxfp8_quantize_kernel(x, stride_xr, codes, stride_cr, scales, stride_sr, nu
     lane = tl.arange(0, GROUP)
     gmask = g < num_groups
     offs = g[:, None] * GROUP + lane[None, :]
-    v = _load_f32(x + r.to(tl.int64) * stride_xr + offs, gmask[:, None], IN_BF16)
+    v = load_as_f32(x + r.to(tl.int64) * stride_xr + offs, gmask[:, None], IN_BF16)
     mag = tl.where(v == v, tl.abs(v), 0.0)
     amax = tl.max(mag, axis=1)
     code = mxfp8_scale_code(amax, CAP, LOW_AMAX, LOW_SHIFT)

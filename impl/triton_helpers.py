@@ -130,6 +130,35 @@ def ue8m0_encode_bits(scale, CAP: tl.constexpr):
 
 
 @triton.jit
+def bf16_rne_bits(x):
+    """fp32 -> bf16 bit pattern (int32 in [0, 0xFFFF]), round-to-nearest-even; a NaN stays a (quiet) NaN.
+
+    From bits because the Triton interpreter (3.9) truncates fp32 -> bf16 casts, ``fp_downcast_rounding="rtne"``
+    included, while GPUs round to nearest even; this gives the same bits everywhere."""
+    bits = x.to(tl.int32, bitcast=True)
+    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(is_nan, (bits >> 16) | 0x40, rounded) & 0xFFFF
+
+
+@triton.jit
+def bf16_round(x):
+    """fp32 -> nearest bf16 (ties to even), returned as fp32."""
+    return (bf16_rne_bits(x) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_as_f32(ptr, mask, IN_BF16: tl.constexpr):
+    """Load as float32. bf16 is read as raw 16-bit words (``ptr`` then points at int16) and widened by a shift: exact
+    everywhere, where the Triton interpreter (3.9) converts bf16 subnormals wrongly (2^-130 -> 0)."""
+    if IN_BF16:
+        bits = tl.load(ptr, mask=mask, other=0).to(tl.int32)
+        return (bits << 16).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def dot(a, b, acc):
     """acc + a @ b. Under the interpreter bf16/fp16 operands are upcast to fp32 first: the interpreter's bf16
     ``tl.dot`` multiplies raw bit patterns (upstream Triton issue 11584); on a GPU the operands stay as given."""
