@@ -136,6 +136,30 @@ def cmd_zoo(args) -> int:
     return 0 if all(r["status"] == "killed" for r in doc["results"]) else 1
 
 
+def cmd_fuzz(args) -> int:
+    from fuzz.campaign import parse_duration, run_campaign
+
+    try:
+        budget = parse_duration(args.budget)
+        round_s = parse_duration(args.round)
+        if args.contract:
+            from contracts.registry import get_contract
+
+            for c in args.contract:
+                get_contract(c)
+    except ValueError as exc:
+        print(f"smv fuzz: {exc}", file=sys.stderr)
+        return 2
+    doc, code = run_campaign(budget, args.report, contract_ids=args.contract, target_names=args.target,
+                             round_seconds=round_s, seed=args.seed, profile=args.profile)
+    print(f"{doc['rounds']} rounds, {sum(doc['cases'].values())} cases, {len(doc['failures'])} distinct failures "
+          f"in {doc['seconds']:.0f}s; summary in {os.path.join(args.report, 'campaign.json')}")
+    for f in doc["failures"]:
+        print(f"  {f['status'].upper()} {f['contract']} on {f['target']}: {f['reason'][:160]}"
+              + (f" (replay: smv repro {f['repro']})" if f["repro"] else ""))
+    return code
+
+
 def cmd_repro(args) -> int:
     from contracts.runner import replay
 
@@ -184,6 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="mutants run at once")
     z.add_argument("--report", metavar="DIR", help="write DIR/zoo.json")
     z.set_defaults(func=cmd_zoo)
+    f = sub.add_parser("fuzz", help="nightly fuzz campaign: audit rounds under the nightly profile until the budget")
+    f.add_argument("--budget", default="8h", help="duration: 8h, 30m, 90s, 1h30m or seconds (default 8h)")
+    f.add_argument("--round", default="10m", help="one round's budget, shared by its rows (default 10m)")
+    f.add_argument("--contract", action="append", help="contract id (repeatable; default: all)")
+    f.add_argument("--target", action="append", choices=TARGET_NAMES, help="target (repeatable; default: all)")
+    f.add_argument("--seed", type=int, default=None, help="base seed (round i uses seed + i)")
+    f.add_argument("--profile", choices=("dev", "ci", "nightly"), default="nightly")
+    f.add_argument("--report", default="smv-fuzz", metavar="DIR", help="campaign.json and repro/ (default smv-fuzz)")
+    f.set_defaults(func=cmd_fuzz)
     r = sub.add_parser("repro", help="replay a saved failing case")
     r.add_argument("file")
     r.set_defaults(func=cmd_repro)
