@@ -43,7 +43,8 @@ class _Progress:
 
 def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_BUDGET, profile: str = "ci",
               seed: int | None = None, report_dir: str | None = None, junit: str | None = None,
-              progress: bool = True, stream=None, argv=None, use_examples: bool = True) -> tuple[dict, int]:
+              progress: bool = True, stream=None, argv=None, use_examples: bool = True,
+              max_cases: int | None = None) -> tuple[dict, int]:
     stream = stream or sys.stderr
     contracts = load_all()
     ids = list(contract_ids) if contract_ids else sorted(contracts)
@@ -69,7 +70,7 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
             "schema_version": reports.AUDIT_SCHEMA_VERSION,
             "run": {"started": started.isoformat(), "seconds": round(time.monotonic() - t0, 3), "budget": budget,
                     "profile": profile, "seed": seed, "triton_mode": triton_mode(), "ok": ok, "finished": final,
-                    "pinned_examples": use_examples, "command": " ".join(argv) if argv else None,
+                    "pinned_examples": use_examples, "max_cases": max_cases, "command": " ".join(argv) if argv else None,
                     "counts": {s: sum(r.status == s for r in rows) for s in reports.STATUSES}},
             "device": detect_device().as_json(),
             "targets": targets,
@@ -93,7 +94,7 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
             else:
                 row_budget = 0.0
             r = run_contract(c, tname, profile=profile, budget=row_budget, seed=seed, repro_dir=repro_dir,
-                             use_examples=use_examples,
+                             use_examples=use_examples, max_examples=max_cases,
                              progress=lambda n, i=i, cid=cid, tname=tname: prog.case(i, len(rows_todo), cid,
                                                                                      tname, n))
             results.append(r)

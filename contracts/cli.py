@@ -74,7 +74,7 @@ def cmd_audit(args) -> int:
         doc, code = run_audit(args.contract, args.target, budget=args.budget,
                               profile=args.profile or default_profile(), seed=args.seed, report_dir=args.report,
                               junit=args.junit, progress=not args.no_progress, argv=["smv"] + sys.argv[1:],
-                              use_examples=not args.generator_only)
+                              use_examples=not args.generator_only, max_cases=args.max_cases or None)
     except ValueError as exc:
         print(f"smv audit: {exc}", file=sys.stderr)
         return 2
@@ -197,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--report", metavar="DIR", help="write DIR/audit.json and DIR/audit.md")
     a.add_argument("--junit", metavar="FILE", help="write JUnit XML")
     a.add_argument("--no-progress", action="store_true", help="no per-row progress lines on stderr")
+    a.add_argument("--max-cases", type=int, default=100,
+                   help="generated cases per row at most (default 100; 0 = the profile's count); the budget bounds "
+                        "each row too")
     a.add_argument("--generator-only", action="store_true",
                    help="skip the pinned regression examples: only generated cases count")
     a.set_defaults(func=cmd_audit)

@@ -64,10 +64,11 @@ def write_repro(path: str, contract: Contract, target: Target, case, violations:
 
 def run_contract(contract: Contract, target: "Target | str", *, profile: str = "ci", budget: float = 60.0,
                  seed: int | None = None, repro_dir: str | None = None, progress=None,
-                 use_examples: bool = True) -> RowResult:
+                 use_examples: bool = True, max_examples: int | None = None) -> RowResult:
     """Check ``contract`` on ``target``: pinned examples first, then generated cases until the profile's count or
     the budget runs out, shrinking any failure. ``progress(n_cases)`` is called after each case.
-    ``use_examples=False`` skips the pinned examples (the zoo uses it: kills must come from the generator)."""
+    ``use_examples=False`` skips the pinned examples (the zoo uses it: kills must come from the generator).
+    ``max_examples`` overrides the profile's count (the budget still bounds the row)."""
     t = get_target(target)
     row = RowResult(contract.id, t.name, "pass")
     if not contract.applies_to(t):
@@ -89,11 +90,11 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
                 break
         if state["failing"] is None:
             base = profile_settings(profile)
-            max_examples = base.max_examples if contract.max_cases is None else min(base.max_examples,
-                                                                                      contract.max_cases)
+            n = base.max_examples if max_examples is None else max_examples
+            n = n if contract.max_cases is None else min(n, contract.max_cases)
             grace = max(10.0, budget * 0.5)
 
-            @settings(base, max_examples=max_examples)
+            @settings(base, max_examples=n)
             @given(contract.cases(t))
             def _property(case):
                 now = time.monotonic()

@@ -136,7 +136,7 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
         _copy_tree(root, tmp)
         (tmp / m.file).write_text(text.replace(m.find, m.replace))
         report = tmp / "report"
-        cmd = [sys.executable, "-m", "contracts.cli", "audit", "--profile", "ci", "--no-progress", "--generator-only",
+        cmd = [sys.executable, "-m", "contracts.cli", "audit", "--profile", "ci", "--no-progress", "--generator-only", "--max-cases", "0",
                "--budget", str(max(cap * 0.6, 5.0)), "--report", str(report)]
         for c in m.expect:
             cmd += ["--contract", c]
