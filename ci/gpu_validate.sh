@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU validation on an NVIDIA machine (where torch and Triton are already installed): every kernel compiled
+# natively, the test suite (GPU-marked tests included; the zoo is left to CPU CI), every contract natively,
+# compute-sanitizer memcheck and racecheck on a representative decode run, and the decode benchmark.
+# Usage: ci/gpu_validate.sh OUT_DIR [tests|audit|sanitize|bench]...   (default: all four)
+set -uo pipefail
+out="${1:?usage: ci/gpu_validate.sh OUT_DIR [steps]}"; shift
+steps="${*:-tests audit sanitize bench}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 2; }
+status=0
+for step in $steps; do
+  case "$step" in
+    tests)
+      python3 -m pytest -q -n 8 -p no:cacheprovider --ignore=tests/test_zoo.py --junitxml="$out/pytest.xml" \
+        >"$out/pytest.txt" 2>&1 || status=1
+      tail -5 "$out/pytest.txt" ;;
+    audit)
+      python3 -m contracts.cli audit --profile ci --max-cases 0 --budget 420 --report "$out" --no-progress \
+        >"$out/audit.txt" 2>&1 || status=1
+      tail -3 "$out/audit.txt" ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize_decode.py \
+          >"$out/sanitizer-$tool.txt" 2>&1; rc=$?
+        echo "compute-sanitizer $tool: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.txt" | tail -1)"
+        [ "$rc" -eq 0 ] || status=1
+      done ;;
+    bench)
+      python3 benchmarks/bench_decode.py --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || status=1 ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+exit "$status"
