@@ -76,7 +76,7 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
         return row
     start = time.monotonic()
     deadline = start + budget
-    state: dict = {"cases": 0, "failing": None}
+    state: dict = {"cases": 0, "generated": 0, "failing": None}
 
     def record(case, violations):
         state["failing"] = (case, violations)
@@ -105,6 +105,7 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
                 v = checked(contract, case, t)
                 if state["failing"] is None:
                     state["cases"] += 1
+                    state["generated"] += 1
                     if progress:
                         progress(state["cases"])
                 if v:
@@ -142,9 +143,10 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
         if repro_dir is not None:
             row.repro = write_repro(os.path.join(repro_dir, f"repro-{contract.id}-{t.name}.json"),
                                     contract, t, case, violations)
-    elif row.cases < contract.min_cases:
+    elif state["generated"] < contract.min_cases:  # pinned examples do not count: the generator must have run
         row.status = "incomplete"
-        row.reason = f"only {row.cases} of at least {contract.min_cases} cases ran within {budget:.1f}s"
+        row.reason = (f"only {state['generated']} of at least {contract.min_cases} generated cases ran within "
+                      f"{budget:.1f}s")
     return row
 
 
