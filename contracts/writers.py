@@ -227,7 +227,7 @@ def cache_token_problems(tok: dict) -> list[str]:
 
 
 def nan_free_cases(target: Target):
-    return fw.compressor_cases(kinds=fw.ANY_KINDS, weight_kinds=fw.NAN_FREE_WEIGHT_KINDS)
+    return fw.nan_free_cases()
 
 
 def _nan_free_examples(target: Target) -> list[dict]:
@@ -239,6 +239,11 @@ def _nan_free_examples(target: Target) -> list[dict]:
              specials=[[0, "kv", 3, "nan"], [5, "kv", 460, "inf"]]),
         dict(base, ratio=4, state_block_size=4, positions=[7], reqs=[0], slots=[0], two_stage=False,
              specials=[[0, "score", 500, "nan"], [1, "kv", 70, "-inf"]]),
+        # RoPE lanes that are +-inf (not NaN) after the rotation: NaN-only clearing stores them (FINDINGS.md F1)
+        dict(base, seed=1, ratio=4, state_block_size=4, positions=[11], reqs=[0], slots=[0], two_stage=False,
+             weight="huge-rope", specials=[]),
+        dict(base, seed=2, ratio=128, positions=[127], reqs=[0], slots=[1], two_stage=True, splits=4,
+             weight="rope-near-max", specials=[]),
     ]
 
 
@@ -249,7 +254,8 @@ def nan_free_cache(case: dict, target: Target) -> list[Violation]:
     Sanitizing target (gfx950): for ANY input - NaN/+-inf state rows and scores, fp32-overflowing values and norm
     weights, denormals, all-zero groups - the compressor (single-pass and two-stage) stores no scale code 255, no NaN
     e4m3 byte, only finite RoPE lanes, and every NoPE value decodes finite under both reader models (fp32 and bf16
-    products). The prose "NaN/Inf -> 0" is followed for RoPE (upstream's code clears NaN only; FINDINGS.md).
+    products). The prose "NaN/Inf -> 0" is followed for RoPE (upstream's code clears NaN only; FINDINGS.md); the
+    generator gives RoPE lanes that overflow to +-inf a branch of its own (``fuzz.writers.rope_overflow_cases``).
     Non-sanitizing targets (gfx942, generic): the trust gate is closed, and the same holds for every token whose inputs
     are finite and whose computation cannot overflow (``oracles.compressor.is_overflow_free``)."""
     out: list[Violation] = []
@@ -316,7 +322,8 @@ POOL_BYTES_MIN = 2 ** 32 + 2 ** 20
 
 
 def int64_probe(name: str):
-    """Register a far-end addressing probe under ``int64-addressing`` (decode readers add theirs here)."""
+    """Register a far-end addressing probe under ``int64-addressing`` (decode readers add theirs here); a writer's
+    probe is usually ``far_end_probe(name, write)`` with a callback that runs the writer and derives its token."""
     def register(fn):
         INT64_PROBES[name] = fn
         return fn
@@ -362,29 +369,40 @@ def _check_far_token(name, flat, view, slot, want_tok, head) -> list[Violation]:
     return out
 
 
-@int64_probe("swa-insert")
-def _probe_swa(target: Target) -> list[Violation]:
+#: write(view, slot, device) -> (expected token bytes, further violations): runs one writer so that it stores a
+#: token at ``slot`` of ``view``, then derives what that token must hold
+FarEndWrite = Callable[[torch.Tensor, int, object], "tuple[dict, list[Violation]]"]
+
+
+def far_end_probe(name: str, write: FarEndWrite, block_size: int = 3) -> list[Violation]:
+    """Run ``write`` against the last slot of a :func:`far_end_pool` whose two ends are poisoned, then check that the
+    token reads back as expected and that the pool's start (where a wrapped int32 offset lands) is untouched."""
     dev = kernel_device()
-    flat, view, slot, wrapped = far_end_pool(3, dev)
+    flat, view, slot, wrapped = far_end_pool(block_size, dev)
     try:
         head = _poison_ends(flat, view, wrapped)
+        want, extra = write(view, slot, dev)
+        return _check_far_token(name, flat, view, slot, want, head) + extra
+    finally:
+        del flat, view  # release the > 4 GiB pool before the next probe allocates its own
+
+
+@int64_probe("swa-insert")
+def _probe_swa(target: Target) -> list[Violation]:
+    def write(view, slot, dev):
         g = torch.Generator().manual_seed(5)
         k = (torch.randn(2, 512, generator=g) * 3).to(torch.bfloat16)
         quantize_and_insert_k_cache(k.to(dev), torch.tensor([slot, -1], dtype=torch.int64, device=dev), view,
                                     target=target)
-        want = ocw.quantize_pack_row(k[0], flavour=target.main_cache_fp8, cap=255, sanitize=False,
-                                     rope_from_fp32=False)
-        return _check_far_token("swa insert", flat, view, slot, want, head)
-    finally:
-        del flat, view
+        return ocw.quantize_pack_row(k[0], flavour=target.main_cache_fp8, cap=255, sanitize=False,
+                                     rope_from_fp32=False), []
+
+    return far_end_probe("swa insert", write)
 
 
 @int64_probe("compressor")
 def _probe_compressor(target: Target) -> list[Violation]:
-    dev = kernel_device()
-    flat, view, slot, wrapped = far_end_pool(3, dev)
-    try:
-        head = _poison_ends(flat, view, wrapped)
+    def write(view, slot, dev):
         case = {"seed": 9, "ratio": 4, "state_block_size": 4, "num_reqs": 1, "positions": [7], "reqs": [0],
                 "slots": [slot], "score_scale": 1.0, "weight": "normal", "specials": []}
         inp = fw.build_compressor_inputs(case, dev)
@@ -394,14 +412,13 @@ def _probe_compressor(target: Target) -> list[Violation]:
                                  eps=1e-6, target=target, intermediates=inter)
         want = ocomp.pack_reference_row(inter[0].cpu(), cap=target.writer_scale_code_cap,
                                         sanitize=target.sanitizes_writer)
-        out = _check_far_token("compressor", flat, view, slot, want, head)
         ref = ocomp.token_reference(inp["state"], inp["state_block_table"], 0, 7, inp["norm_weight"],
                                     inp["cos_sin_cache"], ratio=4, eps=1e-6)
-        for item in ocomp.compare_rows(inter[0].cpu(), ref["row"], ref["tol"]):
-            out.append(Violation("compressor: fp32 row at the far end out of tolerance", str(item[0])))
-        return out
-    finally:
-        del flat, view
+        extra = [Violation("compressor: fp32 row at the far end out of tolerance", str(item[0]))
+                 for item in ocomp.compare_rows(inter[0].cpu(), ref["row"], ref["tol"])]
+        return want, extra
+
+    return far_end_probe("compressor", write)
 
 
 @contract("int64-addressing", targets=ALL_TARGETS, cases=lambda target: st.just({"probes": sorted(INT64_PROBES)}),

@@ -4,6 +4,8 @@ What they reach: NaN, +-inf, huge (fp32-overflowing) and denormal values in stat
 all-zero NoPE groups (the 1e-4 amax floor); odd block sizes; padded and dense block strides; views that start
 inside a shared pool; slot mappings with -1; windows that start before position 0; two requests with permuted
 state block tables; ratio 4 (overlapping windows) and 128 (single pass and two-stage with every split count).
+``rope_overflow_cases`` is a branch of its own for RoPE lanes that overflow to +-inf (not NaN) after the rotation
+and bf16 rounding: every token writes, the norm stays finite, the RoPE norm weights are huge.
 Duplicate slots are not generated: the writers reject them (tests/test_writers.py checks that).
 """
 from __future__ import annotations
@@ -25,7 +27,12 @@ ORACLE_KINDS = ("nan", "inf", "-inf", "huge", "denormal", "zero-group")
 ANY_KINDS = ORACLE_KINDS + ("huger",)
 WEIGHT_KINDS = ("normal", "huge", "huge-rope", "denormal", "zero-group", "nan", "inf")
 #: nan-free-cache leans on the weights that overflow the norm's output (NoPE groups and RoPE lanes)
-NAN_FREE_WEIGHT_KINDS = ("normal", "huge", "huge-rope", "huge-rope", "denormal", "zero-group", "nan", "inf")
+NAN_FREE_WEIGHT_KINDS = ("normal", "huge", "huge-rope", "rope-near-max", "denormal", "zero-group", "nan", "inf")
+#: RoPE-overflow branch: weights that take normed or rotated RoPE lanes past the bf16 maximum
+ROPE_OVERFLOW_WEIGHT_KINDS = ("huge-rope", "rope-near-max")
+#: specials that keep the norm's mean finite and non-zero (a NaN, inf or huge value there would turn every lane NaN
+#: or 0 and hide the +-inf lanes this branch is for)
+NORM_SAFE_KINDS = ("denormal", "zero-group")
 
 BLOCK_SIZES = (1, 2, 3, 5, 7, 16)
 
@@ -39,8 +46,10 @@ def _geometry():
     })
 
 
-def _slots(n_tokens: int, n_slots: int, draw):
+def _slots(n_tokens: int, n_slots: int, draw, allow_skip: bool = True):
     perm = draw(st.permutations(range(n_slots)))
+    if not allow_skip:
+        return perm[:n_tokens]
     skip = draw(st.lists(st.sampled_from((False, False, False, True)), min_size=n_tokens, max_size=n_tokens))
     return [-1 if s else perm[i] for i, s in enumerate(skip)]
 
@@ -60,7 +69,8 @@ def swa_cases(draw, kinds=ORACLE_KINDS):
 
 
 @st.composite
-def compressor_cases(draw, kinds=ORACLE_KINDS, weight_kinds=WEIGHT_KINDS, min_specials=0):
+def compressor_cases(draw, kinds=ORACLE_KINDS, weight_kinds=WEIGHT_KINDS, min_specials=0, all_write=False):
+    """``all_write``: every token sits at a window end and has a slot, so every token writes."""
     ratio = draw(st.sampled_from((4, 128)))
     sbs = draw(st.sampled_from((4, 3) if ratio == 4 else (8, 16)))
     n_req = draw(st.integers(1, 2))
@@ -70,7 +80,7 @@ def compressor_cases(draw, kinds=ORACLE_KINDS, weight_kinds=WEIGHT_KINDS, min_sp
     positions, reqs = [], []
     for _ in range(T):
         k = draw(st.integers(1, max_windows))
-        off = draw(st.sampled_from((0, 0, 0, 1)))
+        off = 0 if all_write else draw(st.sampled_from((0, 0, 0, 1)))
         positions.append(k * ratio - 1 - off)
         reqs.append(draw(st.integers(0, n_req - 1)))
     geo = draw(_geometry())
@@ -79,7 +89,7 @@ def compressor_cases(draw, kinds=ORACLE_KINDS, weight_kinds=WEIGHT_KINDS, min_sp
     return {
         "writer": "compressor", "seed": draw(st.integers(0, 2 ** 31 - 1)), "ratio": ratio,
         "state_block_size": sbs, "num_reqs": n_req, "positions": positions, "reqs": reqs, **geo,
-        "num_blocks": n_slots // geo["block_size"], "slots": _slots(T, n_slots, draw),
+        "num_blocks": n_slots // geo["block_size"], "slots": _slots(T, n_slots, draw, allow_skip=not all_write),
         "score_scale": draw(st.sampled_from((0.0, 1.0, 4.0, 30.0))),
         "weight": draw(st.sampled_from(weight_kinds)),
         "eps": draw(st.sampled_from((1e-6, 1e-20, 0.0))),
@@ -93,6 +103,18 @@ def compressor_cases(draw, kinds=ORACLE_KINDS, weight_kinds=WEIGHT_KINDS, min_sp
 
 def writer_cases():
     return st.one_of(swa_cases(), compressor_cases())
+
+
+def rope_overflow_cases():
+    """Compressor cases whose RoPE lanes overflow: every token writes, specials keep the norm finite, and the RoPE
+    norm weights push normed or rotated lanes past the bf16 maximum (+-inf after rounding, NaN where inf - inf)."""
+    return compressor_cases(kinds=NORM_SAFE_KINDS, weight_kinds=ROPE_OVERFLOW_WEIGHT_KINDS, all_write=True)
+
+
+def nan_free_cases():
+    """Anything goes (every special, every weight kind), plus the RoPE-overflow branch with equal weight: alone, the
+    general generator reaches a +-inf RoPE lane in few of its cases (most are NaN, or write nothing)."""
+    return st.one_of(compressor_cases(kinds=ANY_KINDS, weight_kinds=NAN_FREE_WEIGHT_KINDS), rope_overflow_cases())
 
 
 # --- building tensors from a case ---------------------------------------------------------------------------------
@@ -163,6 +185,11 @@ def build_compressor_inputs(case: dict, device) -> dict:
         # RoPE lanes overflow to +-inf (or inf - inf = NaN after the rotation); NoPE stays finite
         w[448:] = 3e38
         w[449::4] = -3e38
+    elif kind == "rope-near-max":
+        # normed RoPE lanes (about N(0, 1) times the weight) mostly finite, near the bf16 maximum 3.39e38; the
+        # rotation takes some past it (+-inf in fp32, or after bf16 rounding), rarely to inf - inf = NaN
+        w[448:] = 2e38
+        w[450::4] = -2e38
     elif kind == "denormal":
         w[1::4] = 1e-40
     elif kind == "zero-group":

@@ -334,7 +334,11 @@ def compress_norm_rope_store(state: torch.Tensor, state_block_table: torch.Tenso
             raise ValueError(f"two_stage: the two-stage variant is for ratio 128 (prefill), got ratio {ratio}")
         if splits is None:
             splits = num_two_stage_splits(max(T, 1), ratio, tgt)
-        if not isinstance(splits, int) or splits < 1 or splits > TWO_STAGE_MAX_SPLITS or splits & (splits - 1) \
+        if isinstance(splits, bool) or not isinstance(splits, int):
+            # bool is an int subclass: True would silently mean one split
+            raise TypeError(f"splits: expected an int (a power of two in [1, {TWO_STAGE_MAX_SPLITS}]) or None, got "
+                            f"{type(splits).__name__} {splits!r}")
+        if splits < 1 or splits > TWO_STAGE_MAX_SPLITS or splits & (splits - 1) \
                 or (R // splits) % ROWS_PER_STEP:
             raise ValueError(f"splits: expected a power of two in [1, {TWO_STAGE_MAX_SPLITS}] leaving a multiple of "
                              f"{ROWS_PER_STEP} rows per split, got {splits!r}")

@@ -2,7 +2,8 @@
 
 Written from SPEC.md and the rules the writers' docstrings state for what SPEC leaves open; scalar float64 arithmetic
 (math.frexp / math.ldexp) except where a kernel's fp32 step is mirrored on purpose (the power-of-two multiply, bf16
-rounding). Uses only the fp8 encoder of ``impl.formats`` (a codec) and the byte addressing of ``oracles.formats``.
+rounding). Everything checked bitwise is re-derived here or in ``oracles.formats`` (the fp8 encoder: a brute-force
+nearest-even search over the representable values; the byte addressing); nothing comes from ``impl``.
 
 Group rule (per 64 NoPE values x, flavour range FP8_MAX = 448 OCP / 240 FNUZ, code cap CAP):
   finite group:  exp = ceil(log2(max(amax, 1e-4) / FP8_MAX)), code = clamp(exp + 127, 0, CAP);
@@ -16,8 +17,7 @@ import math
 
 import torch
 
-from impl.formats import fp8_encode
-from oracles.formats import fp8_ds_mla_token_spans, storage_bytes
+from oracles.formats import fp8_ds_mla_token_spans, fp8_encode, storage_bytes
 
 FP8_MAX = {"ocp": 448.0, "fnuz": 240.0}
 #: fp32(1e-4): the amax floor as the kernels hold it

@@ -1,6 +1,7 @@
 """DSv4 cache writers (SWA insert, compressor single-pass and two-stage), the trust gate, and their contracts."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -154,6 +155,28 @@ def test_sanitizing_target_stores_finite_cache_for_the_same_inputs():
     assert bool(torch.isinf(inter[0, 448:]).any())
 
 
+def test_nan_free_generator_reaches_rope_overflow_within_the_ci_profile():
+    """The generated cases alone (the zoo's setting) reach +-inf RoPE lanes in several writing tokens, so a writer
+    that clears NaN but not inf is caught without the pinned examples."""
+    seen = []
+
+    def record(case, target):
+        seen.append(case)
+        return []
+
+    contract = dataclasses.replace(CONTRACTS["nan-free-cache"], check=record)
+    row = run_contract(contract, "gfx950", profile="ci", budget=60, use_examples=False)
+    assert row.status == "pass" and len(seen) >= 20, (row.status, len(seen))
+    hits = 0
+    for case in seen:
+        inp = fw.build_compressor_inputs(case, "cpu")
+        refs = ocomp.compressor_reference(inp["state"], inp["state_block_table"], inp["token_to_req"],
+                                          inp["positions"], inp["slot_mapping"], inp["norm_weight"],
+                                          inp["cos_sin_cache"], ratio=case["ratio"], eps=case["eps"])
+        hits += any(bool(torch.isinf(r["row"][448:].to(torch.bfloat16)).any()) for r in refs)
+    assert hits >= 5, (hits, len(seen))
+
+
 # --- bad input -----------------------------------------------------------------------------------------------------
 
 def _bytes(cache):
@@ -214,6 +237,26 @@ def test_compressor_bad_input_raises_before_writing():
                                      args.pop("positions"), args.pop("slot_mapping"), args.pop("norm_weight"),
                                      args.pop("cos_sin_cache"), args.pop("cache"), **args)
         assert torch.equal(_bytes(cache), before), over
+
+
+def test_two_stage_bad_splits_raise_before_writing():
+    """``splits=True`` is an int to ``isinstance`` but must not be read as one split."""
+    case = compressor_case(positions=[127], reqs=[0], num_reqs=1, slots=[1])
+    inp = fw.build_compressor_inputs(case, DEV)
+    _, cache = fw.build_cache(case, DEV)
+    before = _bytes(cache)
+    for exc, splits in ((TypeError, True), (TypeError, False), (TypeError, 2.0), (TypeError, "4"),
+                        (ValueError, 0), (ValueError, 3), (ValueError, 32)):
+        with pytest.raises(exc, match="splits"):
+            compress_norm_rope_store(inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"],
+                                     inp["slot_mapping"], inp["norm_weight"], inp["cos_sin_cache"], cache,
+                                     ratio=128, target="gfx950", two_stage=True, splits=splits)
+        assert torch.equal(_bytes(cache), before), splits
+    # one split is valid and writes (the rejection above is about the type, not the value 1)
+    compress_norm_rope_store(inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"],
+                             inp["slot_mapping"], inp["norm_weight"], inp["cos_sin_cache"], cache, ratio=128,
+                             target="gfx950", two_stage=True, splits=1)
+    assert not torch.equal(_bytes(cache), before)
 
 
 def test_duplicate_slot_of_a_non_writing_token_is_allowed():
