@@ -32,26 +32,21 @@ HEADS, SWA, EXTRA, D = 64, 128, 512, 512
 
 
 def _rand_cache(num_slots: int, block_size: int, flavour: str, g: torch.Generator, device) -> torch.Tensor:
-    """A cache with random finite fp8 values and scale codes near 127 (both flavours: avoid the NaN codes)."""
+    """A padded-stride cache with random finite fp8 values (the flavour's NaN codes avoided) and codes near 127."""
     nb = -(-num_slots // block_size)
+    n = nb * block_size
     _, view = formats.allocate_fp8_ds_mla_pool(nb, block_size, device="cpu")
-    nope = torch.randint(0, 0x70, (nb * block_size, 448), generator=g, dtype=torch.int32)
-    nope = (nope | (torch.randint(0, 2, nope.shape, generator=g, dtype=torch.int32) << 7)).to(torch.uint8)
-    scale = torch.randint(120, 130, (nb * block_size, 7), generator=g, dtype=torch.int32).to(torch.uint8)
-    rope = (torch.randn(nb * block_size, 64, generator=g) * 0.5).to(torch.bfloat16)
-    flat = view.reshape(nb, -1)
-    bs = block_size
-    flat[:, : bs * 576].view(nb, bs, 576)[:, :, :448] = nope.view(nb, bs, 448)
-    flat[:, : bs * 576].view(nb, bs, 576)[:, :, 448:] = rope.view(torch.uint8).view(nb, bs, 128)
-    sc = torch.zeros(nb, bs, 8, dtype=torch.uint8)
-    sc[:, :, :7] = scale.view(nb, bs, 7)
-    flat[:, bs * 576: bs * 584] = sc.view(nb, bs * 8)
-    return view.to(device)
+    x = torch.randn(n, formats.DSV4_NOPE_DIM, generator=g) * 8.0
+    formats.pack_fp8_ds_mla(view, torch.arange(n), formats.fp8_encode(x, flavour),
+                            torch.randint(120, 130, (n, formats.DSV4_NUM_GROUPS), generator=g,
+                                          dtype=torch.int32).to(torch.uint8),
+                            (torch.randn(n, formats.DSV4_ROPE_DIM, generator=g) * 0.5).to(torch.bfloat16))
+    return view.to(device) if device != "cpu" else view
 
 
 def _dequant_all(cache: torch.Tensor, flavour: str) -> torch.Tensor:
     n = cache.shape[0] * cache.shape[1]
-    return formats.dequantize_fp8_ds_mla(cache.cpu(), list(range(n)), flavour).to(torch.bfloat16).to(cache.device)
+    return formats.dequantize_fp8_ds_mla(cache.cpu(), torch.arange(n), flavour).to(torch.bfloat16).to(cache.device)
 
 
 def ceilings(device) -> dict:

@@ -1,4 +1,4 @@
-"""Graph capture and replay of the DSv4 sparse decode (SPEC section 2: adaptive splits, ``_copy_ragged_to_graph_buffers``).
+"""Graph capture and replay of the DSv4 sparse decode (SPEC 2: adaptive splits, ``_copy_ragged_to_graph_buffers``).
 
 A captured graph replays a fixed sequence of kernel launches: the same kernels, grids, pointers and host-side
 scalars every time. ``DecodeGraph`` is the decode's capture mode:
@@ -127,7 +127,10 @@ def _check_q(q, num_heads: int | None, max_rows: int | None, device) -> int:
         raise ValueError(f"q: expected at least one row and one head, got shape {list(q.shape)}")
     if max_rows is not None and rows > max_rows:
         raise ValueError(f"q: {rows} rows, more than the {max_rows} rows the graph was captured with")
-    if q.device != device:
+    if device is None:
+        if q.device.type != kernel_device():
+            raise ValueError(f"q: kernels run on '{kernel_device()}' here, got a tensor on {q.device}")
+    elif q.device != device:
         raise ValueError(f"q: expected device {device}, got {q.device}")
     return rows
 
@@ -208,8 +211,8 @@ class DecodeGraph:
         if mode == "cuda" and default_mode() != "cuda":
             raise ValueError(f"mode: 'cuda' needs native Triton and a GPU torch can capture on; here Triton runs as "
                              f"{triton_mode()} and torch.cuda.is_available() is {torch.cuda.is_available()}")
-        device = torch.device(kernel_device())
-        num_rows = _check_q(q, None, None, device)
+        num_rows = _check_q(q, None, None, None)
+        device = q.device
         num_heads = int(q.shape[1])
         extra_given = [x is not None for x in (extra_cache, extra_indices, extra_indptr)]
         if any(extra_given) and not all(extra_given):

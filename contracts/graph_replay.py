@@ -1,0 +1,261 @@
+"""Graph replay and far-end addressing contracts for the sparse decode.
+
+* ``graph-replay-agreement``: a decode captured at one set of row lengths and replayed at others (all rows empty,
+  all rows at their maximum, fewer rows than captured) gives, at every replay, exactly what an eager decode with the
+  same frozen plan gives on the same data, agrees with the float64 oracle, and never moves a pointer.
+* ``int64-addressing-decode``: the decode reads tokens at the far end of a cache pool larger than 2^32 bytes.
+
+Sources: SPEC section 2 (adaptive splits under capture, ``_copy_ragged_to_graph_buffers``) and section 1.2
+(int64 cache addressing); seed 004 (the gfx950 decode and its graph-capture changes).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from hypothesis import strategies as st
+
+from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
+from fuzz import graph_replay as fzg
+from impl import decode as dec
+from impl import formats
+from impl.graph_capture import DecodeGraph, GraphReplayError
+from impl.runtime import kernel_device, triton_mode
+from impl.targets import Target
+from oracles import compare as cmp
+from oracles import decode as ref_decode
+from oracles.dispatch import expected_dispatch
+from oracles.splits import ref_adaptive_host
+
+
+def _oracle_violations(label: str, got: torch.Tensor, step, inp, target: Target, plan, trust: bool):
+    ref = ref_decode.ref_sparse_attn_decode(
+        step.q, inp.main_view, step.main_indices, step.main_indptr, inp.extra_view, step.extra_indices,
+        step.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
+        main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=not trust)
+    model = cmp.AttentionErrorModel.for_mode(triton_mode())
+    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
+                                  plan.num_splits, 16, model)
+    return [Violation(f"{label} vs float64 oracle: {m.kind} (S={plan.num_splits}, adaptive={plan.adaptive})",
+                      m.where, m.expected, m.got) for m in cmp.compare_attention(got, ref.out, tol)]
+
+
+class _Views:
+    """The persistent cache views of a case, under the names the oracle helper reads."""
+
+    def __init__(self, inp: fzg.GraphCaseInputs):
+        self.main_view = inp.main.view
+        self.extra_view = inp.extra.view if inp.extra is not None else None
+        self.attn_sink = inp.attn_sink
+        self.softmax_scale = inp.softmax_scale
+
+
+def run_graph_case(case: dict, target: Target, mode: str | None = None) -> tuple[list[Violation], DecodeGraph]:
+    """Capture, replay every step of ``case`` and check each replay; returns (violations, the graph)."""
+    dev = kernel_device()
+    inp = fzg.build_graph_case(case, target)
+    views = _Views(inp)
+    cap = fzg.build_step(case, case["capture"], 0, inp)
+    ratio = int(case["compress_ratio"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy warns on 0 * inf by design
+        g = DecodeGraph.capture(cap.q, views.main_view, cap.main_indices, cap.main_indptr, views.extra_view,
+                                cap.extra_indices, cap.extra_indptr, max_per_row_main=int(case["max_main"]),
+                                max_per_row_extra=case["max_extra"], compress_ratio=ratio,
+                                attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale, target=target,
+                                cu_count=int(case["cu_count"]), mode=mode)
+    out: list[Violation] = []
+    b, h, cu = int(case["batch"]), int(case["heads"]), int(case["cu_count"])
+    want = expected_dispatch(target.name, ratio, ratio in (0, 1), True, inp.extra is not None, "fp8_ds_mla", False)
+    en, ow = ref_adaptive_host(g.plan.num_splits, b, h, cu)
+    want_adaptive = bool(want["adaptive_splits"]) and en
+    if g.plan.adaptive != want_adaptive or (want_adaptive and g.plan.one_wave != ow):
+        out.append(Violation("captured plan's adaptive splits differ from the dispatch truth table and host rule",
+                             f"ratio={ratio}, batch={b}, heads={h}, cu={cu}, S={g.plan.num_splits}",
+                             f"adaptive={want_adaptive}, one_wave={ow}",
+                             f"adaptive={g.plan.adaptive}, one_wave={g.plan.one_wave}"))
+    trust = bool(g.dispatch.trust_extra_nan_free)
+    if trust != bool(want["trust_extra_nan_free"]):
+        out.append(Violation("captured trust gate differs from the truth table", target.name,
+                             fmt(want["trust_extra_nan_free"]), fmt(trust)))
+    pointers = g.buffer_pointers()
+    launches = g.launches
+    view_base = {k: pointers[k] for k in ("main_indices", "main_indptr", "extra_indices", "extra_indptr")
+                 if k in pointers}
+    for i, rep in enumerate(case["replays"]):
+        step = fzg.build_step(case, rep, i + 1, inp)
+        rows = int(rep["rows"])
+        label = f"replay {i} (rows={rows}, main_lens={rep['main_lens']}, extra_lens={rep['extra_lens']})"
+        g.out.fill_(math.nan)
+        if g.workspace is not None:
+            for t in (g.workspace.part_m, g.workspace.part_l, g.workspace.part_acc):
+                t.fill_(math.nan)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                got = g.replay(step.q, step.main_indices, step.main_indptr, step.extra_indices,
+                               step.extra_indptr).cpu().clone()
+        except GraphReplayError as exc:
+            out.append(Violation("replay did not reuse the captured launches", label, "the captured launches",
+                                 str(exc)))
+            break
+        if g.buffer_pointers() != pointers:
+            moved = [k for k, v in g.buffer_pointers().items() if pointers.get(k) != v]
+            out.append(Violation("a persistent buffer moved", label, "the captured data pointers",
+                                 f"moved: {', '.join(moved)}"))
+        for name, base in view_base.items():
+            v = g.last_views.get(name)
+            if v is None or v.data_ptr() != base:
+                out.append(Violation(f"{name} view does not start at the persistent base pointer", label, hex(base),
+                                     "missing" if v is None else hex(v.data_ptr())))
+        if g.launches != launches:
+            out.append(Violation("captured launches changed after a replay", label, "unchanged", "changed"))
+        # eager decode with the same frozen plan on the same data, own (poisoned) buffers
+        ws = (dec.DecodeWorkspace.allocate(rows, g.plan.num_splits, h, dev, fill=math.nan)
+              if g.plan.family != "generic" else None)
+        eager = torch.full((rows, h, formats.DSV4_HEAD_DIM), math.nan, dtype=torch.bfloat16, device=dev)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            dec.sparse_attn_decode(step.q, views.main_view, step.main_indices, step.main_indptr, views.extra_view,
+                                   step.extra_indices, step.extra_indptr, attn_sink=inp.attn_sink,
+                                   softmax_scale=inp.softmax_scale, target=target, trust_extra_nan_free=trust,
+                                   plan=g.plan, workspace=ws, out=eager)
+        out += compare_exact(f"{label}: replay output vs eager output", got, eager.cpu(), limit=3)
+        out += _oracle_violations(label, got, step, views, target, g.plan, trust)
+        if len(out) >= 6:
+            break
+    return out, g
+
+
+def _graph_replay_examples(target: Target) -> list[dict]:
+    def step(rows, main, extra, ms=0, es=0):
+        return {"rows": rows, "main_lens": main, "extra_lens": extra, "main_slack": ms, "extra_slack": es}
+
+    base = {"seed": 17, "batch": 3, "heads": 2, "compress_ratio": 128, "max_main": 4, "max_extra": 5, "main_bs": 5,
+            "extra_bs": 2, "padded": True, "invalid_rate": 0.2, "scale": 0.11, "sink": "ordinary",
+            "q_transposed": True, "cu_count": 4}
+    return [
+        # capture at mid lengths with a wide source; replay empty, at the maximum, then with fewer rows
+        dict(base, capture=step(3, [2, 0, 4], [5, 1, 0], 3, 4),
+             replays=[step(2, [0, 0], [0, 0]), step(3, [4, 4, 4], [5, 5, 5]), step(1, [3], [2], 1, 0)]),
+        dict(base, seed=18, batch=2, heads=1, compress_ratio=0, max_extra=None, sink="none", q_transposed=False,
+             capture=step(2, [1, 3], None, 0), replays=[step(2, [4, 4], None), step(1, [0], None, 2)]),
+    ]
+
+
+@contract("graph-replay-agreement", targets=ALL_TARGETS, cases=lambda t: fzg.graph_replay_cases(t),
+          examples=_graph_replay_examples, min_cases=4, max_cases=6)
+def graph_replay_agreement(case, target: Target) -> list[Violation]:
+    """A captured decode replays exactly: frozen launches, stable pointers, eager-equal and oracle-close output.
+
+    Capture (``impl.graph_capture.DecodeGraph``) at one set of row lengths freezes the grid (batch, splits, head
+    blocks), every host-side scalar and every buffer pointer; the dispatch is the capture one (adaptive splits only
+    on gfx950, ratio 128, not SWA-only, where the host rule allows; the trust gate as the truth table says). Each
+    replay (all rows empty, all at max_per_row with the source exactly the capacity, fewer rows than captured,
+    sources wider than their NNZ whose extra entries point at poisoned slots) must: issue launches equal to the
+    captured ones (emulation: compared launch by launch before each runs; a real CUDA graph on a GPU); keep every
+    persistent buffer and the copied views at their captured base pointers; give an output bit-for-bit equal to
+    an eager ``sparse_attn_decode`` with the same frozen plan on the same data (outputs and workspaces NaN-
+    poisoned first); and agree with the float64 oracle within oracles.compare's error model. Sources: SPEC 2
+    ("Adaptive splits", ``_copy_ragged_to_graph_buffers``); seed 004; torch.cuda.graphs' persistent-buffer rule.
+    """
+    return run_graph_case(case, target)[0]
+
+
+# --- int64-addressing-decode ---------------------------------------------------------------------------------------
+
+#: the pool holds more than this many bytes, so a block offset of its last blocks does not fit 32 bits
+POOL_BYTES_MIN = 2 ** 32 + 2 ** 20
+#: blocks at the far end that hold the tokens the decode reads
+FAR_BLOCKS = 2
+#: byte written over the pool's start, where an offset computed in 32 bits would land: a wrong read shows up as
+#: huge fp8 values / bf16 RoPE lanes (0x7E7E) instead of the far-end tokens
+HEAD_POISON = 0x7E
+
+
+def far_end_cache(block_size: int, device):
+    """A ``[nb, bs, 584]`` padded cache view over one uninitialised pool of more than 2^32 bytes (pages are
+    committed only where written). Its last block starts past 2^32, so a block offset computed in 32 bits wraps
+    to a small offset inside the same pool: a wrong read, not a crash. Returns (flat, view, first far slot,
+    wrapped offset of the last block)."""
+    stride = formats.Fp8DsMlaLayout(block_size).padded_block_bytes
+    nb = POOL_BYTES_MIN // stride + FAR_BLOCKS
+    flat = torch.empty(nb * stride, dtype=torch.uint8, device=device)
+    view = flat.as_strided((nb, block_size, formats.DSV4_TOKEN_BYTES), (stride, formats.DSV4_TOKEN_BYTES, 1))
+    far = (nb - FAR_BLOCKS) * stride
+    if not 2 ** 32 <= far < 2 ** 32 + 2 ** 31:
+        raise AssertionError(f"far-end block offset {far} outside [2^32, 2^32 + 2^31)")
+    return flat, view, (nb - FAR_BLOCKS) * block_size, (nb - 1) * stride - 2 ** 32
+
+
+def _int64_cases(target: Target):
+    return st.fixed_dictionaries({"seed": st.integers(0, 2 ** 16), "block_size": st.sampled_from([3, 1, 64])})
+
+
+@contract("int64-addressing-decode", targets=ALL_TARGETS, cases=_int64_cases, min_cases=1, max_cases=1)
+def int64_addressing_decode(case, target: Target) -> list[Violation]:
+    """The decode addresses its caches in int64 (SPEC 1.2, ``block * stride(0)``): tokens at the far end of a
+    cache pool larger than 2^32 bytes, read through both the main and the extra segment of every kernel family,
+    give the oracle's output; the pool's start, where a 32-bit block offset would wrap to, is poisoned so a wrapped
+    read cannot agree by accident. The oracle reads a small copy of the far-end blocks (same tokens, slots shifted)
+    so it never walks the big pool. Also an invalid entry one past the last slot stays masked. Source: SPEC 1.2;
+    DESIGN.md ``int64-addressing`` extended to decode."""
+    dev = kernel_device()
+    bs = int(case["block_size"])
+    gen = torch.Generator().manual_seed(int(case["seed"]))
+    flat, view, first_far, wrapped = far_end_cache(bs, dev)
+    try:
+        stride = view.stride(0)
+        flat[: wrapped + 2 * stride] = HEAD_POISON
+        n_far = FAR_BLOCKS * bs
+        far_slots = list(range(first_far, first_far + n_far))
+        formats.pack_fp8_ds_mla(view, far_slots, formats.fp8_encode(torch.randn(n_far, 448, generator=gen) * 4,
+                                                                    target.main_cache_fp8),
+                                torch.randint(123, 128, (n_far, formats.DSV4_NUM_GROUPS),
+                                              generator=gen).to(torch.uint8),
+                                torch.randn(n_far, formats.DSV4_ROPE_DIM, generator=gen).to(torch.bfloat16))
+        num_slots = view.shape[0] * bs
+        pick = lambda k: [far_slots[int(i)] for i in torch.randint(0, n_far, (k,), generator=gen)]  # noqa: E731
+        main_rows = [pick(3) + [far_slots[-1]], pick(2) + [num_slots]]
+        extra_rows = [pick(2), [far_slots[0]] + pick(2)]
+        h = 2
+        q = torch.randn(2, h, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16)
+        sink = torch.tensor([0.5, -math.inf], dtype=torch.float32)
+
+        def ragged(rows, small_copy: bool):
+            # for the oracle's small copy of the far blocks, far slots shift down and anything else is invalid
+            if small_copy:
+                flat_idx = [s - first_far if first_far <= s < first_far + n_far else -1 for r in rows for s in r]
+            else:
+                flat_idx = [s for r in rows for s in r]
+            ptr = [0]
+            for r in rows:
+                ptr.append(ptr[-1] + len(r))
+            return torch.tensor(flat_idx, dtype=torch.int32), torch.tensor(ptr, dtype=torch.int32)
+
+        mi, mp = ragged(main_rows, False)
+        ei, ep = ragged(extra_rows, False)
+        out = torch.full((2, h, formats.DSV4_HEAD_DIM), math.nan, dtype=torch.bfloat16, device=dev)
+        plan = dec.plan_decode(target, 2, h, mi.numel(), ei.numel(), cu_count=2)
+        ws = (dec.DecodeWorkspace.allocate(2, plan.num_splits, h, dev, fill=math.nan)
+              if plan.family != "generic" else None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            dec.sparse_attn_decode(q.to(dev), view, mi.to(dev), mp.to(dev), view, ei.to(dev), ep.to(dev),
+                                   attn_sink=sink.to(dev), softmax_scale=0.09, target=target, plan=plan, workspace=ws,
+                                   out=out)
+        got = out.cpu().clone()
+        small = view[view.shape[0] - FAR_BLOCKS:].cpu().clone()
+    finally:
+        del flat, view
+    smi, _ = ragged(main_rows, True)
+    sei, _ = ragged(extra_rows, True)
+    ref = ref_decode.ref_sparse_attn_decode(q, small, smi, mp, small, sei, ep, attn_sink=sink, softmax_scale=0.09,
+                                            main_flavour=target.main_cache_fp8,
+                                            extra_flavour=target.extra_cache_fp8, scrub_extra=True)
+    model = cmp.AttentionErrorModel.for_mode(triton_mode())
+    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
+                                  plan.num_splits, 16, model)
+    return [Violation(f"decode at the far end of a >2^32-byte pool vs oracle: {m.kind}", m.where, m.expected,
+                      m.got) for m in cmp.compare_attention(got, ref.out, tol)]
