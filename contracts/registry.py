@@ -12,6 +12,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.decode",
     "contracts.graph",
     "contracts.writers",
+    "contracts.graph_replay",
 )
 
 _loaded = False
