@@ -12,8 +12,10 @@ import random
 
 import torch
 
+from hypothesis import strategies as st
+
 from contracts.core import AMD_TARGETS, Violation, contract, fmt
-from fuzz.metadata import metadata_case
+from fuzz.metadata import OP_STRATEGIES, apply_op, config_strategy, metadata_case
 from impl.sparse_metadata import CommonMetadata, SparseMLAMetadataBuilder
 from impl.targets import Target, effective_cu_count
 from impl.work_partition import sparse_decode_from_partition
@@ -260,7 +262,25 @@ def _extents_examples(target: Target) -> list[dict]:
     ]
 
 
-@contract("cache-key-staleness", targets=AMD_TARGETS, cases=lambda target: metadata_case(),
+@st.composite
+def burst_case(draw) -> dict:
+    """A case of :func:`fuzz.metadata.metadata_case`'s shape whose ops come in bursts: one op kind repeated 1..3 times
+    (each repetition draws its own ``host_lens``, holes and seed). Ops drawn one by one rarely repeat, yet runs of
+    the same op are where a cached partition is served: steady decode, decode with ``seq_lens_cpu`` missing on
+    consecutive steps, repeated re-timing of the last request."""
+    cfg = draw(config_strategy())
+    steps: list[dict] = []
+    prev = None
+    kinds = sorted(OP_STRATEGIES)
+    while len(steps) < 2 or (len(steps) < 6 and draw(st.booleans())):
+        kind = draw(st.sampled_from(kinds))
+        for _ in range(draw(st.integers(1, 3))):
+            prev = apply_op(prev, draw(OP_STRATEGIES[kind]), cfg)
+            steps.append(prev)
+    return {"config": cfg, "steps": steps}
+
+
+@contract("cache-key-staleness", targets=AMD_TARGETS, cases=lambda target: st.one_of(metadata_case(), burst_case()),
           examples=_staleness_examples, skip_reason=_SKIP)
 def cache_key_staleness(case: dict, target: Target) -> list[Violation]:
     """Whenever the sparse metadata builder reuses its cached work partition, the partition equals a fresh

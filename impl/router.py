@@ -20,6 +20,9 @@ the masked biased score, ties by ascending expert id.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 #: Gate output-dtype policies: "weight" (seed 000: the gate weight's dtype) and "fp32" (the older choice).
@@ -62,6 +65,23 @@ def biased_grouped_topk(gating_output: torch.Tensor, correction_bias: torch.Tens
     if not isinstance(correction_bias, torch.Tensor) or tuple(correction_bias.shape) != (E,):
         raise ValueError(f"correction_bias: expected shape [{E}], got "
                          f"{list(correction_bias.shape) if isinstance(correction_bias, torch.Tensor) else correction_bias}")
+    if not correction_bias.dtype.is_floating_point:
+        raise TypeError(f"correction_bias: expected a floating dtype, got {correction_bias.dtype}")
+    if correction_bias.device != gating_output.device:
+        raise ValueError(f"correction_bias: expected the device of gating_output ({gating_output.device}), "
+                         f"got {correction_bias.device}")
+    # bool is an int subclass: True would silently mean 1.
+    for name, value in (("topk", topk), ("n_group", n_group), ("topk_group", topk_group)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    topk, n_group, topk_group = int(topk), int(n_group), int(topk_group)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize: expected a bool, got {type(renormalize).__name__} {renormalize!r}")
+    if not isinstance(routed_scaling_factor, numbers.Real) or isinstance(routed_scaling_factor, bool):
+        raise TypeError(f"routed_scaling_factor: expected a float, got "
+                        f"{type(routed_scaling_factor).__name__} {routed_scaling_factor!r}")
+    if not math.isfinite(routed_scaling_factor):
+        raise ValueError(f"routed_scaling_factor: expected a finite value, got {routed_scaling_factor!r}")
     if not 1 <= topk <= E:
         raise ValueError(f"topk: expected 1..{E}, got {topk}")
     if n_group < 1:

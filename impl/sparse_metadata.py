@@ -38,6 +38,8 @@ recompute every step. The builder never serves a partition keyed on anything but
 Host syncs are counted in :class:`BuildCounters`: a cache hit with ``seq_lens_cpu`` present costs none; a recompute
 costs exactly one (the stream is synchronised after the host-staged partition is copied, so the staging arrays may
 be freed and a captured graph replay sees complete buffers); a missing ``seq_lens_cpu`` adds one for the copy.
+``fill_global_indices(..., validate=True)`` on an accelerator adds one for reading the top-k rows on the host (the
+default validates only rows that already live on the host; see its docstring).
 """
 from __future__ import annotations
 
@@ -108,6 +110,9 @@ class SparseMLAMetadata:
     partition: dict[str, torch.Tensor]
     partition_from_aiter: bool
     cache_hit: bool
+    #: host, per token: its own position in its request's context (``seq_len - q_len + offset``); the valid top-k
+    #: positions of the token are ``0..context_positions[t]`` (negative for an empty sequence: none is valid).
+    context_positions: np.ndarray | None = None
 
 
 def padded_num_heads(num_heads: int) -> int:
@@ -118,8 +123,10 @@ class SparseMLAMetadataBuilder:
     """Persistent sparse-MLA metadata for up to ``max_tokens`` tokens and ``topk_tokens`` entries per token.
 
     ``use_aiter``: call AITER's ``get_mla_metadata_v1`` (``aiter_module`` or the installed package) instead of our own
-    partition; defaults to whether real AMD AITER is importable. ``kv_granularity``: granule of the kv split (16, as
-    upstream passes to AITER).
+    partition; ``None`` (default) means whether real AMD AITER is importable; anything but a bool or ``None`` is a
+    ``TypeError``. ``device``: where the buffers live; it must parse and allocate here (else ``ValueError``), and every
+    device tensor ``build()``/``fill_global_indices()`` read must be on it. ``kv_granularity``: granule of the kv split
+    (16, as upstream passes to AITER).
     """
 
     def __init__(self, max_tokens: int, num_heads: int, *, topk_tokens: int = DEFAULT_TOPK_TOKENS,
@@ -132,8 +139,10 @@ class SparseMLAMetadataBuilder:
                                  ("kv_granularity", kv_granularity, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        if use_aiter is not None and not isinstance(use_aiter, bool):
+            raise TypeError(f"use_aiter: expected a bool or None, got {type(use_aiter).__name__} {use_aiter!r}")
         self.target = get_target(target)
-        self.device = torch.device(device)
+        self.device = self._usable_device(device)
         self.max_tokens = max_tokens
         self.num_heads = num_heads
         self.num_heads_padded = padded_num_heads(num_heads)
@@ -162,6 +171,23 @@ class SparseMLAMetadataBuilder:
         self._prev_partition_lengths: dict[str, int] | None = None
         self._prev_metadata_key: tuple | None = None
 
+    @staticmethod
+    def _usable_device(device) -> torch.device:
+        """``device`` parsed and probed with an empty allocation; the probe also fills in the index of a bare
+        ``"cuda"``, so that the same-device checks of ``build()`` compare like with like."""
+        try:
+            dev = torch.device(device)
+        except (TypeError, RuntimeError) as e:
+            raise ValueError(f"device: expected a torch device or its name (e.g. 'cpu', 'cuda:0'), got {device!r}: "
+                             f"{e}") from None
+        if dev.type == "meta":
+            raise ValueError("device: expected a device with memory (the builder copies host data into its buffers), "
+                             "got meta")
+        try:
+            return torch.empty(0, device=dev).device
+        except (RuntimeError, AssertionError) as e:  # e.g. "Torch not compiled with CUDA enabled"
+            raise ValueError(f"device: {device!r} is not usable in this process: {e}") from None
+
     # --- persistent state -----------------------------------------------------------------------------------------
 
     def buffers(self) -> dict[str, torch.Tensor]:
@@ -189,14 +215,27 @@ class SparseMLAMetadataBuilder:
     # --- validation -----------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _host_ints(name: str, t, ndim: int = 1) -> np.ndarray:
+    def _check_ints(name: str, t, ndim: int) -> None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name}: expected dtype int32 or int64, got {str(t.dtype).replace('torch.', '')}")
         if t.dim() != ndim:
             raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {list(t.shape)}")
+
+    @classmethod
+    def _host_ints(cls, name: str, t, ndim: int = 1) -> np.ndarray:
+        cls._check_ints(name, t, ndim)
+        if t.device.type != "cpu":
+            raise ValueError(f"{name}: expected a host (cpu) tensor, got one on {t.device}")
         return t.detach().numpy().astype(np.int64)
+
+    def _device_ints(self, name: str, t, ndim: int = 1) -> torch.Tensor:
+        """An int32/int64 tensor of ``ndim`` dimensions on the builder's device (checked without reading it)."""
+        self._check_ints(name, t, ndim)
+        if t.device != self.device:
+            raise ValueError(f"{name}: expected a tensor on the builder's device {self.device}, got one on {t.device}")
+        return t
 
     def _validate(self, common: CommonMetadata) -> tuple[int, int, int, np.ndarray, np.ndarray]:
         R, T, max_q = common.num_reqs, common.num_actual_tokens, common.max_query_len
@@ -206,9 +245,6 @@ class SparseMLAMetadataBuilder:
         R, T, max_q = int(R), int(T), int(max_q)
         if T > self.max_tokens:
             raise ValueError(f"num_actual_tokens: expected at most max_tokens={self.max_tokens}, got {T}")
-        if common.query_start_loc_cpu.device.type != "cpu":
-            raise ValueError("query_start_loc_cpu: expected a host (cpu) tensor, got one on "
-                             f"{common.query_start_loc_cpu.device}")
         starts = self._host_ints("query_start_loc_cpu", common.query_start_loc_cpu)
         if starts.shape[0] < R + 1:
             raise ValueError(f"query_start_loc_cpu: expected at least num_reqs + 1 = {R + 1} entries, "
@@ -224,17 +260,15 @@ class SparseMLAMetadataBuilder:
             raise ValueError(f"max_query_len: expected the largest query length {int(q_lens.max()) if R else 0}, "
                              f"got {max_q}")
         for name, t in (("query_start_loc", common.query_start_loc), ("seq_lens", common.seq_lens)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 1:
-                raise ValueError(f"{name}: expected a 1-D tensor, got {type(t).__name__}")
+            self._device_ints(name, t)
         if common.query_start_loc.shape[0] < R + 1:
             raise ValueError(f"query_start_loc: expected at least {R + 1} entries, got "
                              f"{common.query_start_loc.shape[0]}")
         if common.seq_lens.shape[0] < R:
             raise ValueError(f"seq_lens: expected at least num_reqs={R} entries, got {common.seq_lens.shape[0]}")
-        bt = common.block_table
-        if not isinstance(bt, torch.Tensor) or bt.dim() != 2 or bt.shape[0] < R or bt.shape[1] < 1:
-            raise ValueError(f"block_table: expected [>= num_reqs={R}, >= 1] int32, got "
-                             f"{list(bt.shape) if isinstance(bt, torch.Tensor) else type(bt).__name__}")
+        bt = self._device_ints("block_table", common.block_table, ndim=2)
+        if bt.shape[0] < R or bt.shape[1] < 1:
+            raise ValueError(f"block_table: expected shape [>= num_reqs={R}, >= 1], got {list(bt.shape)}")
         seq_cpu = None
         if common.seq_lens_cpu is not None:
             seq_cpu = self._host_ints("seq_lens_cpu", common.seq_lens_cpu)
@@ -254,14 +288,19 @@ class SparseMLAMetadataBuilder:
 
     # --- the build ------------------------------------------------------------------------------------------------
 
-    def sparse_lengths(self, q_lens: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
-        """Per-token ``min(ctx_pos + 1, topk)`` with ``ctx_pos = seq_len - q_len + offset``; 0 for empty sequences."""
+    @staticmethod
+    def context_positions(q_lens: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
+        """Per-token ``ctx_pos = seq_len - q_len + offset``: the token's own position in its request's context."""
         T = int(q_lens.sum())
         req = np.repeat(np.arange(q_lens.shape[0]), q_lens)
         first = np.repeat(np.cumsum(q_lens) - q_lens, q_lens)
         offset = np.arange(T) - first
-        ctx_pos = seq_lens[req] - q_lens[req] + offset
-        out = np.minimum(ctx_pos + 1, self.topk_tokens)
+        return (seq_lens[req] - q_lens[req] + offset).astype(np.int64)
+
+    def sparse_lengths(self, q_lens: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
+        """Per-token ``min(ctx_pos + 1, topk)`` with ``ctx_pos = seq_len - q_len + offset``; 0 for empty sequences."""
+        req = np.repeat(np.arange(q_lens.shape[0]), q_lens)
+        out = np.minimum(self.context_positions(q_lens, seq_lens) + 1, self.topk_tokens)
         return np.where(seq_lens[req] == 0, 0, out).astype(np.int64)
 
     def _partition_key(self, num_tokens: int, max_query_len: int, starts: np.ndarray, q_lens: np.ndarray,
@@ -324,6 +363,7 @@ class SparseMLAMetadataBuilder:
             paged_kv_last_page_len=self.paged_kv_last_page_len[:T], paged_kv_indptr=self.paged_kv_indptr[:T + 1],
             paged_kv_indices=self.paged_kv_indices[:T * self.topk_tokens], partition=self.partition,
             partition_from_aiter=self.use_aiter, cache_hit=hit,
+            context_positions=self.context_positions(q_lens, seq_lens_host),
         )
 
     def _aiter(self) -> types.ModuleType:
@@ -354,13 +394,22 @@ class SparseMLAMetadataBuilder:
 
     # --- forward-time conversion ------------------------------------------------------------------------------------
 
-    def fill_global_indices(self, metadata: SparseMLAMetadata, topk_indices: torch.Tensor) -> torch.Tensor:
+    def fill_global_indices(self, metadata: SparseMLAMetadata, topk_indices: torch.Tensor, *,
+                            validate: bool | None = None) -> torch.Tensor:
         """Write ``paged_kv_indices[0, nnz)`` from per-token top-k rows of request-local positions.
 
         Row ``t`` may hold ``-1`` holes anywhere (upstream assumes the valid entries are a prefix). Its valid entries
         are compacted in row order into ``[indptr[t], indptr[t+1])`` and converted to global slots
         ``block_table[req, pos // bs] * bs + pos % bs``; a row with fewer valid entries than its sparse length has the
         rest of its range set to ``-1``, which the consumer masks. No host sync: ``nnz`` is known from ``build()``.
+
+        ``validate``: check the values of ``topk_indices`` before anything is written; every entry must be ``-1`` or a
+        position inside both the token's context (``0..context_positions[t]``) and the block table
+        (``< block_table.shape[1] * block_size``), else ``ValueError`` naming ``topk_indices``. The check reads the
+        rows on the host, so on an accelerator it costs one host sync (counted in ``counters``). ``None`` (default):
+        check when ``topk_indices`` lives on the host, where it costs no sync; skip it on an accelerator, where an
+        invalid position is unchecked (past the context it becomes a global slot, past the block table the gather
+        faults). ``True``: always check; ``False``: never.
         """
         T, nnz, K = metadata.num_tokens, metadata.num_kv_entries, self.topk_tokens
         if not isinstance(topk_indices, torch.Tensor) or topk_indices.dim() != 2 or \
@@ -369,6 +418,14 @@ class SparseMLAMetadataBuilder:
                              f"{list(topk_indices.shape) if isinstance(topk_indices, torch.Tensor) else topk_indices}")
         if topk_indices.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"topk_indices: expected int32 or int64, got {topk_indices.dtype}")
+        if topk_indices.device != self.device:
+            raise ValueError(f"topk_indices: expected a tensor on the builder's device {self.device}, got one on "
+                             f"{topk_indices.device}")
+        bt = self._device_ints("block_table", metadata.block_table, ndim=2)
+        if validate is not None and not isinstance(validate, bool):
+            raise TypeError(f"validate: expected a bool or None, got {type(validate).__name__} {validate!r}")
+        if validate or (validate is None and topk_indices.device.type == "cpu"):
+            self._validate_topk_indices(metadata, topk_indices[:T], bt.shape[1])
         if nnz == 0:
             return self.paged_kv_indices[:0]
         rows = topk_indices[:T].to(torch.int64)
@@ -383,7 +440,40 @@ class SparseMLAMetadataBuilder:
         pos = pos_c[owner, j].clamp(min=0)
         req = self.req_id_per_token[:T].to(torch.int64)[owner]
         bs = self.block_size
-        slot = metadata.block_table.to(torch.int64)[req, pos // bs] * bs + pos % bs
+        slot = bt.to(torch.int64)[req, pos // bs] * bs + pos % bs
         hole = j >= count[owner]
         self.paged_kv_indices[:nnz] = torch.where(hole, torch.full_like(slot, -1), slot).to(torch.int32)
         return self.paged_kv_indices[:nnz]
+
+    def _validate_topk_indices(self, metadata: SparseMLAMetadata, rows: torch.Tensor, num_blocks: int) -> None:
+        """Host check of the top-k positions (see ``fill_global_indices``); one counted sync off the host."""
+        ctx = metadata.context_positions
+        if ctx is None or ctx.shape[0] != metadata.num_tokens:
+            raise ValueError("metadata: expected the context_positions of its build() to validate topk_indices, got "
+                             f"{None if ctx is None else list(ctx.shape)}")
+        if rows.device.type != "cpu":
+            self._host_sync("fill_global_indices: topk_indices validated on the host")
+        host = rows.detach().to("cpu").numpy().astype(np.int64)
+        bs = self.block_size
+
+        def first(mask: np.ndarray) -> tuple[int, int, int]:
+            t, c = (int(x) for x in np.argwhere(mask)[0])
+            return t, c, int(host[t, c])
+
+        bad = host < -1
+        if bad.any():
+            t, c, p = first(bad)
+            raise ValueError(f"topk_indices: token {t}, column {c}: expected a position >= 0 or the hole marker -1, "
+                             f"got {p}")
+        valid = host >= 0
+        beyond = valid & (host >= num_blocks * bs)
+        if beyond.any():
+            t, c, p = first(beyond)
+            raise ValueError(f"topk_indices: token {t}, column {c}: expected a position inside the block table "
+                             f"({num_blocks} blocks of {bs}: < {num_blocks * bs}), got {p}")
+        past = valid & (host > ctx[:, None])
+        if past.any():
+            t, c, p = first(past)
+            allowed = f"0..{int(ctx[t])}" if ctx[t] >= 0 else "none: the sequence is empty, only -1 holes"
+            raise ValueError(f"topk_indices: token {t}, column {c}: expected a position in the token's context "
+                             f"({allowed}), got {p}")

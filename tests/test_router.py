@@ -120,3 +120,42 @@ def test_bad_arguments(kw, match):
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         biased_grouped_topk(torch.zeros(2, 8), args.pop("bias"), args.pop("topk"), renormalize=False, **args)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(topk=True), TypeError, "topk: expected an int, got bool True"),
+    (dict(topk=2.0), TypeError, "topk: expected an int, got float 2.0"),
+    (dict(n_group=True), TypeError, "n_group: expected an int, got bool"),
+    (dict(topk_group=2.0), TypeError, "topk_group: expected an int"),
+    (dict(renormalize="no"), TypeError, "renormalize: expected a bool, got str 'no'"),
+    (dict(renormalize=1), TypeError, "renormalize: expected a bool"),
+    (dict(routed_scaling_factor="2.5"), TypeError, "routed_scaling_factor: expected a float"),
+    (dict(routed_scaling_factor=True), TypeError, "routed_scaling_factor"),
+    (dict(routed_scaling_factor=float("nan")), ValueError, "routed_scaling_factor: expected a finite value"),
+    (dict(bias=torch.zeros(8, dtype=torch.int64)), TypeError, "correction_bias: expected a floating dtype, got "
+                                                              "torch.int64"),
+    (dict(bias=torch.zeros(8, device="meta")), ValueError, "correction_bias: expected the device of gating_output "
+                                                           r"\(cpu\), got meta"),
+    (dict(logits=torch.zeros(2, 8, dtype=torch.int32)), TypeError, "gating_output: expected a floating dtype"),
+])
+def test_bad_argument_types_and_devices(kw, exc, match):
+    args = dict(topk=2, n_group=4, topk_group=2, renormalize=False, routed_scaling_factor=1.0)
+    logits, bias = kw.pop("logits", torch.zeros(2, 8)), kw.pop("bias", torch.zeros(8))
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        biased_grouped_topk(logits, bias, args.pop("topk"), **args)
+
+
+def test_integral_arguments_of_other_int_types_route_as_ints():
+    # numpy integers (e.g. read from a config array) are ints; the result equals the plain-int call
+    np = pytest.importorskip("numpy")
+    g = torch.Generator().manual_seed(1)
+    logits, bias = torch.randn(3, 16, generator=g), torch.randn(16, generator=g) * 0.1
+    w, ids = biased_grouped_topk(logits, bias, np.int64(4), n_group=np.int32(4), topk_group=np.int64(2),
+                                 renormalize=True, routed_scaling_factor=np.float32(2.5))
+    w2, ids2 = biased_grouped_topk(logits, bias, 4, n_group=4, topk_group=2, renormalize=True,
+                                   routed_scaling_factor=2.5)
+    assert torch.equal(ids, ids2) and torch.equal(w, w2)
+    ref = oracle.biased_grouped_topk(logits.double().tolist(), bias.double().tolist(), 4, n_group=4, topk_group=2,
+                                     renormalize=True, routed_scaling_factor=2.5)
+    assert [r["ids"] for r in ref] == ids.tolist()
