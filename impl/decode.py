@@ -165,6 +165,39 @@ def _load_q_split(q, b, heads, hmask, stride_qb, stride_qh, stride_qd):
 
 
 @triton.jit
+def _accumulate_segments(
+        q, stride_qb, stride_qh, stride_qd, b, heads, hmask, split, num_splits,
+        main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
+        extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
+        HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
+        SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Natural-exp online softmax of row ``b`` for ``heads`` over split ``split`` of ``num_splits`` of its main
+    segment, then the same split of its extra segment, in BLOCK_K-token tiles that never cross segments.
+    Returns un-normalised (m, l, acc over the 512 lanes, acc over the 64 RoPE lanes). The single-kernel fallback
+    is the case split 0 of 1; the main cache is always scrubbed, the extra cache when SCRUB_EXTRA."""
+    q_nope, q_rope = _load_q_split(q, b, heads, hmask, stride_qb, stride_qh, stride_qd)
+    m_i = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
+    l_i = tl.zeros((BLOCK_H_,), tl.float32)
+    acc_n = tl.zeros((BLOCK_H_, 512), tl.float32)
+    acc_r = tl.zeros((BLOCK_H_, 64), tl.float32)
+    tk = tl.arange(0, BLOCK_K).to(tl.int64)
+    lo, hi = _split_slice(tl.load(main_indptr + b).to(tl.int64), tl.load(main_indptr + b + 1).to(tl.int64),
+                          split, num_splits)
+    for t0 in range(lo, hi, BLOCK_K):
+        m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, main_cache, main_idx,
+                                               t0 + tk, hi, main_num_slots, main_bs, main_stride0, scale,
+                                               IS_FNUZ_MAIN, True)
+    if HAS_EXTRA:
+        lo, hi = _split_slice(tl.load(extra_indptr + b).to(tl.int64), tl.load(extra_indptr + b + 1).to(tl.int64),
+                              split, num_splits)
+        for t0 in range(lo, hi, BLOCK_K):
+            m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, extra_cache, extra_idx,
+                                                   t0 + tk, hi, extra_num_slots, extra_bs, extra_stride0, scale,
+                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA)
+    return m_i, l_i, acc_n, acc_r
+
+
+@triton.jit
 def _sparse_decode_generic_kernel(
         q, stride_qb, stride_qh, stride_qd,
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
@@ -182,25 +215,11 @@ def _sparse_decode_generic_kernel(
     hb = tl.program_id(1)
     heads = hb * BLOCK_H_ + tl.arange(0, BLOCK_H_)
     hmask = heads < num_heads
-    q_nope, q_rope = _load_q_split(q, b, heads, hmask, stride_qb, stride_qh, stride_qd)
-    m_i = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
-    l_i = tl.zeros((BLOCK_H_,), tl.float32)
-    acc_n = tl.zeros((BLOCK_H_, 512), tl.float32)
-    acc_r = tl.zeros((BLOCK_H_, 64), tl.float32)
-    tk = tl.arange(0, BLOCK_K).to(tl.int64)
-    lo = tl.load(main_indptr + b).to(tl.int64)
-    hi = tl.load(main_indptr + b + 1).to(tl.int64)
-    for t0 in range(lo, hi, BLOCK_K):
-        m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, main_cache, main_idx,
-                                               t0 + tk, hi, main_num_slots, main_bs, main_stride0, scale,
-                                               IS_FNUZ_MAIN, True)
-    if HAS_EXTRA:
-        lo = tl.load(extra_indptr + b).to(tl.int64)
-        hi = tl.load(extra_indptr + b + 1).to(tl.int64)
-        for t0 in range(lo, hi, BLOCK_K):
-            m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, extra_cache, extra_idx,
-                                                   t0 + tk, hi, extra_num_slots, extra_bs, extra_stride0, scale,
-                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA)
+    m_i, l_i, acc_n, acc_r = _accumulate_segments(
+        q, stride_qb, stride_qh, stride_qd, b, heads, hmask, 0, 1,
+        main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
+        extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
+        HAS_EXTRA, IS_FNUZ_MAIN, IS_FNUZ_EXTRA, SCRUB_EXTRA, BLOCK_H_, BLOCK_K)
     if HAS_SINK:
         sink_val = tl.load(sink + heads, mask=hmask, other=float("-inf"))
         m_f = tl.maximum(m_i, sink_val)
@@ -240,25 +259,11 @@ def _sparse_decode_gfx942_partial_kernel(
     hb = tl.program_id(2)
     heads = hb * BLOCK_H_ + tl.arange(0, BLOCK_H_)
     hmask = heads < num_heads
-    q_nope, q_rope = _load_q_split(q, b, heads, hmask, stride_qb, stride_qh, stride_qd)
-    m_i = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
-    l_i = tl.zeros((BLOCK_H_,), tl.float32)
-    acc_n = tl.zeros((BLOCK_H_, 512), tl.float32)
-    acc_r = tl.zeros((BLOCK_H_, 64), tl.float32)
-    tk = tl.arange(0, BLOCK_K).to(tl.int64)
-    lo, hi = _split_slice(tl.load(main_indptr + b).to(tl.int64), tl.load(main_indptr + b + 1).to(tl.int64),
-                          split, num_splits)
-    for t0 in range(lo, hi, BLOCK_K):
-        m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, main_cache, main_idx,
-                                               t0 + tk, hi, main_num_slots, main_bs, main_stride0, scale,
-                                               IS_FNUZ_MAIN, True)
-    if HAS_EXTRA:
-        lo, hi = _split_slice(tl.load(extra_indptr + b).to(tl.int64), tl.load(extra_indptr + b + 1).to(tl.int64),
-                              split, num_splits)
-        for t0 in range(lo, hi, BLOCK_K):
-            m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, extra_cache, extra_idx,
-                                                   t0 + tk, hi, extra_num_slots, extra_bs, extra_stride0, scale,
-                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA)
+    m_i, l_i, acc_n, acc_r = _accumulate_segments(
+        q, stride_qb, stride_qh, stride_qd, b, heads, hmask, split, num_splits,
+        main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
+        extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
+        HAS_EXTRA, IS_FNUZ_MAIN, IS_FNUZ_EXTRA, SCRUB_EXTRA, BLOCK_H_, BLOCK_K)
     ml = b.to(tl.int64) * stride_mb + split.to(tl.int64) * stride_ms + heads
     tl.store(part_m + ml, m_i, mask=hmask)
     tl.store(part_l + ml, l_i, mask=hmask)
