@@ -33,6 +33,7 @@ from impl import formats
 from impl.runtime import kernel_device
 from impl.targets import Target, get_target
 from impl.triton_helpers import bf16_rne_bits, bf16_round, fp8_encode_bits, ue8m0_encode_bits
+from impl.validation import require_tensor  # noqa: F401  (re-exported for the compressor)
 
 NOPE = formats.DSV4_NOPE_DIM
 ROPE = formats.DSV4_ROPE_DIM
@@ -131,17 +132,6 @@ def _swa_insert_kernel(k_ptr, k_row_stride, slot_ptr, cache_ptr, cache_block_str
 # Host-side validation (shared with impl.compressor)
 # ---------------------------------------------------------------------------------------------------------------
 
-def _dt(d: torch.dtype) -> str:
-    return str(d).replace("torch.", "")
-
-
-def require_tensor(name: str, t, dtypes: tuple[torch.dtype, ...], dim: int | None = None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name}: expected dtype {' or '.join(_dt(d) for d in dtypes)}, got {_dt(t.dtype)}")
-    if dim is not None and t.dim() != dim:
-        raise ValueError(f"{name}: expected {dim} dimensions, got shape {list(t.shape)}")
 
 
 def require_kernel_device(**tensors: torch.Tensor) -> None:

@@ -47,6 +47,7 @@ from impl import splits as _splits
 from impl.runtime import kernel_device
 from impl.targets import Target, effective_cu_count, get_target
 from impl.triton_helpers import dot, fp8_decode_bits, ue8m0_decode_reader
+from impl.validation import dtype_name as _name_dtype, require_tensor
 
 FLT_MAX = 3.4028234663852886e38
 LOG2E = 1.4426950408889634
@@ -555,19 +556,8 @@ def plan_decode(target: "Target | str | None", batch: int, num_heads: int, main_
     return DecodePlan(t.decode_family, s, hb)
 
 
-def _name_dtype(dt) -> str:
-    return str(dt).replace("torch.", "")
-
-
 def _check_tensor(name: str, t, dtype: torch.dtype, dims: int, device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {_name_dtype(dtype)}, got {_name_dtype(t.dtype)}")
-    if t.dim() != dims:
-        raise ValueError(f"{name}: expected {dims} dimensions, got shape {list(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name}: expected device {device} (the device of q), got {t.device}")
+    require_tensor(name, t, dtype, dim=dims, device=device)
 
 
 def _check_ragged(prefix: str, indices, indptr, batch: int, device, check_indptr: bool) -> None:

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from impl.triton_helpers import bf16_rne_bits, load_as_f32
+from impl.validation import dtype_name as _name_dtype, require_kernel_device, require_tensor
 from impl.runtime import kernel_device
 from impl.triton_helpers import fp8_encode_bits, ue8m0_encode_bits
 
@@ -39,18 +40,9 @@ MXFP8_LOW_AMAX = 2.0 ** -100
 MXFP8_LOW_SHIFT = 64
 
 
-def _name_dtype(dt) -> str:
-    return str(dt).replace("torch.", "")
-
-
 def _require_tensor(name: str, t, dtypes: tuple[torch.dtype, ...]) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        want = " or ".join(_name_dtype(d) for d in dtypes)
-        raise TypeError(f"{name}: expected dtype {want}, got {_name_dtype(t.dtype)}")
-    if t.device.type != kernel_device():
-        raise ValueError(f"{name}: kernels run on '{kernel_device()}' here, got a tensor on {t.device}")
+    require_tensor(name, t, dtypes)
+    require_kernel_device(name, t)
 
 
 # ----------------------------------------------------------------------------------------------------------------

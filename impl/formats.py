@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from impl.validation import require_tensor as _require_tensor
+
 # ---------------------------------------------------------------------------------------------------------------
 # fp8 e4m3: 1 sign bit, 4 exponent bits, 3 mantissa bits.
 #   OCP  (float8_e4m3fn):   bias 7, max 448, NaN = S.1111.111 (0x7F / 0xFF), no infinities, -0 exists.
@@ -42,14 +44,6 @@ def fp8_flavour(flavour: "str | Fp8Flavour") -> Fp8Flavour:
         return FP8_FLAVOURS[flavour]
     except (KeyError, TypeError):
         raise ValueError(f"flavour: expected 'ocp' or 'fnuz', got {flavour!r}") from None
-
-
-def _require_tensor(name: str, t, dtypes: tuple[torch.dtype, ...]) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"{name}: expected dtype {want}, got {str(t.dtype).replace('torch.', '')}")
 
 
 def fp8_decode(codes: torch.Tensor, flavour: "str | Fp8Flavour") -> torch.Tensor:

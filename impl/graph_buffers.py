@@ -23,21 +23,13 @@ from __future__ import annotations
 import torch
 
 from impl.targets import Target, get_target
+from impl.validation import require_tensor
 
 VIEW_RULES = ("full", "source")
 
 
-def _name_dtype(dt) -> str:
-    return str(dt).replace("torch.", "")
-
-
 def _require_int32_vector(name: str, t) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name}: expected dtype int32, got {_name_dtype(t.dtype)}")
-    if t.dim() != 1:
-        raise ValueError(f"{name}: expected a 1-D tensor, got shape {list(t.shape)}")
+    require_tensor(name, t, torch.int32, dim=1)
 
 
 def _require_count(name: str, v) -> int:

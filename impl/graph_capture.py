@@ -43,6 +43,7 @@ from impl.dispatch import SWA_ONLY_RATIOS, decode_dispatch
 from impl.graph_buffers import copy_ragged_to_graph_buffers
 from impl.runtime import kernel_device, triton_mode
 from impl.targets import Target, get_target
+from impl.validation import dtype_name as _name_dtype, require_tensor
 
 MODES = ("cuda", "emulate")
 HEAD_WIDTH = formats.DSV4_NOPE_DIM + formats.DSV4_ROPE_DIM
@@ -57,8 +58,6 @@ def default_mode() -> str:
     return "cuda" if triton_mode() == "native" and torch.cuda.is_available() else "emulate"
 
 
-def _name_dtype(dt) -> str:
-    return str(dt).replace("torch.", "")
 
 
 def _describe_diff(i: int, want: LaunchRecord, got: LaunchRecord, limit: int = 4) -> str:
@@ -140,14 +139,7 @@ def _check_ragged(prefix: str, indices, indptr, rows: int, max_per_row: int, cap
     """Everything ``copy_ragged_to_graph_buffers`` would reject, checked before any buffer is written (so that a
     bad extra segment cannot leave the main segment already overwritten)."""
     for name, t in ((f"{prefix}_indices", indices), (f"{prefix}_indptr", indptr)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.int32:
-            raise TypeError(f"{name}: expected dtype int32, got {_name_dtype(t.dtype)}")
-        if t.dim() != 1:
-            raise ValueError(f"{name}: expected a 1-D tensor, got shape {list(t.shape)}")
-        if t.device != device:
-            raise ValueError(f"{name}: expected device {device}, got {t.device}")
+        require_tensor(name, t, torch.int32, dim=1, device=device)
     if indptr.numel() != rows + 1:
         raise ValueError(f"{prefix}_indptr: expected rows + 1 = {rows + 1} entries, got {indptr.numel()}")
     if indices.numel() > capacity:
