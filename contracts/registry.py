@@ -13,6 +13,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.graph",
     "contracts.writers",
     "contracts.graph_replay",
+    "contracts.prefill",
 )
 
 _loaded = False

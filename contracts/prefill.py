@@ -1,0 +1,304 @@
+"""Sparse prefill contracts: the Triton kernel agrees with the float64 oracle, and the OPUS routing guard equals
+SPEC 3's truth table while the entry hands OPUS exactly what the oracle expects (or runs Triton)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from unittest import mock
+
+import torch
+
+from contracts.core import ALL_TARGETS, Violation, fmt
+from contracts.core import contract
+from fuzz import prefill as fz
+from impl import prefill as pf
+from impl.runtime import triton_mode
+from impl.targets import Target
+from oracles import compare as cmp
+from oracles import prefill as ref_prefill
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's raw bits (NaN payloads included) as an integer tensor, for exact before/after comparisons."""
+    t = t.detach().cpu()
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return t.view(torch.int16).clone()
+    if t.dtype == torch.float32:
+        return t.view(torch.int32).clone()
+    return t.clone()
+
+
+def _snapshot(inp: fz.PrefillInputs) -> dict:
+    snap = {"q": inp.q, "kv buffer": inp.kv_buffer, "indices": inp.indices, "topk_length": inp.topk_length,
+            "indptr": inp.indptr, "attn_sink": inp.attn_sink}
+    return {k: _bits(v) for k, v in snap.items() if v is not None}
+
+
+def _unchanged(before: dict, inp: fz.PrefillInputs) -> list[Violation]:
+    now = {"q": inp.q, "kv buffer": inp.kv_buffer, "indices": inp.indices, "topk_length": inp.topk_length,
+           "indptr": inp.indptr, "attn_sink": inp.attn_sink}
+    out = []
+    for k, b in before.items():
+        a = _bits(now[k])
+        if not torch.equal(a, b):
+            out.append(Violation("prefill modified an input", k, "unchanged", f"{int((a != b).sum())} elements changed"))
+    pad = inp.out_buffer[..., inp.out.shape[-1]:]
+    if pad.numel() and not bool(torch.isnan(pad.detach().cpu().float()).all()):
+        out.append(Violation("prefill wrote past the output's last dim", "out buffer padding", "all NaN (untouched)",
+                             f"{int((~torch.isnan(pad.detach().cpu().float())).sum())} lanes written"))
+    return out
+
+
+def _reference(inp: fz.PrefillInputs) -> ref_prefill.PrefillReference:
+    kw = dict(softmax_scale=inp.softmax_scale, attn_sink=inp.attn_sink, out_width=int(inp.out.shape[-1]))
+    if inp.dense is not None:
+        return ref_prefill.ref_sparse_attn_prefill(inp.q, inp.kv, dense=inp.dense, topk_length=inp.topk_list, **kw)
+    return ref_prefill.ref_sparse_attn_prefill(inp.q, inp.kv, indices=inp.ragged, indptr=inp.indptr_list, **kw)
+
+
+def _compare_with_oracle(got: torch.Tensor, inp: fz.PrefillInputs, label: str) -> list[Violation]:
+    ref = _reference(inp)
+    d = int(inp.q.shape[-1])
+    # oracles.compare's model with the QK dot over all d lanes; BLOCK_K tokens per tile, one split
+    model = dataclasses.replace(cmp.AttentionErrorModel.for_mode(triton_mode()), dot_len=d)
+    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
+                                  1, pf.block_k_for(d), model)
+    return [Violation(f"{label}: {m.kind}", m.where, m.expected, m.got)
+            for m in cmp.compare_attention(got, ref.out, tol)]
+
+
+def _run_entry(inp: fz.PrefillInputs, target: Target) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy warns on inf - inf by design
+        pf.sparse_attn_prefill(inp.q, inp.kv, inp.indices, inp.softmax_scale, inp.attn_sink, inp.out,
+                               topk_length=inp.topk_length, indptr=inp.indptr, target=target)
+
+
+# --- prefill-oracle-agreement ------------------------------------------------------------------------------------
+
+def _agreement_examples(target: Target) -> list[dict]:
+    base = {"seed": 5, "sq": 3, "heads": 3, "d": 512, "skv": 9, "mode": "dense", "width": 8, "lens": [8, 0, 3],
+            "topk_given": True, "topk_quirks": True, "dense_3d": True, "invalid_rate": 0.2, "int32_extremes": True,
+            "indptr_offset": 0, "tail_junk": 0, "scale": 0.0625, "sink": "mixed", "out_width": "full",
+            "out_padded": True, "q_layout": "heads_major", "kv_layout": "3d", "magnitude": 1.0}
+    return [base,
+            dict(base, seed=6, d=576, mode="ragged", lens=[2, 3, 0], indptr_offset=3, tail_junk=2, sink="large",
+                 out_width="nope", q_layout="strided", kv_layout="padded_rows"),
+            dict(base, seed=7, d=576, topk_given=False, lens=[5, 1, 0], sink="-inf", kv_layout="strided_lanes",
+                 scale=0.3)]
+
+
+@contract("prefill-oracle-agreement", targets=ALL_TARGETS, cases=lambda t: fz.prefill_cases(),
+          examples=_agreement_examples, min_cases=5)
+def prefill_oracle_agreement(case, target: Target) -> list[Violation]:
+    """The sparse prefill equals the float64 oracle within the derived error model, NaN/inf masks exactly.
+
+    One softmax per (row, head) over the row's valid entries plus the sink as a zero-value logit (-inf, ordinary,
+    large, mixed sinks; none); V = K; an empty row gives 0; invalid entries (-1, -2, slots at or past skv, INT32
+    extremes) are masked; dense rows keep only their first clamp(topk_length or count(idx >= 0), 0, k) entries and
+    ragged rows only [indptr[r], indptr[r+1]). Every kv row no valid entry reaches is NaN (dead rows, rows past the
+    view, padding lanes), and every entry a correct kernel drops points at one, so a stray read shows. d is 448+64
+    (one 512-lane tile) or 512+64 (NoPE and RoPE tiles); output d or nope wide; q, kv and out non-contiguous; a
+    non-default scale. Inputs are not modified and nothing is written past out's last dim. Tolerance:
+    oracles.compare's model (relative to sum_j p_j |v_j|, dot length d, interpreter truncation), no fraction of
+    lanes may fail. Sources: SPEC 3 (Triton fallback), seed 003, upstream's prefill ragged-kernel test.
+    """
+    inp = fz.build_prefill_inputs(case)
+    before = _snapshot(inp)
+    _run_entry(inp, target)
+    got = inp.out.detach().cpu().clone()
+    out = _unchanged(before, inp)
+    out += _compare_with_oracle(got, inp, f"prefill output vs float64 oracle (d={case['d']}, {case['mode']})")
+    return out
+
+
+# --- opus-routing-guard ------------------------------------------------------------------------------------------
+
+#: what the fake OPUS op writes (exact in bf16), so a routed call is told apart from the Triton result
+OPUS_SENTINEL = 0.375
+
+
+def _guard_violations(gcase: dict, target: Target) -> list[Violation]:
+    configs = [[]] + [[p] for p in fz.GUARD_PERTURBATIONS] + [list(c) for c in gcase["combos"]]
+    out = []
+    for perts in configs:
+        q, kv, sink, o = fz.guard_tensors(gcase, perts)
+        got = pf.can_use_aiter_sparse_prefill_opus(q, kv, sink, o, target=target)
+        attrs = fz.tensor_attributes(target.name, q, kv, sink, o)
+        fails = ref_prefill.opus_guard_failures(attrs)
+        want = not fails
+        if got is not want:
+            out.append(Violation("OPUS guard differs from SPEC 3's truth table",
+                                 f"{target.name}, sq={attrs['q_shape'][0]}, perturbations={perts}",
+                                 f"{want} (broken: {', '.join(fails) or 'none'})", fmt(got)))
+    return out
+
+
+def _expected_ragged(inp: fz.PrefillInputs) -> tuple[list[int], list[int]]:
+    skv = int(inp.kv.shape[0])
+    if inp.dense is not None:
+        idx, ptr = ref_prefill.ref_dense_to_ragged(inp.dense, inp.topk_list, skv)
+    else:
+        idx, ptr = inp.ragged, inp.indptr_list
+    return ref_prefill.ref_opus_ragged(list(idx), list(ptr), skv)
+
+
+def _check_op_call(args, kw, inp: fz.PrefillInputs, where: str) -> list[Violation]:
+    v: list[Violation] = []
+    sq, h, d = (int(x) for x in inp.q.shape)
+    skv = int(inp.kv.shape[0])
+    if len(args) != 9 or set(kw) != {"out"}:
+        return [Violation("OPUS called with the wrong arguments", where,
+                          "(q, kv, indices, indptr, extend_kv, extend_indices, extend_indptr, sink, scale, out=)",
+                          f"{len(args)} positional, keywords {sorted(kw)}")]
+    q_, kv_, idx, ptr, ekv, eidx, eptr, sink, scale = args
+    if q_.data_ptr() != inp.q.data_ptr() or tuple(q_.stride()) != tuple(inp.q.stride()):
+        v.append(Violation("OPUS got a different q", where, "the caller's q", "another tensor"))
+    if kv_.dim() != 2 or tuple(kv_.shape) != (skv, d) or kv_.data_ptr() != inp.kv.data_ptr():
+        v.append(Violation("OPUS kv is not the caller's kv as [skv, d]", where, f"[{skv}, {d}] view",
+                           f"{list(kv_.shape)}"))
+    want_idx, want_ptr = _expected_ragged(inp)
+    for name, t, want in (("indices", idx, want_idx), ("indptr", ptr, want_ptr)):
+        if t.dtype != torch.int32:
+            v.append(Violation(f"OPUS {name} not int32", where, "int32", str(t.dtype)))
+        got_l = t.detach().cpu().tolist()
+        if got_l != want:
+            v.append(Violation(f"OPUS {name} differ from the oracle's dense->ragged conversion", where,
+                               fmt(want), fmt(got_l)))
+    if ekv.dim() != 2 or ekv.shape[-1] != d or ekv.dtype != inp.q.dtype:
+        v.append(Violation("OPUS second-segment kv placeholder malformed", where, f"[n, {d}] {inp.q.dtype}",
+                           f"{list(ekv.shape)} {ekv.dtype}"))
+    if eidx.numel() != 0 or eidx.dtype != torch.int32:
+        v.append(Violation("OPUS second segment not empty", where, "0 int32 indices",
+                           f"{eidx.numel()} {eidx.dtype}"))
+    if eptr.dtype != torch.int32 or tuple(eptr.shape) != (sq + 1,) or bool(eptr.detach().cpu().ne(0).any()):
+        v.append(Violation("OPUS second-segment indptr not all zero", where, f"int32 zeros [{sq + 1}]",
+                           fmt(eptr)))
+    want_sink = inp.attn_sink[:h].detach().cpu()
+    if sink is None or sink.dtype != torch.float32 or tuple(sink.shape) != (h,) \
+            or not torch.equal(sink.detach().cpu(), want_sink):
+        v.append(Violation("OPUS sink is not attn_sink[:h] in fp32", where, fmt(want_sink), fmt(sink)))
+    if not isinstance(scale, float) or scale != inp.softmax_scale:
+        v.append(Violation("OPUS softmax scale", where, fmt(inp.softmax_scale), fmt(scale)))
+    if kw["out"].data_ptr() != inp.out.data_ptr():
+        v.append(Violation("OPUS did not get the caller's out", where, "out", "another tensor"))
+    return v
+
+
+def _route(inp: fz.PrefillInputs, target: Target, guard_says: bool, op_kind: str | None) -> dict:
+    """Run the entry with the guard answering ``guard_says`` and the loader returning a fake op (``ok``: writes the
+    sentinel; ``raises``: writes NaN then reports failure) or None. Records every call."""
+    rec = {"guard": [], "op": [], "triton": 0}
+    triton_impl = pf.sparse_attn_prefill_triton
+
+    def fake_guard(q, kv, attn_sink, out, *, target=None):
+        rec["guard"].append((q, kv, attn_sink, out, target))
+        return guard_says
+
+    def fake_op(*args, **kw):
+        rec["op"].append((args, kw))
+        if op_kind == "raises":
+            kw["out"].fill_(math.nan)
+            raise RuntimeError("fake OPUS: unsupported configuration")
+        kw["out"].fill_(OPUS_SENTINEL)
+        return kw["out"]
+
+    def counting_triton(*args, **kw):
+        rec["triton"] += 1
+        return triton_impl(*args, **kw)
+
+    with mock.patch.object(pf, "can_use_aiter_sparse_prefill_opus", fake_guard), \
+            mock.patch.object(pf, "get_aiter_sparse_prefill_opus", lambda: None if op_kind is None else fake_op), \
+            mock.patch.object(pf, "sparse_attn_prefill_triton", counting_triton):
+        _run_entry(inp, target)
+    return rec
+
+
+def _check_guard_args(rec: dict, inp: fz.PrefillInputs, target: Target, where: str) -> list[Violation]:
+    if len(rec["guard"]) != 1:
+        return [Violation("the entry did not ask the guard exactly once", where, "1 call", str(len(rec["guard"])))]
+    q, kv, sink, out, t = rec["guard"][0]
+    h, d = int(inp.q.shape[1]), int(inp.q.shape[2])
+    v = []
+    if q.data_ptr() != inp.q.data_ptr():
+        v.append(Violation("guard asked about another q", where, "the caller's q", "another tensor"))
+    if kv.dim() != 2 or kv.shape[-1] != d or kv.data_ptr() != inp.kv.data_ptr():
+        v.append(Violation("guard asked about kv not as [skv, d]", where, f"[skv, {d}]", fmt(list(kv.shape))))
+    if sink is None or tuple(sink.shape) != (h,):
+        v.append(Violation("guard asked about a sink not sliced to h heads", where, f"({h},)",
+                           "None" if sink is None else fmt(tuple(sink.shape))))
+    if out.data_ptr() != inp.out.data_ptr():
+        v.append(Violation("guard asked about another out", where, "the caller's out", "another tensor"))
+    if t is not target and getattr(t, "name", t) != target.name:
+        v.append(Violation("guard asked about another target", where, target.name, fmt(t)))
+    return v
+
+
+def _routing_violations(case: dict, target: Target) -> list[Violation]:
+    inp = fz.build_prefill_inputs(case["inputs"])
+    before = _snapshot(inp)
+    v: list[Violation] = []
+    # routed: OPUS gets the oracle's ragged indices and an empty second segment; Triton stays idle
+    where = "guard true, OPUS present and succeeding"
+    rec = _route(inp, target, True, "ok")
+    v += _check_guard_args(rec, inp, target, where)
+    if len(rec["op"]) != 1 or rec["triton"] != 0:
+        v.append(Violation("routing when the guard holds and OPUS exists", where, "1 OPUS call, 0 Triton launches",
+                           f"{len(rec['op'])} OPUS calls, {rec['triton']} Triton launches"))
+    for args, kw in rec["op"][:1]:
+        v += _check_op_call(args, kw, inp, where)
+    got = inp.out.detach().cpu().float()
+    if len(rec["op"]) == 1 and not bool((got == OPUS_SENTINEL).all()):
+        v.append(Violation("the OPUS result was not returned as is", where, f"all {OPUS_SENTINEL}",
+                           f"{int((got != OPUS_SENTINEL).sum())} lanes differ"))
+    # not routed (guard false, no op) or OPUS reporting failure: the Triton path runs and its result stands
+    scenario = case["fallback"]
+    inp.out_buffer.fill_(math.nan)
+    guard_says = scenario != "guard_false"
+    op_kind = None if scenario == "no_op" else ("raises" if scenario == "op_raises" else "ok")
+    where = {"guard_false": "guard false", "no_op": "guard true, no OPUS op",
+             "op_raises": "guard true, OPUS reports failure"}[scenario]
+    rec = _route(inp, target, guard_says, op_kind)
+    want_op = 1 if scenario == "op_raises" else 0
+    if len(rec["op"]) != want_op or rec["triton"] != 1:
+        v.append(Violation("fallback routing", where, f"{want_op} OPUS calls, 1 Triton launch",
+                           f"{len(rec['op'])} OPUS calls, {rec['triton']} Triton launches"))
+    for args, kw in rec["op"][:1]:
+        v += _check_op_call(args, kw, inp, where)
+    v += _compare_with_oracle(inp.out.detach().cpu().clone(), inp, f"Triton fallback ({where}) vs float64 oracle")
+    v += _unchanged(before, inp)
+    return v
+
+
+def _routing_examples(target: Target) -> list[dict]:
+    inputs = {"seed": 21, "sq": 3, "heads": 2, "d": 512, "skv": 8, "mode": "dense", "width": 6, "lens": [2, 6, 0],
+              "topk_given": True, "topk_quirks": True, "dense_3d": False, "invalid_rate": 0.2,
+              "int32_extremes": False, "indptr_offset": 0, "tail_junk": 0, "scale": 0.11, "sink": "ordinary",
+              "out_width": "full", "out_padded": False, "q_layout": "contiguous", "kv_layout": "3d",
+              "magnitude": 1.0}
+    guard = {"sq": 1024, "heads": 16, "d": 512, "dtype": "bfloat16", "gpu": "cuda:0", "skv": 7, "combos": []}
+    return [{"inputs": inputs, "fallback": "op_raises", "guard": guard},
+            {"inputs": dict(inputs, seed=22, mode="ragged", indptr_offset=3, tail_junk=2, d=576),
+             "fallback": "guard_false", "guard": dict(guard, sq=1023, d=576, dtype="float16")}]
+
+
+@contract("opus-routing-guard", targets=ALL_TARGETS, cases=lambda t: fz.routing_cases(),
+          examples=_routing_examples, min_cases=5)
+def opus_routing_guard(case, target: Target) -> list[Violation]:
+    """The OPUS guard equals SPEC 3's truth table, and the entry routes by it.
+
+    Guard: for a drawn configuration (sq around 1023/1024, heads, d, bf16/fp16, GPU index) the guard is evaluated
+    on fake tensors for the eligible base, for every single perturbation that flips one condition or keeps
+    eligibility (sq 1/1023/1024/1025, fp32 q, kv/out dtype, CPU or other-GPU q/kv/out/sink, heads-major and
+    last-dim-strided q, strided or padded kv, out strides != q strides, nope-wide out, narrow kv, sink None,
+    padded, short, 2-D, bf16, fp64) and for drawn combinations; each answer must equal
+    oracles.prefill.opus_guard_expected (false on every target but gfx950).
+    Routing: on tiny real inputs, with the guard answering true and a fake OPUS op, the op is called once with
+    q, kv as [skv, d], int32 ragged indices/indptr equal to the oracle's dense->ragged conversion with the masked
+    entries removed (AITER requires every index it gets to be a valid row), an empty second segment (0 indices, all-zero indptr [sq+1]), attn_sink[:h], the scale and
+    the caller's out, and its result stands (no Triton launch). With the guard false, no op, or the op reporting
+    failure, the Triton kernel runs once and its output agrees with the float64 oracle. Sources: SPEC 3 (OPUS
+    guard), seed 003 (strict guard, silent Triton fallback, upstream's monkeypatched routing tests).
+    """
+    return _guard_violations(case["guard"], target) + _routing_violations(case, target)

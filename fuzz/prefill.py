@@ -1,0 +1,375 @@
+"""Strategies and builders for the sparse prefill (SPEC section 3, seed 003).
+
+``prefill_cases``: tiny attention cases for the Triton interpreter (sq <= 6, h <= 3, d = 448 + 64 or 512 + 64,
+k <= 12): dense indices with and without ``topk_length`` (lengths past k and negative ones included), ragged
+indices with junk before, after and between rows, -1 / -2 / slots at and past skv / INT32 extremes, empty rows,
+sinks of -inf / ordinary / large values, non-default scales, non-contiguous q, kv and out, d or nope wide output.
+Every kv row no valid entry reaches is NaN - the dead rows inside [0, skv), the rows past the kv view, the padding
+lanes of a padded row stride - and every entry a correct kernel must drop (past topk_length, outside indptr) points
+at a dead row, so a stray read shows up as NaN in the output.
+
+``guard_cases`` / ``guard_tensors``: OPUS-guard configurations (sq around 1024, heads, d, dtype, GPU index) and the
+attribute perturbations that flip one SPEC 3 condition each (or keep eligibility); tensors are made as torch fake
+tensors, so "q on the GPU" and 1024-row shapes cost no memory and need no GPU.
+
+Cases are plain JSON; builders make every tensor from the case's seed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from impl.runtime import kernel_device
+
+INT32_MIN = -(2 ** 31)
+INT32_MAX = 2 ** 31 - 1
+ROPE_DIM = 64
+HEAD_DIMS = (448 + ROPE_DIM, 512 + ROPE_DIM)
+SCALES = (0.02, 0.0625, 0.11, 0.3)
+SINK_KINDS = ("ordinary", "mixed", "-inf", "large", "none")
+Q_LAYOUTS = ("contiguous", "heads_major", "strided")
+KV_LAYOUTS = ("2d", "3d", "padded_rows", "strided_lanes")
+#: rows past the kv view, all NaN: an unmasked slot >= skv reads them
+KV_TAIL_ROWS = 2
+OUT_PAD = 8
+
+
+# --- attention cases --------------------------------------------------------------------------------------------
+
+def _rotated(lo: int, hi: int, start: int):
+    """Integers in [lo, hi] whose simplest value (where Hypothesis starts and shrinks to) is ``start``: the first
+    derandomized cases then have half-full rows and several kv rows rather than nothing at all."""
+    n = hi - lo + 1
+    return st.integers(0, n - 1).map(lambda x: lo + (start - lo + x) % n)
+
+
+def prefill_cases(*, max_sq: int = 6, max_heads: int = 3, max_width: int = 12, max_skv: int = 20):
+    @st.composite
+    def build(draw):
+        sq = draw(_rotated(1, max_sq, 3))
+        width = draw(_rotated(0, max_width, max_width // 2 + 1))
+        return {
+            "seed": draw(st.integers(0, 2 ** 31 - 1)),
+            "sq": sq,
+            "heads": draw(_rotated(1, max_heads, 2)),
+            "d": draw(st.sampled_from(HEAD_DIMS)),
+            "skv": draw(_rotated(2, max_skv, max_skv // 2)),
+            "mode": draw(st.sampled_from(["dense", "ragged"])),
+            "width": width,
+            # mostly rows shorter than k (entries past topk_length exist), some full, some empty
+            "lens": draw(st.lists(st.one_of(_rotated(0, width, width // 2), st.just(0)), min_size=sq, max_size=sq)),
+            "topk_given": draw(st.integers(0, 3)) < 3,
+            "topk_quirks": draw(st.booleans()),
+            "dense_3d": draw(st.booleans()),
+            "invalid_rate": draw(st.sampled_from([0.2, 0.0, 0.5])),
+            "int32_extremes": draw(st.integers(0, 3)) == 3,
+            "indptr_offset": draw(st.sampled_from([2, 0, 0])),
+            "tail_junk": draw(_rotated(0, 3, 1)),
+            "scale": draw(st.sampled_from(SCALES)),
+            "sink": draw(st.sampled_from(SINK_KINDS)),
+            "out_width": draw(st.sampled_from(["full", "nope"])),
+            "out_padded": draw(st.booleans()),
+            "q_layout": draw(st.sampled_from(Q_LAYOUTS)),
+            "kv_layout": draw(st.sampled_from(KV_LAYOUTS)),
+            "magnitude": draw(st.sampled_from([1.0, 1.0, 4.0])),
+        }
+
+    return build()
+
+
+@dataclass
+class PrefillInputs:
+    q: torch.Tensor
+    kv: torch.Tensor  # [skv, d] or [skv, 1, d], a view into kv_buffer
+    kv_buffer: torch.Tensor
+    indices: torch.Tensor  # dense [sq, k] / [sq, 1, k], or ragged 1-D
+    topk_length: torch.Tensor | None
+    indptr: torch.Tensor | None
+    attn_sink: torch.Tensor | None
+    softmax_scale: float
+    out: torch.Tensor  # NaN-poisoned, a view into out_buffer
+    out_buffer: torch.Tensor
+    # the same indices as Python lists, for the oracle
+    dense: list[list[int]] | None
+    topk_list: list[int] | None
+    ragged: list[int] | None
+    indptr_list: list[int] | None
+    nope: int
+
+
+def _randint(gen, lo: int, hi: int) -> int:
+    """Uniform in [lo, hi]."""
+    return lo + int(torch.randint(0, hi - lo + 1, (1,), generator=gen))
+
+
+def _coin(gen, p: float) -> bool:
+    return bool(torch.rand(1, generator=gen).item() < p)
+
+
+def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs:
+    """Every tensor of a prefill case, made from ``case['seed']`` on the kernel device."""
+    device = device or kernel_device()
+    gen = torch.Generator().manual_seed(int(case["seed"]))
+    sq, h, d, skv = int(case["sq"]), int(case["heads"]), int(case["d"]), int(case["skv"])
+    nope = d - ROPE_DIM
+    mag = float(case.get("magnitude", 1.0))
+    # kv: live rows hold data, every other row (dead rows, the tail past skv, padding lanes) is NaN
+    live = [_coin(gen, 0.7) for _ in range(skv)]
+    live[_randint(gen, 0, skv - 1)] = False  # at least one dead row inside [0, skv)
+    live_rows = [i for i in range(skv) if live[i]]
+    dead_rows = [i for i in range(skv) if not live[i]]
+    rows_total = skv + KV_TAIL_ROWS
+    layout = case["kv_layout"]
+    data = (torch.randn(rows_total, d, generator=gen) * mag).to(torch.bfloat16)
+    data[[i for i in range(rows_total) if i >= skv or not live[i]]] = math.nan
+    if layout == "2d":
+        buf = data.clone()
+        kv = buf[:skv]
+    elif layout == "3d":
+        buf = data.clone().reshape(rows_total, 1, d)
+        kv = buf[:skv]
+    elif layout == "padded_rows":
+        buf = torch.full((rows_total, d + 24), math.nan, dtype=torch.bfloat16)
+        buf[:, :d] = data
+        kv = buf[:skv, :d]
+    else:  # strided_lanes: last-dim stride 2, the lanes in between NaN
+        buf = torch.full((rows_total, 2 * d), math.nan, dtype=torch.bfloat16)
+        buf[:, ::2] = data
+        kv = buf[:skv, ::2]
+    # q
+    ql = case["q_layout"]
+    if ql == "heads_major":
+        q_base = (torch.randn(h, sq, d, generator=gen) * mag).to(torch.bfloat16)
+        q = q_base.transpose(0, 1)
+    elif ql == "strided":
+        q_base = (torch.randn(sq, h, 2 * d, generator=gen) * mag).to(torch.bfloat16)
+        q = q_base[..., ::2]
+    else:
+        q_base = (torch.randn(sq, h, d, generator=gen) * mag).to(torch.bfloat16)
+        q = q_base
+    # entries
+    invalid = [-1, -2, skv, skv + 1]
+    if case.get("int32_extremes"):
+        invalid += [INT32_MIN, INT32_MAX]
+    rate = float(case["invalid_rate"])
+
+    def entry() -> int:
+        if not live_rows or _coin(gen, rate):
+            return invalid[_randint(gen, 0, len(invalid) - 1)]
+        return live_rows[_randint(gen, 0, len(live_rows) - 1)]
+
+    def dead() -> int:
+        return dead_rows[_randint(gen, 0, len(dead_rows) - 1)]
+
+    lens = [int(x) for x in case["lens"]]
+    rows = [[entry() for _ in range(n)] for n in lens]
+    dense = topk_list = ragged = indptr_list = None
+    topk_t = indptr_t = None
+    if case["mode"] == "dense":
+        width = int(case["width"])
+        dense = []
+        if case["topk_given"]:
+            topk_list = []
+            for r, row in enumerate(rows):
+                tail = [dead() if _coin(gen, 0.7) else -1 for _ in range(width - len(row))]
+                dense.append(row + tail)
+                n = len(row)
+                if case.get("topk_quirks") and n == width and _coin(gen, 0.5):
+                    n = width + _randint(gen, 1, 3)  # clamped to k
+                elif case.get("topk_quirks") and n == 0 and _coin(gen, 0.5):
+                    n = -_randint(gen, 1, 3)  # clamped to 0
+                topk_list.append(n)
+            topk_t = torch.tensor(topk_list, dtype=torch.int32 if _coin(gen, 0.5) else torch.int64)
+        else:
+            # without topk_length a row keeps its first count(idx >= 0) entries (SPEC 2): the tail holds exactly as
+            # many entries >= 0 (dead rows) as the kept prefix holds negatives
+            for row in rows:
+                room = width - len(row)
+                for i, v in enumerate(row):
+                    if v < 0 and sum(1 for x in row if x < 0) > room:
+                        row[i] = skv  # an out-of-range entry >= 0 instead of a negative one
+                need = sum(1 for x in row if x < 0)
+                tail = [dead() for _ in range(need)] + [-1] * (room - need)
+                dense.append(row + tail)
+        idx = torch.tensor(dense, dtype=torch.int64).reshape(sq, width)
+        idx = idx.to(torch.int32) if _coin(gen, 0.5) else idx
+        if case.get("dense_3d"):
+            idx = idx.reshape(sq, 1, width)
+    else:
+        off = int(case["indptr_offset"])
+        ragged = [dead() for _ in range(off)]
+        indptr_list = [off]
+        for row in rows:
+            ragged += row
+            indptr_list.append(len(ragged))
+        ragged += [dead() for _ in range(int(case["tail_junk"]))]
+        idx = torch.tensor(ragged, dtype=torch.int32)
+        indptr_t = torch.tensor(indptr_list, dtype=torch.int32)
+    # sink, padded past h
+    kind = case["sink"]
+    sink = None
+    if kind != "none":
+        n = h + _randint(gen, 0, 2)
+        ordinary = torch.randn(n, generator=gen) * 2.0
+        large = 30.0 + torch.rand(n, generator=gen) * 10.0
+        ninf = torch.full((n,), -math.inf)
+        if kind == "-inf":
+            sink = ninf
+        elif kind == "ordinary":
+            sink = ordinary
+        elif kind == "large":
+            sink = large
+        else:
+            pick = torch.randint(0, 3, (n,), generator=gen)
+            sink = torch.where(pick == 0, ninf, torch.where(pick == 1, ordinary, large))
+        sink = sink.to(torch.float32)
+    # out: NaN-poisoned, optionally inside a wider NaN buffer
+    w = d if case["out_width"] == "full" else nope
+    pad = OUT_PAD if case.get("out_padded") else 0
+    out_buf = torch.full((sq, h, w + pad), math.nan, dtype=torch.bfloat16)
+    out = out_buf[..., :w]
+
+    def dev(t):
+        return None if t is None else t.to(device)
+
+    if device != "cpu":
+        buf_d = buf.to(device)
+        kv = buf_d.as_strided(kv.shape, kv.stride(), kv.storage_offset())
+        buf = buf_d
+        ob = out_buf.to(device)
+        out = ob.as_strided(out.shape, out.stride(), out.storage_offset())
+        out_buf = ob
+        qb = q_base.to(device)
+        q = qb.as_strided(q.shape, q.stride(), q.storage_offset())
+    return PrefillInputs(q, kv, buf, dev(idx), dev(topk_t), dev(indptr_t), dev(sink), float(case["scale"]), out,
+                         out_buf, dense, topk_list, ragged, indptr_list, nope)
+
+
+# --- OPUS guard cases -------------------------------------------------------------------------------------------
+
+#: perturbations of an eligible configuration; each flips one SPEC 3 condition unless noted "keeps"
+GUARD_PERTURBATIONS = (
+    "sq=1", "sq=1023", "sq=1024", "sq=1025",      # the threshold (1024 and 1025 keep)
+    "q_fp32", "all_fp16",                         # all_fp16 keeps
+    "kv_dtype", "out_dtype",
+    "q_cpu", "kv_cpu", "kv_other_gpu", "out_cpu", "out_other_gpu", "all_cpu",
+    "q_heads_major", "q_and_out_heads_major",     # both keep: out is made with q's strides
+    "q_last_dim_strided", "kv_last_dim_strided", "kv_3d", "kv_row_padded",  # kv_3d and kv_row_padded keep
+    "out_heads_major", "out_contiguous_of_strided_q", "out_nope_wide", "kv_narrow",
+    "sink_none", "sink_padded", "sink_short", "sink_2d", "sink_bf16", "sink_fp64", "sink_cpu", "sink_other_gpu",
+)
+
+
+def guard_cases():
+    return st.fixed_dictionaries({
+        "sq": st.sampled_from([1023, 1024, 1024, 1025, 2048, 1, 8]),
+        "heads": st.sampled_from([1, 3, 16, 64]),
+        "d": st.sampled_from(HEAD_DIMS),
+        "dtype": st.sampled_from(["bfloat16", "float16"]),
+        "gpu": st.sampled_from(["cuda:0", "cuda:1"]),
+        "skv": st.sampled_from([1, 7, 4096]),
+        # random combinations on top of the systematic single perturbations
+        "combos": st.lists(st.lists(st.sampled_from(GUARD_PERTURBATIONS), min_size=2, max_size=4, unique=True),
+                           max_size=4),
+    })
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+           "float64": torch.float64}
+
+
+def guard_tensors(case: dict, perts: list[str]):
+    """(q, kv, attn_sink, out) fake tensors for a guard configuration with ``perts`` applied."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    p = set(perts)
+    sq, h, d, skv = int(case["sq"]), int(case["heads"]), int(case["d"]), int(case["skv"])
+    for s in ("sq=1", "sq=1023", "sq=1024", "sq=1025"):
+        if s in p:
+            sq = int(s.split("=")[1])
+    gpu = case["gpu"]
+    other = "cuda:1" if gpu == "cuda:0" else "cuda:0"
+    dt = _DTYPES["float16" if "all_fp16" in p else case["dtype"]]
+    q_dev = "cpu" if ("q_cpu" in p or "all_cpu" in p) else gpu
+    kv_dev = "cpu" if ("kv_cpu" in p or "all_cpu" in p) else (other if "kv_other_gpu" in p else gpu)
+    out_dev = "cpu" if ("out_cpu" in p or "all_cpu" in p) else (other if "out_other_gpu" in p else gpu)
+    sink_dev = "cpu" if ("sink_cpu" in p or "all_cpu" in p) else (other if "sink_other_gpu" in p else gpu)
+    q_dt = torch.float32 if "q_fp32" in p else dt
+    kv_dt = (torch.float32 if dt != torch.float32 else torch.bfloat16) if "kv_dtype" in p else q_dt
+    out_dt = (torch.bfloat16 if q_dt == torch.float16 else torch.float16) if "out_dtype" in p else q_dt
+    # (fake CUDA tensors cannot be sliced with a step on a CPU-only torch: strided views come from as_strided)
+    with FakeTensorMode():
+        if "q_heads_major" in p or "q_and_out_heads_major" in p:
+            q = torch.empty(h, sq, d, dtype=q_dt, device=q_dev).transpose(0, 1)
+        elif "q_last_dim_strided" in p:
+            q = torch.empty(sq, h, 2 * d, dtype=q_dt, device=q_dev).as_strided((sq, h, d), (h * 2 * d, 2 * d, 2))
+        else:
+            q = torch.empty(sq, h, d, dtype=q_dt, device=q_dev)
+        kd = d - ROPE_DIM if "kv_narrow" in p else d
+        if "kv_last_dim_strided" in p:
+            kv = torch.empty(skv, 2 * kd, dtype=kv_dt, device=kv_dev).as_strided((skv, kd), (2 * kd, 2))
+        elif "kv_row_padded" in p:
+            kv = torch.empty(skv, kd + 32, dtype=kv_dt, device=kv_dev).as_strided((skv, kd), (kd + 32, 1))
+        elif "kv_3d" in p:
+            kv = torch.empty(skv, 1, kd, dtype=kv_dt, device=kv_dev)
+        else:
+            kv = torch.empty(skv, kd, dtype=kv_dt, device=kv_dev)
+        if "out_nope_wide" in p:
+            out = torch.empty(sq, h, d - ROPE_DIM, dtype=out_dt, device=out_dev)
+        elif "out_heads_major" in p or "q_and_out_heads_major" in p:
+            out = torch.empty(h, sq, d, dtype=out_dt, device=out_dev).transpose(0, 1)
+        elif "out_contiguous_of_strided_q" in p:
+            out = torch.empty(sq, h, d, dtype=out_dt, device=out_dev)
+            if q.stride() == out.stride():  # make q the strided one so that the strides differ
+                q = torch.empty(h, sq, d, dtype=q_dt, device=q_dev).transpose(0, 1)
+        else:
+            out = torch.empty(q.shape, dtype=out_dt, device=out_dev).as_strided(q.shape, q.stride()) \
+                if q.stride(-1) == 1 else torch.empty(sq, h, d, dtype=out_dt, device=out_dev)
+        if "sink_none" in p:
+            sink = None
+        else:
+            s_dt = torch.bfloat16 if "sink_bf16" in p else (torch.float64 if "sink_fp64" in p else torch.float32)
+            if "sink_padded" in p:
+                shape = (h + 1,)
+            elif "sink_short" in p:
+                shape = (h - 1,)
+            elif "sink_2d" in p:
+                shape = (h, 1)
+            else:
+                shape = (h,)
+            sink = torch.empty(shape, dtype=s_dt, device=sink_dev)
+    return q, kv, sink, out
+
+
+def tensor_attributes(target: str, q, kv, sink, out) -> dict:
+    """The plain attributes the guard's truth table reads (``oracles.prefill.OPUS_CONDITIONS``)."""
+    def dn(t):
+        return str(t.dtype).replace("torch.", "")
+
+    return {
+        "target": target,
+        "q_shape": tuple(q.shape), "kv_shape": tuple(kv.shape), "out_shape": tuple(out.shape),
+        "q_dtype": dn(q), "kv_dtype": dn(kv), "out_dtype": dn(out),
+        "q_device": str(q.device), "kv_device": str(kv.device), "out_device": str(out.device),
+        "q_stride": tuple(q.stride()), "kv_stride": tuple(kv.stride()), "out_stride": tuple(out.stride()),
+        "sink_shape": None if sink is None else tuple(sink.shape),
+        "sink_dtype": None if sink is None else dn(sink),
+        "sink_device": None if sink is None else str(sink.device),
+    }
+
+
+# --- routing cases ----------------------------------------------------------------------------------------------
+
+FALLBACK_SCENARIOS = ("guard_false", "no_op", "op_raises")
+
+
+def routing_cases():
+    return st.fixed_dictionaries({
+        "inputs": prefill_cases(max_sq=4, max_heads=3, max_width=10, max_skv=14).map(
+            lambda c: dict(c, sink="ordinary" if c["sink"] == "none" else c["sink"])),
+        "fallback": st.sampled_from(FALLBACK_SCENARIOS),
+        "guard": guard_cases(),
+    })

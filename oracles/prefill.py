@@ -1,0 +1,154 @@
+"""References for the DSv4 sparse prefill (SPEC section 3, seed 003), written from SPEC.md.
+
+1. ``ref_sparse_attn_prefill``: float64 attention over the gathered kv rows. Dense indices become ragged by SPEC's
+   rule (``oracles.ragged.ref_ragged_from_dense``: the first clamp(topk_length or count(idx >= 0), 0, k) entries of
+   each row); an entry is valid when it lies in its row's range and 0 <= slot < skv. One softmax over the row's valid
+   entries plus the sink as an extra logit with a zero value; V = K (all d lanes); an empty row without a sink gives
+   0. No NaN scrub: prefill reads an already dequantized kv. Besides the output it returns what the comparison's
+   error model needs (``oracles.compare``).
+2. ``opus_guard_expected``: the OPUS routing guard as a table of named conditions, each read off SPEC 3's list,
+   over plain attributes (strings, tuples), never over tensors and never through impl/.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from oracles.ragged import ref_ragged_from_dense
+
+# --- attention --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PrefillReference:
+    """out: float64 [sq, h, out_width]. weight_abs: sum_j p_j |v_j| per lane. logit_abs: per (row, head) the largest
+    scale * sum_i |q_i k_ji| over tokens. logit_max_abs: per (row, head) the largest |finite logit| or |finite
+    sink|. tokens: valid tokens per row. max_abs_v: per row the largest finite |v| lane. ragged: the (indices,
+    indptr) lists the dense input converted to (None for ragged input)."""
+
+    out: torch.Tensor
+    weight_abs: torch.Tensor
+    logit_abs: torch.Tensor
+    logit_max_abs: torch.Tensor
+    tokens: list[int]
+    max_abs_v: list[float]
+    ragged: tuple[list[int], list[int]] | None
+
+
+def ref_dense_to_ragged(dense: list[list[int]], topk_length: list[int] | None, skv: int):
+    """SPEC 2/3's dense -> ragged conversion with the slot check: kept values outside [0, skv) become -1."""
+    return ref_ragged_from_dense(dense, topk_length, skv)
+
+
+def ref_opus_ragged(indices: list[int], indptr: list[int], skv: int) -> tuple[list[int], list[int]]:
+    """What OPUS may be handed: each row's valid entries (0 <= slot < skv) in order, packed, indptr from 0."""
+    out, ptr = [], [0]
+    for r in range(len(indptr) - 1):
+        row = [int(s) for s in indices[indptr[r]:indptr[r + 1]] if 0 <= int(s) < skv]
+        out += row
+        ptr.append(ptr[-1] + len(row))
+    return out, ptr
+
+
+def ref_sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, *, softmax_scale: float,
+                            attn_sink: torch.Tensor | None, out_width: int,
+                            dense: list[list[int]] | None = None, topk_length: list[int] | None = None,
+                            indices: list[int] | None = None, indptr: list[int] | None = None) -> PrefillReference:
+    """Float64 sparse prefill of q [sq, h, d] over kv [skv, d] (or [skv, 1, d]); give ``dense`` (+ optional
+    ``topk_length``) or ``indices`` + ``indptr`` as Python lists."""
+    sq, h, d = q.shape
+    q64 = q.detach().cpu().to(torch.float64)
+    kv64 = kv.detach().cpu().to(torch.float64).reshape(kv.shape[0], d)
+    skv = kv64.shape[0]
+    ragged = None
+    if dense is not None:
+        indices, indptr = ref_dense_to_ragged(dense, topk_length, skv)
+        ragged = (list(indices), list(indptr))
+    if attn_sink is None:
+        sink = torch.full((h,), -math.inf, dtype=torch.float64)
+    else:
+        sink = attn_sink.detach().cpu().to(torch.float64)[:h]
+    out = torch.zeros(sq, h, out_width, dtype=torch.float64)
+    wabs = torch.zeros(sq, h, out_width, dtype=torch.float64)
+    labs = torch.zeros(sq, h, dtype=torch.float64)
+    lmax = torch.zeros(sq, h, dtype=torch.float64)
+    tokens, max_abs_v = [], []
+    for r in range(sq):
+        rows = [int(s) for s in indices[indptr[r]:indptr[r + 1]] if 0 <= int(s) < skv]
+        g = kv64[rows] if rows else torch.zeros(0, d, dtype=torch.float64)  # [n, d]
+        n = len(rows)
+        tokens.append(n)
+        fin = g[torch.isfinite(g)]
+        max_abs_v.append(float(fin.abs().max()) if fin.numel() else 0.0)
+        s = softmax_scale * (q64[r][:, None, :] * g[None, :, :]).sum(-1)  # [h, n]
+        s_abs = abs(softmax_scale) * (q64[r].abs()[:, None, :] * g.abs()[None, :, :]).sum(-1)
+        finite_s = torch.isfinite(s)
+        labs[r] = torch.where(finite_s, s_abs, torch.zeros_like(s_abs)).amax(-1) if n else 0.0
+        cand = torch.cat([torch.where(finite_s, s.abs(), torch.zeros_like(s)),
+                          torch.where(torch.isfinite(sink), sink.abs(), torch.zeros_like(sink))[:, None]], dim=1)
+        lmax[r] = cand.amax(-1)
+        m = torch.maximum(s.amax(-1), sink) if n else sink.clone()
+        v = g[:, :out_width]
+        for hh in range(h):
+            mh = float(m[hh])
+            if mh == -math.inf:
+                continue  # no finite logit and no sink: l == 0, the row is 0
+            if math.isnan(mh):
+                out[r, hh] = math.nan
+                wabs[r, hh] = math.nan
+                continue
+            e = torch.exp(s[hh] - mh)
+            l_sum = float(e.sum()) + math.exp(float(sink[hh]) - mh)
+            p = e / l_sum
+            out[r, hh] = (p[:, None] * v).sum(0) if n else 0.0
+            wabs[r, hh] = (p[:, None] * v.abs()).sum(0) if n else 0.0
+    return PrefillReference(out, wabs, labs, lmax, tokens, max_abs_v, ragged)
+
+
+# --- OPUS routing guard -----------------------------------------------------------------------------------------
+
+#: SPEC 3: OPUS runs only from this many query rows on (a measured performance crossover)
+SPEC_OPUS_MIN_QUERIES = 1024
+#: SPEC 3: the only architecture OPUS is routed on
+SPEC_OPUS_ARCH = "gfx950"
+SPEC_OPUS_DTYPES = ("bfloat16", "float16")
+
+
+def _on_gpu(device: str) -> bool:
+    return device.split(":")[0] == "cuda"  # ROCm tensors report the "cuda" device type
+
+
+#: (condition, predicate over the attribute dict) - SPEC 3's list, one line each. Attributes: target (name),
+#: q_shape/out_shape/kv_shape/sink_shape (tuples), q_dtype/kv_dtype/out_dtype/sink_dtype (names like "bfloat16"),
+#: q_device/kv_device/out_device/sink_device (like "cuda:0", "cpu"), q_stride/kv_stride/out_stride (tuples);
+#: sink_* are None when no sink is given.
+OPUS_CONDITIONS = (
+    ("target is gfx950", lambda a: a["target"] == SPEC_OPUS_ARCH),
+    ("sq >= 1024", lambda a: a["q_shape"][0] >= SPEC_OPUS_MIN_QUERIES),
+    ("q on the GPU", lambda a: _on_gpu(a["q_device"])),
+    ("out.shape == q.shape", lambda a: tuple(a["out_shape"]) == tuple(a["q_shape"])),
+    ("kv last dim == q last dim", lambda a: a["kv_shape"][-1] == a["q_shape"][-1]),
+    ("q bf16 or fp16", lambda a: a["q_dtype"] in SPEC_OPUS_DTYPES),
+    ("kv dtype == q dtype", lambda a: a["kv_dtype"] == a["q_dtype"]),
+    ("out dtype == q dtype", lambda a: a["out_dtype"] == a["q_dtype"]),
+    ("kv on q's device", lambda a: a["kv_device"] == a["q_device"]),
+    ("out on q's device", lambda a: a["out_device"] == a["q_device"]),
+    ("q last-dim stride 1", lambda a: a["q_stride"][-1] == 1),
+    ("kv last-dim stride 1", lambda a: a["kv_stride"][-1] == 1),
+    ("out.stride() == q.stride()", lambda a: tuple(a["out_stride"]) == tuple(a["q_stride"])),
+    ("a sink is given", lambda a: a["sink_shape"] is not None),
+    ("sink shape (h,)", lambda a: a["sink_shape"] is not None and tuple(a["sink_shape"]) == (a["q_shape"][1],)),
+    ("sink fp32", lambda a: a["sink_dtype"] == "float32"),
+    ("sink on q's device", lambda a: a["sink_device"] == a["q_device"]),
+)
+
+
+def opus_guard_failures(attrs: dict) -> list[str]:
+    """The SPEC 3 conditions these attributes break (empty: OPUS may run)."""
+    return [name for name, pred in OPUS_CONDITIONS if not pred(attrs)]
+
+
+def opus_guard_expected(attrs: dict) -> bool:
+    return not opus_guard_failures(attrs)

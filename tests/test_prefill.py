@@ -1,0 +1,312 @@
+"""Sparse prefill: both contracts on every target, upstream's guard and routing tests (OPUS through a fake op, as
+upstream monkeypatches it), the loader, exact edge cases, and bad input rejected before anything is written."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.machinery
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+import impl  # noqa: F401
+from contracts import prefill as _prefill_contracts  # noqa: F401  (registers the contracts)
+from contracts.core import CONTRACTS
+from contracts.runner import run_contract
+from fuzz import prefill as fz
+from impl import prefill as pf
+from impl.runtime import kernel_device, triton_mode
+from oracles import compare as cmp
+from oracles import prefill as ref_prefill
+
+DEV = kernel_device()
+HEAD_DIM = 512  # 448 NoPE + 64 RoPE
+
+
+def _assert_matches_oracle(got, q, kv, scale, sink, **idx):
+    ref = ref_prefill.ref_sparse_attn_prefill(q, kv, softmax_scale=scale, attn_sink=sink,
+                                              out_width=int(got.shape[-1]), **idx)
+    d = int(q.shape[-1])
+    model = dataclasses.replace(cmp.AttentionErrorModel.for_mode(triton_mode()), dot_len=d)
+    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v, 1,
+                                  pf.block_k_for(d), model)
+    bad = cmp.compare_attention(got.cpu(), ref.out, tol)
+    assert not bad, bad[:3]
+
+
+@pytest.mark.parametrize("target", ["generic", "gfx942", "gfx950"])
+@pytest.mark.parametrize("cid", ["prefill-oracle-agreement", "opus-routing-guard"])
+def test_prefill_contracts(cid, target):
+    row = run_contract(CONTRACTS[cid], target, profile="ci", budget=40)
+    assert row.status == "pass", [str(v) for v in row.violations] + [row.reason, str(row.case)]
+
+
+def test_upstream_ragged_example_matches_oracle():
+    # upstream's ragged prefill test: rows [[0, 2], [1, 3, 4], []] with an ordinary sink
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(3, 3, HEAD_DIM, generator=g) * 0.125).to(torch.bfloat16).to(DEV)
+    kv = (torch.randn(5, HEAD_DIM, generator=g) * 0.125).to(torch.bfloat16).to(DEV)
+    indices = torch.tensor([0, 2, 1, 3, 4], dtype=torch.int32, device=DEV)
+    indptr = torch.tensor([0, 2, 5, 5], dtype=torch.int32, device=DEV)
+    sink = torch.tensor([-0.25, 0.0, 0.25], dtype=torch.float32, device=DEV)
+    out = pf.sparse_attn_prefill(q, kv, indices, HEAD_DIM ** -0.5, sink, indptr=indptr, target="gfx950")
+    _assert_matches_oracle(out, q, kv, HEAD_DIM ** -0.5, sink, indices=indices.tolist(), indptr=indptr.tolist())
+    # the empty row keeps only the sink: a zero-value logit, so exactly 0
+    assert torch.equal(out[2].cpu(), torch.zeros(3, HEAD_DIM, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("d", [448 + 64, 512 + 64])
+def test_empty_rows_and_nope_wide_output_exact(d):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 2, d, generator=g).to(torch.bfloat16).to(DEV)
+    kv = torch.randn(6, 1, d, generator=g).to(torch.bfloat16).to(DEV)
+    kv[5] = math.nan  # no kept entry reaches it
+    dense = torch.tensor([[1, 4, 5], [-1, 6, 5], [5, 5, 5]], dtype=torch.int32, device=DEV)
+    topk = torch.tensor([2, 2, 0], dtype=torch.int32, device=DEV)
+    full = pf.sparse_attn_prefill(q, kv, dense, 0.07, None, topk_length=topk, target="generic")
+    nope = torch.full((3, 2, d - 64), math.nan, dtype=torch.bfloat16, device=DEV)
+    pf.sparse_attn_prefill(q, kv, dense, 0.07, None, nope, topk_length=topk, target="generic")
+    # nope-wide output is the first nope lanes of the full one, bit for bit (same tiles, RoPE lanes not stored)
+    assert torch.equal(nope.cpu(), full[..., : d - 64].cpu())
+    # row 1 has only invalid entries (-1, 6 >= skv), row 2 none: no sink, so exactly 0
+    assert torch.equal(full[1:].cpu(), torch.zeros(2, 2, d, dtype=torch.bfloat16))
+    _assert_matches_oracle(full, q, kv, 0.07, None, dense=dense.tolist(), topk_length=topk.tolist())
+
+
+def test_fp16_matches_oracle():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 3, 576, generator=g).to(torch.float16).to(DEV)
+    kv = torch.randn(7, 576, generator=g).to(torch.float16).to(DEV)
+    dense = torch.tensor([[0, 3, 6, 2], [5, -1, 1, 1]], dtype=torch.int64, device=DEV)
+    sink = torch.tensor([0.5, -math.inf, 3.0, 9.0], dtype=torch.float32, device=DEV)
+    out = pf.sparse_attn_prefill(q, kv, dense, 0.05, sink, target="gfx942")
+    assert out.dtype == torch.float16
+    # the bf16 error model bounds fp16 too (every fp16 unit is smaller)
+    _assert_matches_oracle(out, q, kv, 0.05, sink, dense=dense.tolist(), topk_length=None)
+
+
+# --- the guard (upstream's selection tests, on fake tensors: "q on the GPU" needs no GPU) ---------------------
+
+_BASE = {"sq": 1024, "heads": 16, "d": HEAD_DIM, "dtype": "bfloat16", "gpu": "cuda:0", "skv": 1024, "combos": []}
+
+
+@pytest.mark.parametrize(("sq", "target", "expected"), [
+    (1023, "gfx950", False), (1024, "gfx950", True), (1024, "gfx942", False), (1024, "generic", False),
+    (4096, "gfx950", True), (1, "gfx950", False)])
+def test_guard_threshold(sq, target, expected):
+    q, kv, sink, out = fz.guard_tensors(dict(_BASE, sq=sq), [])
+    assert pf.OPUS_MIN_QUERIES == 1024
+    assert pf.can_use_aiter_sparse_prefill_opus(q, kv, sink, out, target=target) is expected
+    attrs = fz.tensor_attributes(target, q, kv, sink, out)
+    assert ref_prefill.opus_guard_expected(attrs) is expected
+
+
+@pytest.mark.parametrize("pert", ["out_heads_major", "sink_short", "all_cpu", "sink_bf16", "sink_none",
+                                  "q_last_dim_strided", "kv_other_gpu", "out_nope_wide"])
+def test_guard_rejects_incompatible_inputs(pert):
+    q, kv, sink, out = fz.guard_tensors(_BASE, [pert])
+    assert not pf.can_use_aiter_sparse_prefill_opus(q, kv, sink, out, target="gfx950")
+    assert ref_prefill.opus_guard_failures(fz.tensor_attributes("gfx950", q, kv, sink, out))
+
+
+@pytest.mark.parametrize("pert", ["all_fp16", "kv_3d", "kv_row_padded", "q_and_out_heads_major", "sq=1025"])
+def test_guard_keeps_compatible_variants(pert):
+    q, kv, sink, out = fz.guard_tensors(_BASE, [pert])
+    assert pf.can_use_aiter_sparse_prefill_opus(q, kv, sink, out, target="gfx950")
+
+
+def test_real_guard_is_false_for_cpu_tensors_even_with_an_op(monkeypatch):
+    # 1024 CPU rows on gfx950: every condition holds but "q on the GPU", so OPUS is never asked
+    q = torch.zeros(1024, 1, HEAD_DIM, dtype=torch.bfloat16, device=DEV)
+    kv = torch.zeros(4, 1, HEAD_DIM, dtype=torch.bfloat16, device=DEV)
+    calls = {"op": 0, "triton": 0}
+    monkeypatch.setattr(pf, "get_aiter_sparse_prefill_opus",
+                        lambda: lambda *a, **k: calls.__setitem__("op", calls["op"] + 1))
+    monkeypatch.setattr(pf, "sparse_attn_prefill_triton",
+                        lambda *a, **k: calls.__setitem__("triton", calls["triton"] + 1))
+    pf.sparse_attn_prefill(q, kv, torch.zeros(1024, 1, dtype=torch.int32, device=DEV), 0.1,
+                           torch.zeros(1, dtype=torch.float32, device=DEV), target="gfx950")
+    assert calls == {"op": 0, "triton": 1}
+
+
+# --- routing (upstream's monkeypatched tests) -------------------------------------------------------------------
+
+def _tiny():
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 1, HEAD_DIM, generator=g).to(torch.bfloat16).to(DEV)
+    kv = torch.randn(3, 1, HEAD_DIM, generator=g).to(torch.bfloat16).to(DEV)
+    dense = torch.tensor([[0, 2], [1, 2]], dtype=torch.int32, device=DEV)
+    topk = torch.tensor([1, 2], dtype=torch.int32, device=DEV)
+    sink = torch.tensor([0.3, 7.0], dtype=torch.float32, device=DEV)  # padded past h = 1
+    return q, kv, dense, topk, sink
+
+
+def test_routing_converts_dense_and_sends_an_empty_second_segment(monkeypatch):
+    q, kv, dense, topk, sink = _tiny()
+    out = torch.full_like(q, math.nan)
+    seen = []
+
+    def fake_opus(*args, out):
+        seen.append(args)
+        out.zero_()
+        return out
+
+    monkeypatch.setattr(pf, "can_use_aiter_sparse_prefill_opus", lambda *a, **k: True)
+    monkeypatch.setattr(pf, "get_aiter_sparse_prefill_opus", lambda: fake_opus)
+    monkeypatch.setattr(pf, "sparse_attn_prefill_triton", lambda *a, **k: pytest.fail("unexpected Triton fallback"))
+    pf.sparse_attn_prefill(q, kv, dense, 0.125, sink, out, topk_length=topk, target="gfx950")
+    assert len(seen) == 1
+    a = seen[0]
+    assert a[2].dtype == torch.int32 and a[2].tolist() == [0, 1, 2]
+    assert a[3].dtype == torch.int32 and a[3].tolist() == [0, 1, 3]
+    assert a[5].numel() == 0 and a[6].tolist() == [0, 0, 0]
+    assert tuple(a[1].shape) == (3, HEAD_DIM) and a[7].tolist() == [pytest.approx(0.3)] and a[8] == 0.125
+    assert torch.count_nonzero(out) == 0
+
+
+def test_opus_gets_only_valid_entries():
+    # masked entries add nothing, and AITER requires every index it is given to be a valid row
+    idx = torch.tensor([9, 9, 0, -1, 3, 4, 2, -7, 2 ** 31 - 1, 1, 9], dtype=torch.int32, device=DEV)
+    ptr = torch.tensor([2, 5, 5, 10], dtype=torch.int32, device=DEV)
+    got_idx, got_ptr = pf.valid_entries_only(idx, ptr, 4)
+    assert got_idx.dtype == torch.int32 and got_ptr.dtype == torch.int32
+    assert got_idx.tolist() == [0, 3, 2, 1] and got_ptr.tolist() == [0, 2, 2, 4]
+    assert (got_idx.tolist(), got_ptr.tolist()) == ref_prefill.ref_opus_ragged(idx.tolist(), ptr.tolist(), 4)
+
+
+@pytest.mark.parametrize("scenario", ["no_op", "op_raises"])
+def test_triton_fallback_result_stands(monkeypatch, scenario):
+    q, kv, dense, topk, sink = _tiny()
+    out = torch.full_like(q, math.nan)
+    calls = []
+
+    def failing_opus(*args, out):
+        calls.append(1)
+        out.fill_(math.nan)
+        raise RuntimeError("only D = 512 compiled")
+
+    monkeypatch.setattr(pf, "can_use_aiter_sparse_prefill_opus", lambda *a, **k: True)
+    monkeypatch.setattr(pf, "get_aiter_sparse_prefill_opus", lambda: None if scenario == "no_op" else failing_opus)
+    pf.sparse_attn_prefill(q, kv, dense, 0.125, sink, out, topk_length=topk, target="gfx950")
+    assert len(calls) == (scenario == "op_raises")
+    _assert_matches_oracle(out, q, kv, 0.125, sink, dense=dense.tolist(), topk_length=topk.tolist())
+
+
+# --- the loader ------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def fresh_loader():
+    pf.get_aiter_sparse_prefill_opus.cache_clear()
+    yield pf.get_aiter_sparse_prefill_opus
+    pf.get_aiter_sparse_prefill_opus.cache_clear()
+
+
+def _fake_module(monkeypatch, name, **attrs):
+    mod = types.ModuleType(name)
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    monkeypatch.setitem(sys.modules, name, mod)
+    return mod
+
+
+def test_loader_finds_the_op_in_a_fake_aiter(monkeypatch, fresh_loader):
+    def op(*args, out=None):
+        return out
+
+    leaf = _fake_module(monkeypatch, "aiter.ops.pa_sparse_prefill_opus", pa_sparse_prefill_opus=op)
+    ops = _fake_module(monkeypatch, "aiter.ops", pa_sparse_prefill_opus=leaf)
+    _fake_module(monkeypatch, "aiter", ops=ops)
+    assert fresh_loader() is op
+
+
+def test_loader_is_none_without_the_op(monkeypatch, fresh_loader):
+    ops = _fake_module(monkeypatch, "aiter.ops")
+    _fake_module(monkeypatch, "aiter", ops=ops)
+    monkeypatch.setitem(sys.modules, "aiter.ops.pa_sparse_prefill_opus", None)  # import fails
+    assert fresh_loader() is None
+
+
+def test_loader_is_none_for_the_unrelated_pypi_aiter(monkeypatch, fresh_loader):
+    _fake_module(monkeypatch, "aiter")  # no aiter.ops: PyPI's async-iterator package
+    monkeypatch.setitem(sys.modules, "aiter.ops", None)
+    assert fresh_loader() is None
+
+
+# --- bad input ---------------------------------------------------------------------------------------------------
+
+def _bad_calls():
+    q = torch.zeros(2, 3, HEAD_DIM, dtype=torch.bfloat16, device=DEV)
+    kv = torch.zeros(4, HEAD_DIM, dtype=torch.bfloat16, device=DEV)
+    dense = torch.zeros(2, 3, dtype=torch.int32, device=DEV)
+    ragged = torch.zeros(3, dtype=torch.int32, device=DEV)
+    sink = torch.zeros(3, dtype=torch.float32, device=DEV)
+    ok = dict(q=q, kv=kv, indices=dense, softmax_scale=0.1, attn_sink=sink)
+    return [
+        (dict(ok, q=q.float()), TypeError, "q"),
+        (dict(ok, q=q[0]), ValueError, "q"),
+        (dict(ok, kv=kv.half()), TypeError, "kv"),
+        (dict(ok, kv=kv[:, :448]), ValueError, "kv"),
+        (dict(ok, kv=kv.reshape(4, 2, 256)), ValueError, "kv"),
+        (dict(ok, indices=dense.float()), TypeError, "indices"),
+        (dict(ok, indices=dense[:1]), ValueError, "indices"),
+        (dict(ok, topk_length=torch.ones(3, dtype=torch.int32, device=DEV)), ValueError, "topk_length"),
+        (dict(ok, indices=ragged, indptr=torch.tensor([0, 2], dtype=torch.int32, device=DEV)), ValueError, "indptr"),
+        (dict(ok, indices=ragged, indptr=torch.tensor([0, 2, 1], dtype=torch.int32, device=DEV)), ValueError,
+         "indptr"),
+        (dict(ok, indices=ragged, indptr=torch.tensor([0, 2, 4], dtype=torch.int32, device=DEV)), ValueError,
+         "indptr"),
+        (dict(ok, indices=ragged.long(), indptr=torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)), TypeError,
+         "indices"),
+        (dict(ok, indices=ragged, indptr=torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV),
+              topk_length=torch.ones(2, dtype=torch.int32, device=DEV)), ValueError, "topk_length"),
+        (dict(ok, softmax_scale=math.nan), ValueError, "softmax_scale"),
+        (dict(ok, softmax_scale=True), ValueError, "softmax_scale"),
+        (dict(ok, attn_sink=sink.to(torch.bfloat16)), TypeError, "attn_sink"),
+        (dict(ok, attn_sink=sink[:2]), ValueError, "attn_sink"),
+        (dict(ok, out=torch.zeros(2, 3, 500, dtype=torch.bfloat16, device=DEV)), ValueError, "out"),
+        (dict(ok, out=torch.zeros(2, 3, HEAD_DIM, dtype=torch.float16, device=DEV)), TypeError, "out"),
+        (dict(ok, rope_head_dim=HEAD_DIM), ValueError, "rope_head_dim"),
+    ]
+
+
+@pytest.mark.parametrize("i", range(len(_bad_calls())))
+def test_bad_input_rejected_before_any_write(i):
+    kwargs, exc, name = _bad_calls()[i]
+    poison = torch.full((2, 3, HEAD_DIM), math.nan, dtype=torch.bfloat16, device=DEV)
+    kwargs.setdefault("out", poison)
+    before = kwargs["out"].clone()
+    with pytest.raises(exc, match=name):
+        pf.sparse_attn_prefill(**kwargs, target="gfx950")
+    assert torch.equal(kwargs["out"].view(torch.int16), before.view(torch.int16))
+
+
+def test_zero_rows_launch_nothing(monkeypatch):
+    monkeypatch.setattr(pf, "sparse_attn_prefill_triton", lambda *a, **k: pytest.fail("launched for sq = 0"))
+    q = torch.zeros(0, 2, HEAD_DIM, dtype=torch.bfloat16, device=DEV)
+    out = pf.sparse_attn_prefill(q, torch.zeros(1, HEAD_DIM, dtype=torch.bfloat16, device=DEV),
+                                 torch.zeros(0, 4, dtype=torch.int32, device=DEV), 0.1)
+    assert tuple(out.shape) == (0, 2, HEAD_DIM)
+
+
+# --- real hardware -------------------------------------------------------------------------------------------
+
+@pytest.mark.gfx950
+def test_real_opus_matches_oracle():
+    op = pf.get_aiter_sparse_prefill_opus()
+    if op is None:
+        pytest.skip("needs AMD AITER with aiter.ops.pa_sparse_prefill_opus: not importable here")
+    g = torch.Generator().manual_seed(4)
+    sq, h = 8, 16
+    q = (torch.randn(sq, h, HEAD_DIM, generator=g) * 0.125).to(torch.bfloat16).cuda()
+    kv = (torch.randn(sq, HEAD_DIM, generator=g) * 0.125).to(torch.bfloat16).cuda()
+    rows = [list(range(r + 1)) for r in range(sq)]
+    indices = torch.tensor([i for row in rows for i in row], dtype=torch.int32).cuda()
+    indptr = torch.tensor([0] + [sum(len(x) for x in rows[: r + 1]) for r in range(sq)], dtype=torch.int32).cuda()
+    sink = torch.linspace(-0.25, 0.25, h, dtype=torch.float32).cuda()
+    out = torch.full_like(q, math.nan)
+    assert pf.run_aiter_sparse_prefill_opus(op, q, kv, indices, indptr, HEAD_DIM ** -0.5, sink, out)
+    # OPUS is not the Triton kernel: compare under the native model (bf16 operands, GPU exp)
+    _assert_matches_oracle(out, q, kv, HEAD_DIM ** -0.5, sink, indices=indices.tolist(), indptr=indptr.tolist())
