@@ -190,6 +190,27 @@ def _make_cache(gen, flavour: str, block_size: int, lens: list[int], invalid_rat
     return pool, view, indices.to(device), indptr_t.to(device)
 
 
+def make_sink(kind: str, n: int, gen: torch.Generator) -> "torch.Tensor | None":
+    """An fp32 attention sink of ``n`` entries (padded past the head count, as production pads it): "none" (no
+    sink), "-inf" (a sink that means none), "ordinary" (~N(0, 2)), "large" (30..40: dominates the softmax) or
+    "mixed" (each entry one of the three)."""
+    if kind == "none":
+        return None
+    ordinary = torch.randn(n, generator=gen) * 2.0
+    large = 30.0 + torch.rand(n, generator=gen) * 10.0
+    ninf = torch.full((n,), -math.inf)
+    if kind == "-inf":
+        sink = ninf
+    elif kind == "ordinary":
+        sink = ordinary
+    elif kind == "large":
+        sink = large
+    else:
+        pick = torch.randint(0, 3, (n,), generator=gen)
+        sink = torch.where(pick == 0, ninf, torch.where(pick == 1, ordinary, large))
+    return sink.to(torch.float32)
+
+
 def build_decode_inputs(case: dict, target: Target, device: str | None = None) -> DecodeInputs:
     """Every tensor of a decode case, made from ``case['seed']`` on the kernel device."""
     device = device or kernel_device()
@@ -211,20 +232,6 @@ def build_decode_inputs(case: dict, target: Target, device: str | None = None) -
                                                bool(case["padded"]), case["poison"], device,
                                                not case.get("adaptive"), bool(case.get("int32_extremes", True)))
     pad_heads = h + int(torch.randint(0, 3, (1,), generator=gen))
-    kind = case["sink"]
-    sink = None
-    if kind != "none":
-        ordinary = torch.randn(pad_heads, generator=gen) * 2.0
-        large = 30.0 + torch.rand(pad_heads, generator=gen) * 10.0
-        ninf = torch.full((pad_heads,), -math.inf)
-        if kind == "-inf":
-            sink = ninf
-        elif kind == "ordinary":
-            sink = ordinary
-        elif kind == "large":
-            sink = large
-        else:
-            pick = torch.randint(0, 3, (pad_heads,), generator=gen)
-            sink = torch.where(pick == 0, ninf, torch.where(pick == 1, ordinary, large))
-        sink = sink.to(torch.float32).to(device)
+    sink = make_sink(case["sink"], pad_heads, gen)
+    sink = sink.to(device) if sink is not None else None
     return DecodeInputs(q, mview, midx, mptr, eview, eidx, eptr, sink, float(case["scale"]), (mpool, epool))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+from fuzz.decode import make_sink
 from impl.runtime import kernel_device
 
 INT32_MIN = -(2 ** 31)
@@ -209,23 +210,7 @@ def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs
         idx = torch.tensor(ragged, dtype=torch.int32)
         indptr_t = torch.tensor(indptr_list, dtype=torch.int32)
     # sink, padded past h
-    kind = case["sink"]
-    sink = None
-    if kind != "none":
-        n = h + _randint(gen, 0, 2)
-        ordinary = torch.randn(n, generator=gen) * 2.0
-        large = 30.0 + torch.rand(n, generator=gen) * 10.0
-        ninf = torch.full((n,), -math.inf)
-        if kind == "-inf":
-            sink = ninf
-        elif kind == "ordinary":
-            sink = ordinary
-        elif kind == "large":
-            sink = large
-        else:
-            pick = torch.randint(0, 3, (n,), generator=gen)
-            sink = torch.where(pick == 0, ninf, torch.where(pick == 1, ordinary, large))
-        sink = sink.to(torch.float32)
+    sink = make_sink(case["sink"], h + _randint(gen, 0, 2), gen) if case["sink"] != "none" else None
     # out: NaN-poisoned, optionally inside a wider NaN buffer
     w = d if case["out_width"] == "full" else nope
     pad = OUT_PAD if case.get("out_padded") else 0

@@ -47,7 +47,7 @@ from impl import splits as _splits
 from impl.runtime import kernel_device
 from impl.targets import Target, effective_cu_count, get_target
 from impl.triton_helpers import dot, fp8_decode_bits, ue8m0_decode_reader
-from impl.validation import dtype_name as _name_dtype, require_tensor
+from impl.validation import dtype_name as _name_dtype, require_tensor, require_valid_indptr
 
 FLT_MAX = 3.4028234663852886e38
 LOG2E = 1.4426950408889634
@@ -568,17 +568,7 @@ def _check_ragged(prefix: str, indices, indptr, batch: int, device, check_indptr
     if not indices.is_contiguous() or not indptr.is_contiguous():
         raise ValueError(f"{prefix}_indices/{prefix}_indptr: expected contiguous tensors")
     if check_indptr:
-        ip = indptr.to("cpu", torch.int64)
-        if int(ip[0]) < 0:
-            raise ValueError(f"{prefix}_indptr: expected indptr[0] >= 0, got {int(ip[0])}")
-        steps = ip[1:] - ip[:-1]
-        if bool((steps < 0).any()):
-            r = int((steps < 0).nonzero()[0])
-            raise ValueError(f"{prefix}_indptr: expected a non-decreasing indptr, got indptr[{r}] = {int(ip[r])} > "
-                             f"indptr[{r + 1}] = {int(ip[r + 1])}")
-        if int(ip[-1]) > indices.numel():
-            raise ValueError(f"{prefix}_indptr: indptr[-1] = {int(ip[-1])} exceeds {prefix}_indices.numel() = "
-                             f"{indices.numel()}")
+        require_valid_indptr(f"{prefix}_indptr", indptr, f"{prefix}_indices", indices.numel())
 
 
 def _check_plan(plan: DecodePlan, t: Target, num_heads: int) -> None:

@@ -43,6 +43,7 @@ from impl.ragged import build_ragged_indices_from_dense
 from impl.runtime import kernel_device
 from impl.targets import Target, aiter_status, get_target
 from impl.triton_helpers import dot, load_as_f32
+from impl.validation import dtype_name as _dtype_name, require_tensor, require_valid_indptr
 
 #: OPUS is correct at any size; below this many query rows the Triton kernel is faster. The figure is the
 #: crossover measured side by side (operator-level A/B of Triton vs OPUS on MI355X, TP8 DeepSeek-V4) in the
@@ -276,10 +277,6 @@ def run_aiter_sparse_prefill_opus(op: Callable, q: torch.Tensor, kv2: torch.Tens
 # Entry
 # ----------------------------------------------------------------------------------------------------------------
 
-def _dtype_name(dt) -> str:
-    return str(dt).replace("torch.", "")
-
-
 def _require_tensor(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -291,9 +288,7 @@ def _require_device(name: str, t: torch.Tensor, device) -> None:
 
 
 def _require_index_dtype(name: str, t: torch.Tensor, dtypes=(torch.int32, torch.int64)) -> None:
-    if t.dtype not in dtypes:
-        want = " or ".join(_dtype_name(d) for d in dtypes)
-        raise TypeError(f"{name}: expected dtype {want}, got {_dtype_name(t.dtype)}")
+    require_tensor(name, t, dtypes)
 
 
 def _validate_ragged(indices: torch.Tensor, indptr: torch.Tensor, sq: int, device) -> None:
@@ -308,16 +303,7 @@ def _validate_ragged(indices: torch.Tensor, indptr: torch.Tensor, sq: int, devic
     _require_device("indptr", indptr, device)
     if not indices.is_contiguous() or not indptr.is_contiguous():
         raise ValueError("indices/indptr: expected contiguous tensors")
-    ip = indptr.to("cpu", torch.int64)
-    if int(ip[0]) < 0:
-        raise ValueError(f"indptr: expected indptr[0] >= 0, got {int(ip[0])}")
-    steps = ip[1:] - ip[:-1]
-    if bool((steps < 0).any()):
-        i = int((steps < 0).nonzero()[0])
-        raise ValueError(f"indptr: expected a non-decreasing indptr, got indptr[{i}] = {int(ip[i])} > "
-                         f"indptr[{i + 1}] = {int(ip[i + 1])}")
-    if int(ip[-1]) > indices.numel():
-        raise ValueError(f"indptr: indptr[-1] = {int(ip[-1])} exceeds indices.numel() = {indices.numel()}")
+    require_valid_indptr("indptr", indptr, "indices", indices.numel())
 
 
 def _validate_dense(indices: torch.Tensor, topk_length, sq: int, device) -> torch.Tensor:

@@ -31,3 +31,19 @@ def require_kernel_device(name: str, t: torch.Tensor) -> None:
     want = kernel_device()
     if t.device.type != want:
         raise ValueError(f"{name}: kernels run on '{want}' here, got a tensor on {t.device}")
+
+
+def require_valid_indptr(indptr_name: str, indptr: torch.Tensor, indices_name: str, indices_numel: int) -> None:
+    """Host check (one device->host copy) that a ragged indptr starts at >= 0, never decreases and ends within its
+    indices. Callers inside a graph capture must skip it: it syncs."""
+    ip = indptr.to("cpu", torch.int64)
+    if int(ip[0]) < 0:
+        raise ValueError(f"{indptr_name}: expected indptr[0] >= 0, got {int(ip[0])}")
+    steps = ip[1:] - ip[:-1]
+    if bool((steps < 0).any()):
+        r = int((steps < 0).nonzero()[0])
+        raise ValueError(f"{indptr_name}: expected a non-decreasing indptr, got indptr[{r}] = {int(ip[r])} > "
+                         f"indptr[{r + 1}] = {int(ip[r + 1])}")
+    if int(ip[-1]) > indices_numel:
+        raise ValueError(f"{indptr_name}: indptr[-1] = {int(ip[-1])} exceeds {indices_name}.numel() = "
+                         f"{indices_numel}")
