@@ -3,7 +3,8 @@
 * ``graph-replay-agreement``: a decode captured at one set of row lengths and replayed at others (all rows empty,
   all rows at their maximum, fewer rows than captured) gives, at every replay, exactly what an eager decode with the
   same frozen plan gives on the same data, agrees with the float64 oracle, and never moves a pointer.
-* ``int64-addressing-decode``: the decode reads tokens at the far end of a cache pool larger than 2^32 bytes.
+* the decode's probe for ``int64-addressing`` (declared in contracts/writers.py): the decode reads tokens at the far
+  end of a cache pool larger than 2^32 bytes.
 
 Sources: SPEC section 2 (adaptive splits under capture, ``_copy_ragged_to_graph_buffers``) and section 1.2
 (int64 cache addressing); seed 004 (the gfx950 decode and its graph-capture changes).
@@ -17,6 +18,7 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
+from contracts.writers import far_end_pool, int64_probe
 from fuzz import graph_replay as fzg
 from impl import decode as dec
 from impl import formats
@@ -163,48 +165,36 @@ def graph_replay_agreement(case, target: Target) -> list[Violation]:
     return run_graph_case(case, target)[0]
 
 
-# --- int64-addressing-decode ---------------------------------------------------------------------------------------
+# --- int64-addressing: the decode's probe ------------------------------------------------------------------------
 
-#: the pool holds more than this many bytes, so a block offset of its last blocks does not fit 32 bits
-POOL_BYTES_MIN = 2 ** 32 + 2 ** 20
-#: blocks at the far end that hold the tokens the decode reads
-FAR_BLOCKS = 2
 #: byte written over the pool's start, where an offset computed in 32 bits would land: a wrong read shows up as
 #: huge fp8 values / bf16 RoPE lanes (0x7E7E) instead of the far-end tokens
 HEAD_POISON = 0x7E
+#: blocks at the far end that hold the tokens the decode reads (both lie past 2^32 in ``far_end_pool``)
+FAR_BLOCKS = 2
 
 
-def far_end_cache(block_size: int, device):
-    """A ``[nb, bs, 584]`` padded cache view over one uninitialised pool of more than 2^32 bytes (pages are
-    committed only where written). Its last block starts past 2^32, so a block offset computed in 32 bits wraps
-    to a small offset inside the same pool: a wrong read, not a crash. Returns (flat, view, first far slot,
-    wrapped offset of the last block)."""
-    stride = formats.Fp8DsMlaLayout(block_size).padded_block_bytes
-    nb = POOL_BYTES_MIN // stride + FAR_BLOCKS
-    flat = torch.empty(nb * stride, dtype=torch.uint8, device=device)
-    view = flat.as_strided((nb, block_size, formats.DSV4_TOKEN_BYTES), (stride, formats.DSV4_TOKEN_BYTES, 1))
-    far = (nb - FAR_BLOCKS) * stride
-    if not 2 ** 32 <= far < 2 ** 32 + 2 ** 31:
-        raise AssertionError(f"far-end block offset {far} outside [2^32, 2^32 + 2^31)")
-    return flat, view, (nb - FAR_BLOCKS) * block_size, (nb - 1) * stride - 2 ** 32
+@int64_probe("decode")
+def int64_decode_probe(target: Target) -> list[Violation]:
+    """Registered under ``int64-addressing``: for block sizes 3, 1 and 64, the decode reads tokens at the far end of
+    a cache pool larger than 2^32 bytes through the main and the extra segment of the target's kernel family."""
+    out: list[Violation] = []
+    for seed, bs in ((3, 3), (4, 1), (5, 64)):
+        out += _decode_far_end({"seed": seed, "block_size": bs}, target)
+    return out
 
 
-def _int64_cases(target: Target):
-    return st.fixed_dictionaries({"seed": st.integers(0, 2 ** 16), "block_size": st.sampled_from([3, 1, 64])})
-
-
-@contract("int64-addressing-decode", targets=ALL_TARGETS, cases=_int64_cases, min_cases=1, max_cases=1)
-def int64_addressing_decode(case, target: Target) -> list[Violation]:
+def _decode_far_end(case, target: Target) -> list[Violation]:
     """The decode addresses its caches in int64 (SPEC 1.2, ``block * stride(0)``): tokens at the far end of a
-    cache pool larger than 2^32 bytes, read through both the main and the extra segment of every kernel family,
-    give the oracle's output; the pool's start, where a 32-bit block offset would wrap to, is poisoned so a wrapped
-    read cannot agree by accident. The oracle reads a small copy of the far-end blocks (same tokens, slots shifted)
-    so it never walks the big pool. Also an invalid entry one past the last slot stays masked. Source: SPEC 1.2;
-    DESIGN.md ``int64-addressing`` extended to decode."""
+    cache pool larger than 2^32 bytes give the oracle's output; the pool's start, where a 32-bit block offset would
+    wrap to, is poisoned so a wrapped read cannot agree by accident. The oracle reads a small copy of the far-end
+    blocks (same tokens, slots shifted) so it never walks the big pool. Also an invalid entry one past the last
+    slot stays masked."""
     dev = kernel_device()
     bs = int(case["block_size"])
     gen = torch.Generator().manual_seed(int(case["seed"]))
-    flat, view, first_far, wrapped = far_end_cache(bs, dev)
+    flat, view, last_slot, wrapped = far_end_pool(bs, dev)
+    first_far = last_slot + 1 - FAR_BLOCKS * bs
     try:
         stride = view.stride(0)
         flat[: wrapped + 2 * stride] = HEAD_POISON

@@ -424,9 +424,10 @@ def _probe_compressor(target: Target) -> list[Violation]:
 @contract("int64-addressing", targets=ALL_TARGETS, cases=lambda target: st.just({"probes": sorted(INT64_PROBES)}),
           min_cases=1, max_cases=1)
 def int64_addressing(case: dict, target: Target) -> list[Violation]:
-    """Every registered writer (SWA insert, compressor) addresses the cache in int64 (SPEC 1.2): a token written at
-    the far end of a pool larger than 2^32 bytes, whose block offset wraps to a small positive int32, reads back
-    exactly, and the pool's first blocks (where a wrapped offset would land) stay untouched."""
+    """Every registered probe addresses the cache in int64 (SPEC 1.2, ``block * stride(0)``): the writers (SWA
+    insert, compressor) store a token at the far end of a pool larger than 2^32 bytes, whose block offset wraps to
+    a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
+    (contracts/graph_replay.py) reads far-end tokens and agrees with the oracle."""
     out = []
     for name in case["probes"]:
         if name not in INT64_PROBES:
