@@ -85,20 +85,39 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
                 fh.write(reports.audit_markdown(doc))
 
     try:
+        # Pass 1: every row up to its minimum number of generated cases (plus its pinned examples). A row stops
+        # there, so it may take up to half of what is left: an expensive row is not starved by a fair share, and
+        # only a budget too small for all the minimums together leaves rows incomplete.
         for i, (cid, tname) in enumerate(rows_todo, 1):
             c = get_contract(cid)
             if c.applies_to(tname):
                 left = budget - (time.monotonic() - t0)
-                row_budget = max(left / max(remaining, 1), 0.5)
+                row_budget = max(left / max(remaining, 1), 0.5 * left, 0.5)
                 remaining -= 1
             else:
                 row_budget = 0.0
+            first = c.min_cases if max_cases is None else min(c.min_cases, max_cases)
             r = run_contract(c, tname, profile=profile, budget=row_budget, seed=seed, repro_dir=repro_dir,
-                             use_examples=use_examples, max_examples=max_cases,
+                             use_examples=use_examples, max_examples=first,
                              progress=lambda n, i=i, cid=cid, tname=tname: prog.case(i, len(rows_todo), cid,
                                                                                      tname, n))
             results.append(r)
             prog.row(i, len(rows_todo), r)
+            save(make_doc(final=False))
+        # Pass 2: the rest of the budget, shared by the rows still passing, for more generated cases.
+        more = [k for k, r in enumerate(results) if r.status == "pass"]
+        for n_left, k in zip(range(len(more), 0, -1), more):
+            left = budget - (time.monotonic() - t0)
+            if left <= 0.5:
+                break
+            r0 = results[k]
+            c = get_contract(r0.contract)
+            r = run_contract(c, r0.target, profile=profile, budget=left / n_left,
+                             seed=None if seed is None else seed + 1, repro_dir=repro_dir, use_examples=False,
+                             max_examples=max_cases)
+            results[k] = _merge(r0, r)
+            if results[k].status != "pass":
+                prog.row(k + 1, len(rows_todo), results[k])
             save(make_doc(final=False))
     except KeyboardInterrupt:
         save(make_doc(final=False))
@@ -110,6 +129,17 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
         with open(junit, "wb") as fh:
             fh.write(reports.audit_junit(doc))
     return doc, (0 if doc["run"]["ok"] else 1)
+
+
+def _merge(first: RowResult, second: RowResult) -> RowResult:
+    """One row from the two passes: cases and time add up; a failure or a harness error of the second pass wins;
+    the second pass running out of budget is no loss (the first already reached the minimum)."""
+    merged = RowResult(first.contract, first.target, first.status, first.reason, first.cases + second.cases,
+                       first.seconds + second.seconds, first.violations, first.repro, first.case)
+    if second.status in ("fail", "error"):
+        merged.status, merged.reason = second.status, second.reason
+        merged.violations, merged.repro, merged.case = second.violations, second.repro, second.case
+    return merged
 
 
 def format_table(doc: dict) -> str:
