@@ -219,6 +219,8 @@ class DecodeGraph:
             raise ValueError(f"extra_cache: a layer with compress_ratio {compress_ratio} reads a compressed (extra) "
                              f"cache; none was given")
         max_main = _require_count("max_per_row_main", max_per_row_main)
+        if cu_count is not None:
+            _require_count("cu_count", cu_count, 1)
         if has_extra:
             if max_per_row_extra is None:
                 raise ValueError("max_per_row_extra: required with an extra cache")
@@ -347,7 +349,9 @@ class DecodeGraph:
         a view of the persistent output (the next replay overwrites it). Bad input (more rows than captured, a
         row wider than its ``max_per_row``, a wrong dtype/shape/device, a missing or unexpected extra segment)
         raises ValueError/TypeError naming the argument before anything is written; ``check_indptr`` reads the
-        indptrs on the host for that (outside the launch sequence)."""
+        indptrs on the host for that (outside the launch sequence). With ``check_indptr=False`` (what a caller that
+        must not sync does) rows wider than ``max_per_row`` or an ``indptr[-1]`` past the buffer are NOT caught:
+        the kernels would read past the persistent index buffer; the caller owns those bounds."""
         if not isinstance(check_indptr, bool):
             raise TypeError(f"check_indptr: expected a bool, got {type(check_indptr).__name__}")
         device = self.q_buffer.device
