@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from impl.targets import Target, get_target
-from impl.validation import require_tensor
+from impl.validation import require_tensor, require_valid_indptr
 
 VIEW_RULES = ("full", "source")
 
@@ -99,22 +99,8 @@ def copy_ragged_to_graph_buffers(ragged_indices: torch.Tensor, ragged_indptr: to
                          f"max(num_rows * max_per_row, 1) = {capacity}")
     view_len = ragged_view_capacity(t, num_rows, max_per_row, source_entries)
     if check_indptr:
-        ip = ragged_indptr.to("cpu", torch.int64)
-        if int(ip[0]) != 0:
-            raise ValueError(f"ragged_indptr: expected indptr[0] == 0, got {int(ip[0])}")
-        steps = ip[1:] - ip[:-1]
-        if num_rows and bool((steps < 0).any()):
-            r = int((steps < 0).nonzero()[0])
-            raise ValueError(f"ragged_indptr: expected a non-decreasing indptr, got indptr[{r}] = {int(ip[r])} > "
-                             f"indptr[{r + 1}] = {int(ip[r + 1])}")
-        if num_rows and bool((steps > max_per_row).any()):
-            r = int((steps > max_per_row).nonzero()[0])
-            raise ValueError(f"ragged_indptr: row {r} holds {int(steps[r])} entries, more than max_per_row = "
-                             f"{max_per_row}")
-        nnz = int(ip[-1])
-        if nnz > source_entries:
-            raise ValueError(f"ragged_indptr: NNZ indptr[-1] = {nnz} exceeds ragged_indices.numel() = "
-                             f"{source_entries}")
+        require_valid_indptr("ragged_indptr", ragged_indptr, "ragged_indices", source_entries, starts_at_zero=True,
+                             max_row=max_per_row)
 
     # --- writes (nothing above wrote anything) ---
     indptr_view = indptr_buffer[: num_rows + 1]

@@ -43,7 +43,7 @@ from impl.dispatch import SWA_ONLY_RATIOS, decode_dispatch
 from impl.graph_buffers import copy_ragged_to_graph_buffers
 from impl.runtime import kernel_device, triton_mode
 from impl.targets import Target, get_target
-from impl.validation import dtype_name as _name_dtype, require_tensor
+from impl.validation import dtype_name as _name_dtype, require_tensor, require_valid_indptr
 
 MODES = ("cuda", "emulate")
 HEAD_WIDTH = formats.DSV4_NOPE_DIM + formats.DSV4_ROPE_DIM
@@ -147,21 +147,8 @@ def _check_ragged(prefix: str, indices, indptr, rows: int, max_per_row: int, cap
                          f"max(num_rows * max_per_row, 1) = {capacity}")
     if not check_indptr:
         return
-    ip = indptr.to("cpu", torch.int64)
-    if int(ip[0]) != 0:
-        raise ValueError(f"{prefix}_indptr: expected indptr[0] == 0, got {int(ip[0])}")
-    steps = ip[1:] - ip[:-1]
-    if bool((steps < 0).any()):
-        r = int((steps < 0).nonzero()[0])
-        raise ValueError(f"{prefix}_indptr: expected a non-decreasing indptr, got indptr[{r}] = {int(ip[r])} > "
-                         f"indptr[{r + 1}] = {int(ip[r + 1])}")
-    if bool((steps > max_per_row).any()):
-        r = int((steps > max_per_row).nonzero()[0])
-        raise ValueError(f"{prefix}_indptr: row {r} holds {int(steps[r])} entries, more than the captured "
-                         f"max_per_row_{prefix} = {max_per_row}")
-    if int(ip[-1]) > indices.numel():
-        raise ValueError(f"{prefix}_indptr: NNZ indptr[-1] = {int(ip[-1])} exceeds {prefix}_indices.numel() = "
-                         f"{indices.numel()}")
+    require_valid_indptr(f"{prefix}_indptr", indptr, f"{prefix}_indices", indices.numel(), starts_at_zero=True,
+                         max_row=max_per_row, max_row_name=f"the captured max_per_row_{prefix}")
 
 
 class DecodeGraph:

@@ -33,10 +33,15 @@ def require_kernel_device(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name}: kernels run on '{want}' here, got a tensor on {t.device}")
 
 
-def require_valid_indptr(indptr_name: str, indptr: torch.Tensor, indices_name: str, indices_numel: int) -> None:
-    """Host check (one device->host copy) that a ragged indptr starts at >= 0, never decreases and ends within its
-    indices. Callers inside a graph capture must skip it: it syncs."""
+def require_valid_indptr(indptr_name: str, indptr: torch.Tensor, indices_name: str, indices_numel: int, *,
+                         starts_at_zero: bool = False, max_row: int | None = None,
+                         max_row_name: str = "max_per_row") -> None:
+    """Host check (one device->host copy) that a ragged indptr starts at >= 0 (or exactly 0), never decreases,
+    holds at most ``max_row`` entries per row when given, and ends within its indices. Callers inside a graph
+    capture must skip it: it syncs."""
     ip = indptr.to("cpu", torch.int64)
+    if starts_at_zero and int(ip[0]) != 0:
+        raise ValueError(f"{indptr_name}: expected indptr[0] == 0, got {int(ip[0])}")
     if int(ip[0]) < 0:
         raise ValueError(f"{indptr_name}: expected indptr[0] >= 0, got {int(ip[0])}")
     steps = ip[1:] - ip[:-1]
@@ -44,6 +49,10 @@ def require_valid_indptr(indptr_name: str, indptr: torch.Tensor, indices_name: s
         r = int((steps < 0).nonzero()[0])
         raise ValueError(f"{indptr_name}: expected a non-decreasing indptr, got indptr[{r}] = {int(ip[r])} > "
                          f"indptr[{r + 1}] = {int(ip[r + 1])}")
+    if max_row is not None and bool((steps > max_row).any()):
+        r = int((steps > max_row).nonzero()[0])
+        raise ValueError(f"{indptr_name}: row {r} holds {int(steps[r])} entries, more than {max_row_name} = "
+                         f"{max_row}")
     if int(ip[-1]) > indices_numel:
         raise ValueError(f"{indptr_name}: indptr[-1] = {int(ip[-1])} exceeds {indices_name}.numel() = "
                          f"{indices_numel}")
