@@ -2,7 +2,6 @@
 SPEC 3's truth table while the entry hands OPUS exactly what the oracle expects (or runs Triton)."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from unittest import mock
@@ -59,11 +58,8 @@ def _reference(inp: fz.PrefillInputs) -> ref_prefill.PrefillReference:
 
 def _compare_with_oracle(got: torch.Tensor, inp: fz.PrefillInputs, label: str) -> list[Violation]:
     ref = _reference(inp)
-    d = int(inp.q.shape[-1])
-    # oracles.compare's model with the QK dot over all d lanes; BLOCK_K tokens per tile, one split
-    model = dataclasses.replace(cmp.AttentionErrorModel.for_mode(triton_mode()), dot_len=d)
-    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
-                                  1, pf.block_k_for(d), model)
+    # oracles.compare's model for the input dtype (fp16: its unit and underflow floor), SPEC 3's BLOCK_K
+    tol = ref_prefill.prefill_tolerance(ref, fz.dtype_name(inp.q.dtype), triton_mode(), int(inp.q.shape[-1]))
     return [Violation(f"{label}: {m.kind}", m.where, m.expected, m.got)
             for m in cmp.compare_attention(got, ref.out, tol)]
 
@@ -86,7 +82,11 @@ def _agreement_examples(target: Target) -> list[dict]:
             dict(base, seed=6, d=576, mode="ragged", lens=[2, 3, 0], indptr_offset=3, tail_junk=2, sink="large",
                  out_width="nope", q_layout="strided", kv_layout="padded_rows"),
             dict(base, seed=7, d=576, topk_given=False, lens=[5, 1, 0], sink="-inf", kv_layout="strided_lanes",
-                 scale=0.3)]
+                 scale=0.3),
+            # fp16 under a dominating sink (outputs below fp16's range), 17 heads (two head blocks), rows of three
+            # BLOCK_K tiles
+            dict(base, seed=8, dtype="float16", sq=2, heads=17, skv=40, mode="ragged", width=36, lens=[36, 20],
+                 indptr_offset=2, tail_junk=1, sink="large", q_layout="contiguous", kv_layout="2d", scale=0.3)]
 
 
 @contract("prefill-oracle-agreement", targets=ALL_TARGETS, cases=lambda t: fz.prefill_cases(),
@@ -99,10 +99,13 @@ def prefill_oracle_agreement(case, target: Target) -> list[Violation]:
     extremes) are masked; dense rows keep only their first clamp(topk_length or count(idx >= 0), 0, k) entries and
     ragged rows only [indptr[r], indptr[r+1]). Every kv row no valid entry reaches is NaN (dead rows, rows past the
     view, padding lanes), and every entry a correct kernel drops points at one, so a stray read shows. d is 448+64
-    (one 512-lane tile) or 512+64 (NoPE and RoPE tiles); output d or nope wide; q, kv and out non-contiguous; a
-    non-default scale. Inputs are not modified and nothing is written past out's last dim. Tolerance:
-    oracles.compare's model (relative to sum_j p_j |v_j|, dot length d, interpreter truncation), no fraction of
-    lanes may fail. Sources: SPEC 3 (Triton fallback), seed 003, upstream's prefill ragged-kernel test.
+    (one 512-lane tile) or 512+64 (NoPE and RoPE tiles); bf16 or fp16; rows of up to 40 entries (three BLOCK_K
+    tiles: the online softmax rescales across them) and 17 heads (a second head block) in some cases; output d or
+    nope wide; q, kv and out non-contiguous; a non-default scale. Inputs are not modified and nothing is written past
+    out's last dim. Tolerance: oracles.prefill.prefill_tolerance - oracles.compare's model (relative to
+    sum_j p_j |v_j|, dot length d, SPEC 3's BLOCK_K, the dtype's units, interpreter truncation for bf16) plus, for
+    fp16, the underflow floor 2^-25 (1 + sum_j |v_j|); no fraction of lanes may fail. Sources: SPEC 3 (Triton
+    fallback), seed 003, upstream's prefill ragged-kernel test.
     """
     inp = fz.build_prefill_inputs(case)
     before = _snapshot(inp)

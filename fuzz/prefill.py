@@ -1,9 +1,11 @@
 """Strategies and builders for the sparse prefill (SPEC section 3, seed 003).
 
-``prefill_cases``: tiny attention cases for the Triton interpreter (sq <= 6, h <= 3, d = 448 + 64 or 512 + 64,
-k <= 12): dense indices with and without ``topk_length`` (lengths past k and negative ones included), ragged
-indices with junk before, after and between rows, -1 / -2 / slots at and past skv / INT32 extremes, empty rows,
-sinks of -inf / ordinary / large values, non-default scales, non-contiguous q, kv and out, d or nope wide output.
+``prefill_cases``: tiny attention cases for the Triton interpreter (sq <= 6, d = 448 + 64 or 512 + 64, bf16 or
+fp16): mostly h <= 3 and k <= 12 (one BLOCK_K tile), in some cases 17 heads (a second BLOCK_H = 16 head block)
+and rows of up to 40 entries (mostly three 16-token tiles, so the online softmax rescales across tiles); dense
+indices with and without ``topk_length`` (lengths past k and negative ones included), ragged indices with junk
+before, after and between rows, -1 / -2 / slots at and past skv / INT32 extremes, empty rows, sinks of -inf /
+ordinary / large values, non-default scales, non-contiguous q, kv and out, d or nope wide output.
 Every kv row no valid entry reaches is NaN - the dead rows inside [0, skv), the rows past the kv view, the padding
 lanes of a padded row stride - and every entry a correct kernel must drop (past topk_length, outside indptr) points
 at a dead row, so a stray read shows up as NaN in the output.
@@ -36,6 +38,12 @@ KV_LAYOUTS = ("2d", "3d", "padded_rows", "strided_lanes")
 #: rows past the kv view, all NaN: an unmasked slot >= skv reads them
 KV_TAIL_ROWS = 2
 OUT_PAD = 8
+DTYPE_NAMES = ("bfloat16", "float16")
+#: long rows: up to LONG_WIDTH entries, at least THREE_TILES - three BLOCK_K = 16 tiles (SPEC 3, d >= 256)
+LONG_WIDTH = 40
+THREE_TILES = 2 * 16 + 1
+#: one more than BLOCK_H = 16 (SPEC 3's grid (sq, ceil(h / 16))): a second head block with one live head
+WIDE_HEADS = 17
 
 
 # --- attention cases --------------------------------------------------------------------------------------------
@@ -47,21 +55,40 @@ def _rotated(lo: int, hi: int, start: int):
     return st.integers(0, n - 1).map(lambda x: lo + (start - lo + x) % n)
 
 
-def prefill_cases(*, max_sq: int = 6, max_heads: int = 3, max_width: int = 12, max_skv: int = 20):
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def prefill_cases(*, max_sq: int = 6, max_heads: int = 3, max_width: int = 12, max_skv: int = 20,
+                  long_width: int = LONG_WIDTH, wide_heads: int = WIDE_HEADS):
+    """Mostly one tile and one head block; about one case in three has rows up to ``long_width`` entries (most of
+    them THREE_TILES or more, some any length) over up to 2 * long_width kv rows, and about one in
+    five has ``wide_heads`` heads. Each costs the interpreter a few programs more, not a bigger shape everywhere."""
     @st.composite
     def build(draw):
         sq = draw(_rotated(1, max_sq, 3))
-        width = draw(_rotated(0, max_width, max_width // 2 + 1))
+        long_rows = draw(st.integers(0, 2)) == 2
+        if long_rows:
+            # widths of at least three tiles; row lengths mostly three tiles, some any length (one or two tiles)
+            width = draw(st.integers(THREE_TILES, max(long_width, THREE_TILES)))
+            row_len = st.one_of(st.integers(THREE_TILES, width), st.integers(0, width))
+            skv = draw(_rotated(2, 2 * long_width, long_width))
+        else:
+            width = draw(_rotated(0, max_width, max_width // 2 + 1))
+            row_len = _rotated(0, width, width // 2)
+            skv = draw(_rotated(2, max_skv, max_skv // 2))
+        wide = draw(st.integers(0, 4)) == 4
         return {
             "seed": draw(st.integers(0, 2 ** 31 - 1)),
             "sq": sq,
-            "heads": draw(_rotated(1, max_heads, 2)),
+            "heads": wide_heads if wide else draw(_rotated(1, max_heads, 2)),
             "d": draw(st.sampled_from(HEAD_DIMS)),
-            "skv": draw(_rotated(2, max_skv, max_skv // 2)),
+            "dtype": draw(st.sampled_from(DTYPE_NAMES + ("bfloat16",))),
+            "skv": skv,
             "mode": draw(st.sampled_from(["dense", "ragged"])),
             "width": width,
             # mostly rows shorter than k (entries past topk_length exist), some full, some empty
-            "lens": draw(st.lists(st.one_of(_rotated(0, width, width // 2), st.just(0)), min_size=sq, max_size=sq)),
+            "lens": draw(st.lists(st.one_of(row_len, st.just(0)), min_size=sq, max_size=sq)),
             "topk_given": draw(st.integers(0, 3)) < 3,
             "topk_quirks": draw(st.booleans()),
             "dense_3d": draw(st.booleans()),
@@ -117,6 +144,7 @@ def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs
     sq, h, d, skv = int(case["sq"]), int(case["heads"]), int(case["d"]), int(case["skv"])
     nope = d - ROPE_DIM
     mag = float(case.get("magnitude", 1.0))
+    dt = _DTYPES[case.get("dtype", "bfloat16")]
     # kv: live rows hold data, every other row (dead rows, the tail past skv, padding lanes) is NaN
     live = [_coin(gen, 0.7) for _ in range(skv)]
     live[_randint(gen, 0, skv - 1)] = False  # at least one dead row inside [0, skv)
@@ -124,7 +152,7 @@ def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs
     dead_rows = [i for i in range(skv) if not live[i]]
     rows_total = skv + KV_TAIL_ROWS
     layout = case["kv_layout"]
-    data = (torch.randn(rows_total, d, generator=gen) * mag).to(torch.bfloat16)
+    data = (torch.randn(rows_total, d, generator=gen) * mag).to(dt)
     data[[i for i in range(rows_total) if i >= skv or not live[i]]] = math.nan
     if layout == "2d":
         buf = data.clone()
@@ -133,23 +161,23 @@ def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs
         buf = data.clone().reshape(rows_total, 1, d)
         kv = buf[:skv]
     elif layout == "padded_rows":
-        buf = torch.full((rows_total, d + 24), math.nan, dtype=torch.bfloat16)
+        buf = torch.full((rows_total, d + 24), math.nan, dtype=dt)
         buf[:, :d] = data
         kv = buf[:skv, :d]
     else:  # strided_lanes: last-dim stride 2, the lanes in between NaN
-        buf = torch.full((rows_total, 2 * d), math.nan, dtype=torch.bfloat16)
+        buf = torch.full((rows_total, 2 * d), math.nan, dtype=dt)
         buf[:, ::2] = data
         kv = buf[:skv, ::2]
     # q
     ql = case["q_layout"]
     if ql == "heads_major":
-        q_base = (torch.randn(h, sq, d, generator=gen) * mag).to(torch.bfloat16)
+        q_base = (torch.randn(h, sq, d, generator=gen) * mag).to(dt)
         q = q_base.transpose(0, 1)
     elif ql == "strided":
-        q_base = (torch.randn(sq, h, 2 * d, generator=gen) * mag).to(torch.bfloat16)
+        q_base = (torch.randn(sq, h, 2 * d, generator=gen) * mag).to(dt)
         q = q_base[..., ::2]
     else:
-        q_base = (torch.randn(sq, h, d, generator=gen) * mag).to(torch.bfloat16)
+        q_base = (torch.randn(sq, h, d, generator=gen) * mag).to(dt)
         q = q_base
     # entries
     invalid = [-1, -2, skv, skv + 1]
@@ -214,7 +242,7 @@ def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs
     # out: NaN-poisoned, optionally inside a wider NaN buffer
     w = d if case["out_width"] == "full" else nope
     pad = OUT_PAD if case.get("out_padded") else 0
-    out_buf = torch.full((sq, h, w + pad), math.nan, dtype=torch.bfloat16)
+    out_buf = torch.full((sq, h, w + pad), math.nan, dtype=dt)
     out = out_buf[..., :w]
 
     def dev(t):

@@ -325,6 +325,44 @@ def _validate_dense(indices: torch.Tensor, topk_length, sq: int, device) -> torc
     return indices
 
 
+def _may_self_overlap(t: torch.Tensor) -> bool:
+    """False when no two elements of ``t`` can share memory: with the dims of size > 1 ordered by stride, each
+    stride exceeds the largest offset the smaller dims reach. Every packed, padded, sliced or transposed layout
+    passes; an expanded (stride-0) view fails, and so would an exotic interleaving that does not overlap."""
+    reach = 0
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) bytes a non-empty tensor's elements span."""
+    extent = sum((sz - 1) * st for sz, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+
+
+def _validate_out_memory(out: torch.Tensor, inputs: dict) -> None:
+    """``out`` must not overlap itself (programs would race on the shared elements) nor any input's memory span
+    (a program could overwrite what another still reads). Spans, not elements, are compared: an ``out``
+    interleaved with an input in one buffer is rejected too."""
+    if out.numel() == 0:
+        return
+    if _may_self_overlap(out):
+        raise ValueError(f"out: expected non-overlapping memory (with its dims ordered by stride, each stride above "
+                         f"the span of the smaller ones), got shape {list(out.shape)} with strides "
+                         f"{tuple(out.stride())}: an expanded or self-overlapping view")
+    lo, hi = _byte_range(out)
+    for name, t in inputs.items():
+        if t is None or t.numel() == 0 or t.device != out.device:
+            continue
+        t_lo, t_hi = _byte_range(t)
+        if lo < t_hi and t_lo < hi:
+            raise ValueError(f"out: expected memory apart from the inputs, got bytes [{lo:#x}, {hi:#x}) overlapping "
+                             f"{name}'s [{t_lo:#x}, {t_hi:#x})")
+
+
 def sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
                         attn_sink: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                         topk_length: torch.Tensor | None = None, indptr: torch.Tensor | None = None,
@@ -337,8 +375,9 @@ def sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     int32 1-D with ``indptr`` int32 ``[sq + 1]`` (read on the host to reject a decreasing one). ``softmax_scale``:
     a finite float (no default: the caller knows its head dim and mscale). ``attn_sink``: fp32 ``[>= h]``
     (-inf = no sink; the first h entries are used). ``out``: q's dtype, ``[sq, h, d]`` or ``[sq, h, nope]`` (RoPE
-    lanes dropped), any strides; allocated like q when None. ``rope_head_dim``: the RoPE part of d (SPEC checks
-    only d = nope + rope; 448 + 64 and 512 + 64 both pass). ``target`` decides OPUS eligibility.
+    lanes dropped), any strides whose elements do not overlap, apart from every input's memory; allocated like q
+    when None. ``rope_head_dim``: the RoPE part of d (SPEC checks only d = nope + rope; 448 + 64 and 512 + 64 both
+    pass). ``target`` decides OPUS eligibility.
     Every argument is validated before anything is launched or written. Returns ``out``."""
     t = get_target(target)
     _require_tensor("q", q)
@@ -400,6 +439,8 @@ def sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
             raise ValueError(f"out: expected shape [{sq}, {h}, {d}] or [{sq}, {h}, {nope}] (nope wide), got "
                              f"{list(out.shape)}")
         _require_device("out", out, device)
+        _validate_out_memory(out, {"q": q, "kv": kv, "indices": indices, "indptr": indptr,
+                                   "topk_length": topk_length, "attn_sink": attn_sink})
     if sq == 0:
         return out
 

@@ -6,7 +6,10 @@
    entries plus the sink as an extra logit with a zero value; V = K (all d lanes); an empty row without a sink gives
    0. No NaN scrub: prefill reads an already dequantized kv. Besides the output it returns what the comparison's
    error model needs (``oracles.compare``).
-2. ``opus_guard_expected``: the OPUS routing guard as a table of named conditions, each read off SPEC 3's list,
+2. ``prefill_tolerance``: ``oracles.compare``'s error model with the prefill's parameters - the QK dot over all d
+   lanes, SPEC 3's BLOCK_K (``spec_block_k``), one split - and the units of the input dtype; fp16 adds an absolute
+   underflow floor (see ``prefill_error_model``).
+3. ``opus_guard_expected``: the OPUS routing guard as a table of named conditions, each read off SPEC 3's list,
    over plain attributes (strings, tuples), never over tensors and never through impl/.
 """
 from __future__ import annotations
@@ -14,8 +17,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import dataclasses
+
 import torch
 
+from oracles import compare as cmp
 from oracles.ragged import ref_ragged_from_dense
 
 # --- attention --------------------------------------------------------------------------------------------------
@@ -25,8 +31,9 @@ from oracles.ragged import ref_ragged_from_dense
 class PrefillReference:
     """out: float64 [sq, h, out_width]. weight_abs: sum_j p_j |v_j| per lane. logit_abs: per (row, head) the largest
     scale * sum_i |q_i k_ji| over tokens. logit_max_abs: per (row, head) the largest |finite logit| or |finite
-    sink|. tokens: valid tokens per row. max_abs_v: per row the largest finite |v| lane. ragged: the (indices,
-    indptr) lists the dense input converted to (None for ragged input)."""
+    sink|. tokens: valid tokens per row. max_abs_v: per row the largest finite |v| lane. v_abs_sum: float64
+    [sq, out_width], per row and lane sum_j |v_j| over the valid entries (the fp16 underflow floor). ragged: the
+    (indices, indptr) lists the dense input converted to (None for ragged input)."""
 
     out: torch.Tensor
     weight_abs: torch.Tensor
@@ -35,6 +42,7 @@ class PrefillReference:
     tokens: list[int]
     max_abs_v: list[float]
     ragged: tuple[list[int], list[int]] | None
+    v_abs_sum: torch.Tensor
 
 
 def ref_dense_to_ragged(dense: list[list[int]], topk_length: list[int] | None, skv: int):
@@ -74,6 +82,7 @@ def ref_sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, *, softmax_scale:
     wabs = torch.zeros(sq, h, out_width, dtype=torch.float64)
     labs = torch.zeros(sq, h, dtype=torch.float64)
     lmax = torch.zeros(sq, h, dtype=torch.float64)
+    vsum = torch.zeros(sq, out_width, dtype=torch.float64)
     tokens, max_abs_v = [], []
     for r in range(sq):
         rows = [int(s) for s in indices[indptr[r]:indptr[r + 1]] if 0 <= int(s) < skv]
@@ -91,6 +100,7 @@ def ref_sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, *, softmax_scale:
         lmax[r] = cand.amax(-1)
         m = torch.maximum(s.amax(-1), sink) if n else sink.clone()
         v = g[:, :out_width]
+        vsum[r] = v.abs().sum(0) if n else 0.0
         for hh in range(h):
             mh = float(m[hh])
             if mh == -math.inf:
@@ -104,7 +114,66 @@ def ref_sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, *, softmax_scale:
             p = e / l_sum
             out[r, hh] = (p[:, None] * v).sum(0) if n else 0.0
             wabs[r, hh] = (p[:, None] * v.abs()).sum(0) if n else 0.0
-    return PrefillReference(out, wabs, labs, lmax, tokens, max_abs_v, ragged)
+    return PrefillReference(out, wabs, labs, lmax, tokens, max_abs_v, ragged, vsum)
+
+
+# --- error model ------------------------------------------------------------------------------------------------
+
+def spec_block_k(d: int) -> int:
+    """SPEC 3: the Triton fallback walks BLOCK_K = 16 tokens per tile when d >= 256, else 32."""
+    return 16 if d >= 256 else 32
+
+
+#: fp16 unit roundoff (round to nearest: measured for the Triton interpreter's fp32 -> fp16 cast, numpy's
+#: astype, and the GPU's default conversion alike)
+U_FP16 = 2.0 ** -11
+#: fp16's smallest subnormal; subnormals are kept (IEEE default; fp16 denormals are on by default on AMD GPUs)
+FP16_SUBNORMAL = 2.0 ** -24
+
+
+def prefill_error_model(dtype: str, triton_mode: str, d: int) -> cmp.AttentionErrorModel:
+    """``oracles.compare``'s model for a prefill in ``dtype`` ("bfloat16" | "float16").
+
+    bf16: ``AttentionErrorModel.for_mode`` with the QK dot over all d lanes. fp16: the same fp32 steps (q and k
+    enter the dot exactly: an fp16 x fp16 product has 22 significant bits), but p is rounded to fp16 for the PV dot
+    and the output is fp16, each relative U_FP16 = 2^-11 in the normal range (the interpreter's fp16 cast rounds
+    to nearest, unlike its truncating bf16 cast). fp16's narrow exponent range adds an absolute term the relative
+    model cannot cover: see ``fp16_underflow_floor``."""
+    model = dataclasses.replace(cmp.AttentionErrorModel.for_mode(triton_mode), dot_len=d)
+    if dtype == "float16":
+        model = dataclasses.replace(model, operand_unit=U_FP16, output_unit=U_FP16)
+    elif dtype != "bfloat16":
+        raise ValueError(f"dtype: expected 'bfloat16' or 'float16', got {dtype!r}")
+    return model
+
+
+def fp16_underflow_floor(ref: PrefillReference, heads: int) -> torch.Tensor:
+    """Absolute fp16 error floor [sq, h, out_width]: 2^-25 * (1 + sum_j |v_jd|).
+
+    Derivation. Below 2^-14 fp16 is subnormal with spacing 2^-24, so rounding to nearest moves a value by at most
+    2^-25 there (and by at most U_FP16 relative above). (a) p: the kernel rounds p~_j = e^(s_j - m) to fp16, m the
+    running max of the logits so far (the sink is folded in only after the last tile), so p~_j <= 1 but a logit
+    more than ~17 below m gives a subnormal or zero p~_j: an error of up to 2^-25 absolute instead of U_FP16
+    relative. Later tiles and the sink rescale it by alpha <= 1 and the division by l >= 1 (l counts the max term
+    as 1) shrinks it, so on the output it is at most 2^-25 |v_jd| per token. (b) the output: when the sink
+    dominates, out ~ e^(-sink) * v falls below fp16's range (sink 20 gives ~1e-8 < 2^-25, stored as 0), off by at
+    most 2^-25. Together: 2^-25 * (1 + sum_j |v_jd|). bf16 has fp32's exponent range, where
+    ``oracles.compare``'s floor already covers underflow."""
+    half_spacing = FP16_SUBNORMAL / 2
+    return (half_spacing * (1.0 + ref.v_abs_sum))[:, None, :].expand(-1, heads, -1).clone()
+
+
+def prefill_tolerance(ref: PrefillReference, dtype: str, triton_mode: str, d: int) -> torch.Tensor:
+    """Per-lane tolerance [sq, h, out_width] of a prefill output in ``dtype`` against ``ref``: ``oracles.compare``'s
+    relative model (``prefill_error_model``; SPEC 3's BLOCK_K tokens per tile, one split, no split-K), plus the fp16
+    underflow floor (``fp16_underflow_floor``); the steps after the underflow (fp32 rescales, sums and division, a few
+    2^-24 each, and the fp16 output rounding, U_FP16) scale that floor by at most 1 + 2 U_FP16."""
+    model = prefill_error_model(dtype, triton_mode, d)
+    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v, 1,
+                                  spec_block_k(d), model)
+    if dtype == "float16":
+        tol = tol + (1 + 2 * U_FP16) * fp16_underflow_floor(ref, int(ref.out.shape[1]))
+    return tol
 
 
 # --- OPUS routing guard -----------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 upstream monkeypatches it), the loader, exact edge cases, and bad input rejected before anything is written."""
 from __future__ import annotations
 
-import dataclasses
 import importlib.machinery
 import math
 import sys
@@ -28,12 +27,10 @@ HEAD_DIM = 512  # 448 NoPE + 64 RoPE
 def _assert_matches_oracle(got, q, kv, scale, sink, **idx):
     ref = ref_prefill.ref_sparse_attn_prefill(q, kv, softmax_scale=scale, attn_sink=sink,
                                               out_width=int(got.shape[-1]), **idx)
-    d = int(q.shape[-1])
-    model = dataclasses.replace(cmp.AttentionErrorModel.for_mode(triton_mode()), dot_len=d)
-    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v, 1,
-                                  pf.block_k_for(d), model)
+    tol = ref_prefill.prefill_tolerance(ref, fz.dtype_name(q.dtype), triton_mode(), int(q.shape[-1]))
     bad = cmp.compare_attention(got.cpu(), ref.out, tol)
     assert not bad, bad[:3]
+    return ref, tol
 
 
 @pytest.mark.parametrize("target", ["generic", "gfx942", "gfx950"])
@@ -83,8 +80,45 @@ def test_fp16_matches_oracle():
     sink = torch.tensor([0.5, -math.inf, 3.0, 9.0], dtype=torch.float32, device=DEV)
     out = pf.sparse_attn_prefill(q, kv, dense, 0.05, sink, target="gfx942")
     assert out.dtype == torch.float16
-    # the bf16 error model bounds fp16 too (every fp16 unit is smaller)
+    # fp16's own model: unit 2^-11 and an absolute underflow floor (oracles.prefill.prefill_error_model)
     _assert_matches_oracle(out, q, kv, 0.05, sink, dense=dense.tolist(), topk_length=None)
+
+
+def test_fp16_output_underflow_is_within_the_floor():
+    # a dominating sink pushes the output below fp16's range: the kernel stores 0 where the oracle has ~1e-8,
+    # which no relative bound covers; the floor 2^-25 (1 + sum_j |v_j|) does
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 2, 576, generator=g).to(torch.float16).to(DEV)
+    kv = torch.randn(5, 576, generator=g).to(torch.float16).to(DEV)
+    dense = torch.tensor([[0, 1, 2, 3], [4, 3, -1, 0]], dtype=torch.int32, device=DEV)
+    sink = torch.tensor([20.0, 20.0], dtype=torch.float32, device=DEV)
+    out = pf.sparse_attn_prefill(q, kv, dense, 0.05, sink, target="generic")
+    ref, tol = _assert_matches_oracle(out, q, kv, 0.05, sink, dense=dense.tolist(), topk_length=None)
+    tiny = (ref.out.abs() > 0) & (ref.out.abs() < ref_prefill.FP16_SUBNORMAL / 2)
+    assert bool(tiny.any()) and bool((out.cpu()[tiny] == 0).all())
+    assert bool((tol[tiny] >= ref_prefill.FP16_SUBNORMAL / 2).all())
+
+
+def test_spec_tile_and_fp16_model():
+    # SPEC 3's literal BLOCK_K, and the fp16 units: no bf16 unit stands in for fp16
+    assert [ref_prefill.spec_block_k(d) for d in (128, 255, 256, 512, 576)] == [32, 32, 16, 16, 16]
+    m16 = ref_prefill.prefill_error_model("float16", triton_mode(), 576)
+    assert m16.operand_unit == m16.output_unit == 2.0 ** -11 and m16.dot_len == 576
+    assert ref_prefill.prefill_error_model("bfloat16", triton_mode(), 512).output_unit >= 2.0 ** -8
+
+
+def test_multi_tile_rows_and_a_second_head_block():
+    # 40-entry rows span three BLOCK_K = 16 tiles (the online softmax rescales across them); 17 heads need a
+    # second head block of one live head
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 17, 512, generator=g).to(torch.bfloat16).to(DEV)
+    kv = torch.randn(48, 512, generator=g).to(torch.bfloat16).to(DEV)
+    indices = torch.randperm(48, generator=g)[:40].repeat(2).to(torch.int32).to(DEV)
+    indptr = torch.tensor([0, 40, 80], dtype=torch.int32, device=DEV)
+    sink = torch.linspace(-1.0, 1.0, 17, dtype=torch.float32).to(DEV)
+    out = torch.full_like(q, math.nan)
+    pf.sparse_attn_prefill(q, kv, indices, 0.11, sink, out, indptr=indptr, target="generic")
+    _assert_matches_oracle(out, q, kv, 0.11, sink, indices=indices.tolist(), indptr=indptr.tolist())
 
 
 # --- the guard (upstream's selection tests, on fake tensors: "q on the GPU" needs no GPU) ---------------------
@@ -270,6 +304,51 @@ def _bad_calls():
         (dict(ok, out=torch.zeros(2, 3, HEAD_DIM, dtype=torch.float16, device=DEV)), TypeError, "out"),
         (dict(ok, rope_head_dim=HEAD_DIM), ValueError, "rope_head_dim"),
     ]
+
+
+def _overlapping_outs():
+    """(out, the input it aliases or None, ...) builders: each out must be rejected naming ``out``."""
+    base = torch.full((2, 3, 2 * HEAD_DIM), math.nan, dtype=torch.bfloat16, device=DEV)
+    return [
+        ("expanded", lambda: torch.full((1, 1, HEAD_DIM), math.nan, dtype=torch.bfloat16, device=DEV)
+         .expand(2, 3, HEAD_DIM), {}),
+        ("rows-overlap", lambda: base.as_strided((2, 3, HEAD_DIM), (HEAD_DIM, 8, 1)), {}),
+        ("is-q", lambda: base[..., :HEAD_DIM], {"q": lambda o: o}),
+        ("inside-q-buffer", lambda: base[..., HEAD_DIM:], {"q": lambda o: base[..., :HEAD_DIM]}),
+        ("over-kv", lambda: base[..., :HEAD_DIM], {"kv": lambda o: base.reshape(-1, HEAD_DIM)[:4]}),
+        ("over-sink", lambda: base[..., :HEAD_DIM],
+         {"attn_sink": lambda o: base.view(torch.float32).reshape(-1)[:3]}),
+    ]
+
+
+@pytest.mark.parametrize("i", range(len(_overlapping_outs())))
+def test_overlapping_out_rejected_before_any_write(i):
+    _, make_out, swaps = _overlapping_outs()[i]
+    out = make_out()
+    kwargs = dict(q=torch.zeros(2, 3, HEAD_DIM, dtype=torch.bfloat16, device=DEV),
+                  kv=torch.zeros(4, HEAD_DIM, dtype=torch.bfloat16, device=DEV),
+                  indices=torch.zeros(2, 3, dtype=torch.int32, device=DEV), softmax_scale=0.1,
+                  attn_sink=torch.zeros(3, dtype=torch.float32, device=DEV), out=out)
+    for name, f in swaps.items():
+        kwargs[name] = f(out)
+    storage = out.as_strided((out.untyped_storage().nbytes() // 2,), (1,), 0)
+    before = storage.view(torch.int16).clone()
+    with pytest.raises(ValueError, match=r"^out: "):
+        pf.sparse_attn_prefill(**kwargs, target="gfx950")
+    assert torch.equal(storage.view(torch.int16), before)
+
+
+def test_padded_and_transposed_outs_are_accepted():
+    # the overlap checks reject no ordinary layout: a padded buffer and a heads-major out give the oracle's result
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(2, 3, HEAD_DIM, generator=g).to(torch.bfloat16).to(DEV)
+    kv = torch.randn(4, HEAD_DIM, generator=g).to(torch.bfloat16).to(DEV)
+    dense = torch.tensor([[0, 1, 3], [2, -1, 1]], dtype=torch.int32, device=DEV)
+    outs = [torch.full((2, 3, HEAD_DIM + 8), math.nan, dtype=torch.bfloat16, device=DEV)[..., :HEAD_DIM],
+            torch.full((3, 2, HEAD_DIM), math.nan, dtype=torch.bfloat16, device=DEV).transpose(0, 1)]
+    for out in outs:
+        pf.sparse_attn_prefill(q, kv, dense, 0.1, None, out, target="generic")
+        _assert_matches_oracle(out, q, kv, 0.1, None, dense=dense.tolist(), topk_length=None)
 
 
 @pytest.mark.parametrize("i", range(len(_bad_calls())))
