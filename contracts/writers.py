@@ -172,6 +172,17 @@ def compare_writer_case(case: dict, target: Target) -> WriterComparison:
     return compare_swa(case, target) if case["writer"] == "swa" else compare_compressor(case, target)
 
 
+#: a -inf kv (window row 118, dim 460) whose weight exp(score - max) underflows to 0 against the window's max but not
+#: against its split's max (rows 112..127 of 8 splits): before the rule "+-inf kv of a live row adds +-inf whatever its
+#: weight rounds to", the single pass and the oracle gave -inf * 0 = NaN (every lane NaN, scale codes 255) and the
+#: two-stage variant -inf (rows of +-0, codes 105). Found by a dev-profile sweep.
+INF_KV_UNDERFLOW_CASE = {
+    "writer": "compressor", "seed": 124469, "ratio": 128, "state_block_size": 8, "num_reqs": 1, "positions": [127, 255],
+    "reqs": [0, 0], "extra_blocks_before": 1, "block_size": 7, "spare_blocks": 0, "padded": False, "num_blocks": 1,
+    "slots": [1, -1], "score_scale": 30.0, "weight": "inf", "eps": 1e-20, "two_stage": True, "splits": 8,
+    "specials": [[786, "kv", 460, "-inf"], [786, "kv", 460, "-inf"], [10099, "kv", 185, "-inf"]]}
+
+
 def _writer_examples(target: Target) -> list[dict]:
     return [
         {"writer": "swa", "seed": 7, "T": 3, "block_size": 3, "padded": True, "extra_blocks_before": 1,
@@ -181,6 +192,7 @@ def _writer_examples(target: Target) -> list[dict]:
          "positions": [255, 127], "reqs": [0, 0], "block_size": 1, "padded": True, "extra_blocks_before": 1,
          "spare_blocks": 0, "num_blocks": 2, "slots": [1, 0], "score_scale": 4.0, "weight": "normal", "eps": 1e-6,
          "two_stage": True, "splits": None, "specials": []},
+        INF_KV_UNDERFLOW_CASE,
     ]
 
 

@@ -20,8 +20,13 @@ Interfaces SPEC leaves open, defined here (the oracle takes the same inputs):
 * Norm weight: ``norm_weight [512]`` fp32 or bf16 (read as fp32); ``eps`` is ``rms_norm_eps``.
 
 Per-dimension softmax, NaN rules [inferred, identical in both variants and the oracle]: the running max ignores NaN
-scores; a row with score -inf has weight 0 (so an all -inf dimension gives 0/0 = NaN); any NaN or +inf score makes
-the dimension NaN. Sums are fp32 in row chunks (online softmax), so the two variants differ only in rounding.
+scores; a row with score -inf has weight 0 (so an all -inf dimension gives 0/0 = NaN, and a non-finite kv there
+gives kv * 0 = NaN); any NaN or +inf score makes the dimension NaN. A +-inf kv in a row with a finite score adds
++-inf to the dimension whatever its fp32 weight rounds to (its exact weight is positive; +inf and -inf together give
+NaN): its weight exp(score - max) may underflow to 0 under one running or split max and not under another, and a
+plain product kv * weight would make the NaN mask depend on the summation order. Infinite partial sums are therefore
+never rescaled (inf * 0 would be NaN). Sums are fp32 in row chunks (online softmax), so the two variants differ only
+in rounding.
 
 Only tokens with ``slot_mapping[t] >= 0`` and ``(pos + 1) % ratio == 0`` write. The extra cache is OCP e4m3 on every
 target; the UE8M0 cap is ``target.writer_scale_code_cap`` and ``target.sanitizes_writer`` turns on SANITIZE (see
@@ -77,12 +82,20 @@ def num_two_stage_splits(num_tokens: int, ratio: int, target: "Target | str | No
 # ---------------------------------------------------------------------------------------------------------------
 
 @triton.jit
+def _rescale(acc, f):
+    """``acc * f`` except that +-inf stays +-inf when f is 0 (an underflowed rescale must not turn it into NaN)."""
+    return tl.where(tl.abs(acc) == float("inf"), acc, acc * f)
+
+
+@triton.jit
 def _pool_rows(state_ptr, st_block_stride, st_row_stride, bt_row, state_block_size, pos, row_begin, row_end,
                RATIO: tl.constexpr, R: tl.constexpr, COFF: tl.constexpr, ROWS: tl.constexpr):
     """Online per-dimension softmax over window rows [row_begin, row_end) (a multiple of ROWS apart).
 
     Returns ``(m, s, acc)``, each ``[8, 64]`` fp32 (dimension d = 64*g + l): m the NaN-ignoring running max, s the sum
-    of exp(score - m), acc the sum of kv * exp(score - m). Rows at positions < 0 are masked (score -inf, kv 0)."""
+    of exp(score - m), acc the sum of kv * exp(score - m) (a +-inf kv of a row with score > -inf adds +-inf whatever
+    its weight, and +-inf sums are not rescaled: the NaN rules of the module docstring). Rows at positions < 0 are
+    masked (score -inf, kv 0)."""
     g = tl.arange(0, 8)[None, :, None]
     lane = tl.arange(0, 64)[None, None, :]
     dim = g * 64 + lane
@@ -105,8 +118,10 @@ def _pool_rows(state_ptr, st_block_stride, st_row_stride, bt_row, state_block_si
         m_new = tl.maximum(m, m_blk)
         alpha = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_new))
         e = tl.where(sc == float("-inf"), 0.0, tl.exp(sc - m_new[None, :, :]))
+        # +-inf kv of a live row counts as +-inf even where e underflowed to 0 (module docstring, NaN rules)
+        kv_e = tl.where((sc != float("-inf")) & (tl.abs(kv) == float("inf")), kv, kv * e)
         s = s * alpha + tl.sum(e, axis=0)
-        acc = acc * alpha + tl.sum(kv * e, axis=0)
+        acc = _rescale(acc, alpha) + tl.sum(kv_e, axis=0)
         m = m_new
     return m, s, acc
 
@@ -215,7 +230,7 @@ def _compress_finalize_kernel(
         inter_ptr, STORE_INTER: tl.constexpr, RATIO: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr,
         SANITIZE: tl.constexpr):
     """Two-stage, stage 2. Grid ``(T,)``: merge the SPLITS partials of a writing token (max, then rescaled sums; a
-    split with m = -inf contributes 0), then steps 3-6 exactly as the single pass, sanitizing included."""
+    split with m = -inf contributes 0, a +-inf partial sum stays +-inf), then steps 3-6 exactly as the single pass, sanitizing included."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -231,7 +246,7 @@ def _compress_finalize_kernel(
             m_j = tl.load(part + j * 1536)
             f = tl.where(m_j == float("-inf"), 0.0, tl.exp(m_j - m_all))
             s += tl.load(part + j * 1536 + 512) * f
-            acc += tl.load(part + j * 1536 + 1024) * f
+            acc += _rescale(tl.load(part + j * 1536 + 1024), f)
         _norm_rope_quant_store(acc / s, t, pos, slot, w_ptr, cs_ptr, cs_row_stride, cache_ptr, cache_block_stride,
                                block_size, eps, inter_ptr, STORE_INTER, RATIO, CAP, SANITIZE)
 

@@ -53,13 +53,18 @@ def gather_window(state: torch.Tensor, block_table: torch.Tensor, req: int, pos:
 
 
 def _softmax_pool(kv: torch.Tensor, sc: torch.Tensor, dtype: torch.dtype):
-    """Per-dimension softmax pooling in ``dtype`` with the writer's rules: the max ignores NaN, a -inf score weighs 0,
-    NaN or +inf scores give NaN, an all -inf dimension gives 0/0 = NaN. Returns (pooled, max, weights)."""
+    """Per-dimension softmax pooling in ``dtype`` with the writer's rules: the max ignores NaN, a -inf score weighs 0
+    (kv * 0, so a non-finite kv there gives NaN), NaN or +inf scores give NaN, an all -inf dimension gives 0/0 = NaN,
+    and a +-inf kv in a row whose score is not -inf adds +-inf whatever exp(score - max) rounds to: its exact weight
+    is positive, and whether the fp32 weight underflows to 0 depends on the max it is taken against (global here,
+    running or per split in the writers), so kv * weight would make the NaN mask a matter of summation order.
+    Returns (pooled, max, weights)."""
     kv, sc = kv.to(dtype), sc.to(dtype)
     m = torch.where(torch.isnan(sc), torch.full_like(sc, float("-inf")), sc).max(dim=0).values
     e = torch.where(sc == float("-inf"), torch.zeros_like(sc), torch.exp(sc - m))
     s = e.sum(dim=0)
-    return (kv * e).sum(dim=0) / s, m, e / s
+    kv_e = torch.where((sc != float("-inf")) & torch.isinf(kv), kv, kv * e)
+    return kv_e.sum(dim=0) / s, m, e / s
 
 
 def _rope(normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,38 @@ def test_two_stage_agrees_with_single_pass_for_every_split_count():
         assert res.violations == [], (splits, res.violations[:2])
 
 
+def test_inf_kv_with_underflowing_weight_is_inf_in_both_variants():
+    """Regression (dev sweep): a -inf kv whose weight exp(score - max) underflows to 0 against the window's max but
+    not against its split's max pools to -inf in both variants and the oracle (not -inf * 0 = NaN in some of them):
+    mean(c^2) = inf, r = 0, so every lane is +-0 except dim 460 (-inf * 0), its RoPE partner 461 and dim 300
+    (weight inf)."""
+    case = cw.INF_KV_UNDERFLOW_CASE
+    inp = fw.build_compressor_inputs(case, DEV)
+    kv, sc, _ = ocomp.gather_window(inp["state"], inp["state_block_table"], 0, 127, 128)
+    assert float(kv[118, 460]) == float("-inf")
+    # the premise: the weight underflows against the window max, not against the max of rows 112..127
+    assert float(torch.exp(sc[118, 460] - sc[:, 460].max())) == 0.0
+    assert float(torch.exp(sc[118, 460] - sc[112:128, 460].max())) > 0.0
+    want_nan = torch.zeros(512, dtype=torch.bool)
+    want_nan[[300, 460, 461]] = True
+    ref = ocomp.token_reference(inp["state"], inp["state_block_table"], 0, 127, inp["norm_weight"],
+                                inp["cos_sin_cache"], ratio=128, eps=case["eps"])
+    assert torch.equal(torch.isnan(ref["row"]), want_nan)
+    rows = {}
+    for two_stage in (True, False):
+        _, cache, inter = run_case(case, "gfx942", two_stage=two_stage)
+        row = inter[0].cpu()
+        assert torch.equal(torch.isnan(row), want_nan), two_stage
+        assert bool((row[~want_nan] == 0).all()), two_stage
+        tok = ocw.read_token(cache, 1)
+        # zero groups take the 1e-4 amax floor (code 105); group 4 holds the NaN of dim 300 (unsanitized: 255)
+        assert tok["scale"].tolist() == [105] * 4 + [255] + [105] * 2, two_stage
+        rows[two_stage] = row
+    assert torch.equal(rows[True].view(torch.int32)[~want_nan], rows[False].view(torch.int32)[~want_nan])
+    for target in ("generic", "gfx942", "gfx950"):
+        assert cw.compare_compressor(case, get_target(target)).violations == [], target
+
+
 def test_tolerance_is_not_vacuous():
     """The derived tolerance is small relative to the values it guards (a wrong RoPE row or norm would exceed it)."""
     case = compressor_case()
