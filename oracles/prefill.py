@@ -22,25 +22,18 @@ import dataclasses
 import torch
 
 from oracles import compare as cmp
+from oracles.decode import DecodeReference
 from oracles.ragged import ref_ragged_from_dense
 
 # --- attention --------------------------------------------------------------------------------------------------
 
 
 @dataclass
-class PrefillReference:
-    """out: float64 [sq, h, out_width]. weight_abs: sum_j p_j |v_j| per lane. logit_abs: per (row, head) the largest
-    scale * sum_i |q_i k_ji| over tokens. logit_max_abs: per (row, head) the largest |finite logit| or |finite
-    sink|. tokens: valid tokens per row. max_abs_v: per row the largest finite |v| lane. v_abs_sum: float64
-    [sq, out_width], per row and lane sum_j |v_j| over the valid entries (the fp16 underflow floor). ragged: the
-    (indices, indptr) lists the dense input converted to (None for ragged input)."""
+class PrefillReference(DecodeReference):
+    """The decode reference's fields per query row (out is float64 [sq, h, out_width]), plus ragged: the
+    (indices, indptr) lists the dense input converted to (None for ragged input), and v_abs_sum: float64
+    [sq, out_width], per row and lane sum_j |v_j| over the valid entries (the fp16 underflow floor)."""
 
-    out: torch.Tensor
-    weight_abs: torch.Tensor
-    logit_abs: torch.Tensor
-    logit_max_abs: torch.Tensor
-    tokens: list[int]
-    max_abs_v: list[float]
     ragged: tuple[list[int], list[int]] | None
     v_abs_sum: torch.Tensor
 
