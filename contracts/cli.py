@@ -137,7 +137,7 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    from fuzz.campaign import parse_duration, run_campaign
+    from contracts.campaign import parse_duration, run_campaign
 
     try:
         budget = parse_duration(args.budget)

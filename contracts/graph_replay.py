@@ -15,10 +15,8 @@ import math
 import warnings
 
 import torch
-from hypothesis import strategies as st
 
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
-from contracts.writers import far_end_pool, int64_probe
 from fuzz import graph_replay as fzg
 from impl import decode as dec
 from impl import formats
@@ -163,89 +161,3 @@ def graph_replay_agreement(case, target: Target) -> list[Violation]:
     ("Adaptive splits", ``_copy_ragged_to_graph_buffers``); seed 004; torch.cuda.graphs' persistent-buffer rule.
     """
     return run_graph_case(case, target)[0]
-
-
-# --- int64-addressing: the decode's probe ------------------------------------------------------------------------
-
-#: byte written over the pool's start, where an offset computed in 32 bits would land: a wrong read shows up as
-#: huge fp8 values / bf16 RoPE lanes (0x7E7E) instead of the far-end tokens
-HEAD_POISON = 0x7E
-#: blocks at the far end that hold the tokens the decode reads (both lie past 2^32 in ``far_end_pool``)
-FAR_BLOCKS = 2
-
-
-@int64_probe("decode")
-def int64_decode_probe(target: Target) -> list[Violation]:
-    """Registered under ``int64-addressing``: for block sizes 3, 1 and 64, the decode reads tokens at the far end of
-    a cache pool larger than 2^32 bytes through the main and the extra segment of the target's kernel family."""
-    out: list[Violation] = []
-    for seed, bs in ((3, 3), (4, 1), (5, 64)):
-        out += _decode_far_end({"seed": seed, "block_size": bs}, target)
-    return out
-
-
-def _decode_far_end(case, target: Target) -> list[Violation]:
-    """The decode addresses its caches in int64 (SPEC 1.2, ``block * stride(0)``): tokens at the far end of a
-    cache pool larger than 2^32 bytes give the oracle's output; the pool's start, where a 32-bit block offset would
-    wrap to, is poisoned so a wrapped read cannot agree by accident. The oracle reads a small copy of the far-end
-    blocks (same tokens, slots shifted) so it never walks the big pool. Also an invalid entry one past the last
-    slot stays masked."""
-    dev = kernel_device()
-    bs = int(case["block_size"])
-    gen = torch.Generator().manual_seed(int(case["seed"]))
-    flat, view, last_slot, wrapped = far_end_pool(bs, dev)
-    first_far = last_slot + 1 - FAR_BLOCKS * bs
-    try:
-        stride = view.stride(0)
-        flat[: wrapped + 2 * stride] = HEAD_POISON
-        n_far = FAR_BLOCKS * bs
-        far_slots = list(range(first_far, first_far + n_far))
-        formats.pack_fp8_ds_mla(view, far_slots, formats.fp8_encode(torch.randn(n_far, 448, generator=gen) * 4,
-                                                                    target.main_cache_fp8),
-                                torch.randint(123, 128, (n_far, formats.DSV4_NUM_GROUPS),
-                                              generator=gen).to(torch.uint8),
-                                torch.randn(n_far, formats.DSV4_ROPE_DIM, generator=gen).to(torch.bfloat16))
-        num_slots = view.shape[0] * bs
-        pick = lambda k: [far_slots[int(i)] for i in torch.randint(0, n_far, (k,), generator=gen)]  # noqa: E731
-        main_rows = [pick(3) + [far_slots[-1]], pick(2) + [num_slots]]
-        extra_rows = [pick(2), [far_slots[0]] + pick(2)]
-        h = 2
-        q = torch.randn(2, h, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16)
-        sink = torch.tensor([0.5, -math.inf], dtype=torch.float32)
-
-        def ragged(rows, small_copy: bool):
-            # for the oracle's small copy of the far blocks, far slots shift down and anything else is invalid
-            if small_copy:
-                flat_idx = [s - first_far if first_far <= s < first_far + n_far else -1 for r in rows for s in r]
-            else:
-                flat_idx = [s for r in rows for s in r]
-            ptr = [0]
-            for r in rows:
-                ptr.append(ptr[-1] + len(r))
-            return torch.tensor(flat_idx, dtype=torch.int32), torch.tensor(ptr, dtype=torch.int32)
-
-        mi, mp = ragged(main_rows, False)
-        ei, ep = ragged(extra_rows, False)
-        out = torch.full((2, h, formats.DSV4_HEAD_DIM), math.nan, dtype=torch.bfloat16, device=dev)
-        plan = dec.plan_decode(target, 2, h, mi.numel(), ei.numel(), cu_count=2)
-        ws = (dec.DecodeWorkspace.allocate(2, plan.num_splits, h, dev, fill=math.nan)
-              if plan.family != "generic" else None)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            dec.sparse_attn_decode(q.to(dev), view, mi.to(dev), mp.to(dev), view, ei.to(dev), ep.to(dev),
-                                   attn_sink=sink.to(dev), softmax_scale=0.09, target=target, plan=plan, workspace=ws,
-                                   out=out)
-        got = out.cpu().clone()
-        small = view[view.shape[0] - FAR_BLOCKS:].cpu().clone()
-    finally:
-        del flat, view
-    smi, _ = ragged(main_rows, True)
-    sei, _ = ragged(extra_rows, True)
-    ref = ref_decode.ref_sparse_attn_decode(q, small, smi, mp, small, sei, ep, attn_sink=sink, softmax_scale=0.09,
-                                            main_flavour=target.main_cache_fp8,
-                                            extra_flavour=target.extra_cache_fp8, scrub_extra=True)
-    model = cmp.AttentionErrorModel.for_mode(triton_mode())
-    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
-                                  plan.num_splits, 16, model)
-    return [Violation(f"decode at the far end of a >2^32-byte pool vs oracle: {m.kind}", m.where, m.expected,
-                      m.got) for m in cmp.compare_attention(got, ref.out, tol)]

@@ -14,7 +14,7 @@ import torch
 
 from hypothesis import strategies as st
 
-from contracts.core import AMD_TARGETS, Violation, contract, fmt
+from contracts.core import AMD_TARGETS, Violation, contract, fmt, single_threaded
 from fuzz.metadata import OP_STRATEGIES, apply_op, config_strategy, metadata_case
 from impl.sparse_metadata import CommonMetadata, SparseMLAMetadataBuilder
 from impl.targets import Target, effective_cu_count
@@ -42,19 +42,6 @@ def fresh_memory_poisoned():
     finally:
         torch.utils.deterministic.fill_uninitialized_memory = was_fill
         torch.use_deterministic_algorithms(was_on, warn_only=warn_only)
-
-
-@contextlib.contextmanager
-def single_threaded():
-    """Run torch on one intra-op thread: these checks are thousands of tiny ops, and on a shared, loaded machine
-    the thread pool's hand-offs cost a thousand times the op itself (4.5 ms vs 5 us for a [2,576]x[576,5] matmul,
-    measured here)."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(prev)
 
 
 def _step_inputs(cfg: dict, step: dict) -> dict:

@@ -14,6 +14,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.writers",
     "contracts.graph_replay",
     "contracts.prefill",
+    "contracts.int64_probes",
 )
 
 _loaded = False

@@ -7,7 +7,7 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.core import ALL_TARGETS, Violation, contract
-from contracts.metadata import single_threaded
+from contracts.core import single_threaded
 from impl.router import biased_grouped_topk, correction_bias_for_gate, gate_out_dtype
 from impl.targets import Target
 from oracles import router as oracle

@@ -6,16 +6,11 @@
 * ``nan-free-cache``       the compressed cache is NaN-free for any input on a sanitizing target, and for finite,
   non-overflowing input elsewhere, where the trust gate must stay closed (seed 004).
 * ``trust-gate``           ``trust_extra_cache_nan_free`` equals the truth table of ``oracles.trust_gate``.
-* ``int64-addressing``     every registered writer probe writes at the far end of a > 2^32-byte pool and reads it
-  back (SPEC 1.2: block * stride passes 2^31 at about 57K blocks). Other components add probes with
-  :func:`int64_probe`.
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from hypothesis import strategies as st
@@ -323,127 +318,4 @@ def trust_gate(case: dict, target: Target) -> list[Violation]:
         except TypeError:
             continue
         out.append(Violation("trust gate accepted a non-bool flag", repr(bad), "TypeError", "no error"))
-    return out
-
-
-# --- int64-addressing ---------------------------------------------------------------------------------------------
-
-#: name -> probe(target) -> violations; each probe writes at the far end of a pool larger than 2^32 bytes
-INT64_PROBES: dict[str, Callable[[Target], list[Violation]]] = {}
-POOL_BYTES_MIN = 2 ** 32 + 2 ** 20
-
-
-def int64_probe(name: str):
-    """Register a far-end addressing probe under ``int64-addressing`` (decode readers add theirs here); a writer's
-    probe is usually ``far_end_probe(name, write)`` with a callback that runs the writer and derives its token."""
-    def register(fn):
-        INT64_PROBES[name] = fn
-        return fn
-    return register
-
-
-def far_end_pool(block_size: int, device):
-    """A ``[nb, bs, 584]`` view over an uninitialised pool of more than 2^32 bytes (pages are only committed where
-    touched) whose last block starts just past 2^32, so an offset computed in int32 wraps to a small positive value
-    inside the same pool: a wrong read, not a crash. Returns (flat, view, last_slot, wrapped_offset)."""
-    stride = formats.Fp8DsMlaLayout(block_size).padded_block_bytes
-    nb = POOL_BYTES_MIN // stride + 2
-    flat = torch.empty(nb * stride, dtype=torch.uint8, device=device)
-    view = flat.as_strided((nb, block_size, formats.DSV4_TOKEN_BYTES), (stride, formats.DSV4_TOKEN_BYTES, 1))
-    last = nb * block_size - 1
-    far = (nb - 1) * stride
-    assert 2 ** 32 <= far < 2 ** 32 + 2 ** 31
-    return flat, view, last, far - 2 ** 32
-
-
-def _poison_ends(flat, view, wrapped: int) -> int:
-    stride = view.stride(0)
-    head = wrapped + 2 * stride
-    flat[:head] = 0xFF
-    flat[-2 * stride:] = 0xFF
-    return head
-
-
-def _check_far_token(name, flat, view, slot, want_tok, head) -> list[Violation]:
-    out = []
-    got = ocw.read_token(view, slot)
-    for k in ("nope", "scale", "rope"):
-        if not torch.equal(got[k], want_tok[k]):
-            bad = int((got[k] != want_tok[k]).sum())
-            out.append(Violation(f"{name}: token at the far end of a >2^32-byte pool reads back wrong",
-                                 f"slot {slot} {k}", "the written bytes", f"{bad} bytes differ"))
-    if got["pad"] != 0:
-        out.append(Violation(f"{name}: pad byte at the far end", f"slot {slot}", "0", str(got["pad"])))
-    touched = int((flat[:head].cpu() != 0xFF).sum())
-    if touched:
-        out.append(Violation(f"{name}: bytes at the pool's start changed (an int32 offset wrapped)",
-                             f"first {head} bytes", "untouched", f"{touched} bytes changed"))
-    return out
-
-
-#: write(view, slot, device) -> (expected token bytes, further violations): runs one writer so that it stores a
-#: token at ``slot`` of ``view``, then derives what that token must hold
-FarEndWrite = Callable[[torch.Tensor, int, object], "tuple[dict, list[Violation]]"]
-
-
-def far_end_probe(name: str, write: FarEndWrite, block_size: int = 3) -> list[Violation]:
-    """Run ``write`` against the last slot of a :func:`far_end_pool` whose two ends are poisoned, then check that the
-    token reads back as expected and that the pool's start (where a wrapped int32 offset lands) is untouched."""
-    dev = kernel_device()
-    flat, view, slot, wrapped = far_end_pool(block_size, dev)
-    try:
-        head = _poison_ends(flat, view, wrapped)
-        want, extra = write(view, slot, dev)
-        return _check_far_token(name, flat, view, slot, want, head) + extra
-    finally:
-        del flat, view  # release the > 4 GiB pool before the next probe allocates its own
-
-
-@int64_probe("swa-insert")
-def _probe_swa(target: Target) -> list[Violation]:
-    def write(view, slot, dev):
-        g = torch.Generator().manual_seed(5)
-        k = (torch.randn(2, 512, generator=g) * 3).to(torch.bfloat16)
-        quantize_and_insert_k_cache(k.to(dev), torch.tensor([slot, -1], dtype=torch.int64, device=dev), view,
-                                    target=target)
-        return ocw.quantize_pack_row(k[0], flavour=target.main_cache_fp8, cap=255, sanitize=False,
-                                     rope_from_fp32=False), []
-
-    return far_end_probe("swa insert", write)
-
-
-@int64_probe("compressor")
-def _probe_compressor(target: Target) -> list[Violation]:
-    def write(view, slot, dev):
-        case = {"seed": 9, "ratio": 4, "state_block_size": 4, "num_reqs": 1, "positions": [7], "reqs": [0],
-                "slots": [slot], "score_scale": 1.0, "weight": "normal", "specials": []}
-        inp = fw.build_compressor_inputs(case, dev)
-        inter = torch.full((1, 512), float("nan"), device=dev)
-        compress_norm_rope_store(inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"],
-                                 inp["slot_mapping"], inp["norm_weight"], inp["cos_sin_cache"], view, ratio=4,
-                                 eps=1e-6, target=target, intermediates=inter)
-        want = ocomp.pack_reference_row(inter[0].cpu(), cap=target.writer_scale_code_cap,
-                                        sanitize=target.sanitizes_writer)
-        ref = ocomp.token_reference(inp["state"], inp["state_block_table"], 0, 7, inp["norm_weight"],
-                                    inp["cos_sin_cache"], ratio=4, eps=1e-6)
-        extra = [Violation("compressor: fp32 row at the far end out of tolerance", str(item[0]))
-                 for item in ocomp.compare_rows(inter[0].cpu(), ref["row"], ref["tol"])]
-        return want, extra
-
-    return far_end_probe("compressor", write)
-
-
-@contract("int64-addressing", targets=ALL_TARGETS, cases=lambda target: st.just({"probes": sorted(INT64_PROBES)}),
-          min_cases=1, max_cases=1)
-def int64_addressing(case: dict, target: Target) -> list[Violation]:
-    """Every registered probe addresses the cache in int64 (SPEC 1.2, ``block * stride(0)``): the writers (SWA
-    insert, compressor) store a token at the far end of a pool larger than 2^32 bytes, whose block offset wraps to
-    a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
-    (contracts/graph_replay.py) reads far-end tokens and agrees with the oracle."""
-    out = []
-    for name in case["probes"]:
-        if name not in INT64_PROBES:
-            out.append(Violation("unknown int64 probe", name))
-            continue
-        out += INT64_PROBES[name](target)
     return out

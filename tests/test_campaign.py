@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from contracts import core
 from contracts.cli import main as smv
-from fuzz.campaign import parse_duration, run_campaign
+from contracts.campaign import parse_duration, run_campaign
 
 
 @pytest.mark.parametrize("text,seconds", [("8h", 28800), ("30m", 1800), ("90s", 90), ("1h30m", 5400), ("12", 12),

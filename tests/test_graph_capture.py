@@ -275,7 +275,7 @@ def test_graph_replay_agreement_contract(target):
 
 def test_int64_addressing_covers_the_decode(target):
     from contracts.registry import load_all
-    from contracts.writers import INT64_PROBES
+    from contracts.int64_probes import INT64_PROBES
 
     load_all()
     assert {"swa-insert", "compressor", "decode"} <= set(INT64_PROBES)

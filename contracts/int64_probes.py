@@ -1,0 +1,238 @@
+"""``int64-addressing``: every component that addresses a cache pool through ``block * stride(0)`` does it in 64 bits.
+
+SPEC 1.2: the product passes 2^31 at about 57K blocks. Each probe writes or reads tokens at the far end of a pool
+larger than 2^32 bytes, whose block offset computed in 32 bits would wrap to a small positive value inside the same
+pool: a wrong read or write, not a crash. The pool's start is poisoned so a wrapped access cannot agree by accident.
+Probes: the SWA insert and the compressor (writers), the decode (readers, every kernel family). A component adds its
+own with :func:`int64_probe`.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable
+
+import torch
+from hypothesis import strategies as st
+
+from contracts.core import ALL_TARGETS, Violation, contract
+from fuzz import writers as fw
+from impl import decode as dec
+from impl import formats
+from impl.cache_writers import quantize_and_insert_k_cache
+from impl.compressor import compress_norm_rope_store
+from impl.runtime import kernel_device, triton_mode
+from impl.targets import Target
+from oracles import cache_writers as ocw
+from oracles import compare as cmp
+from oracles import compressor as ocomp
+from oracles import decode as ref_decode
+
+
+# --- the probe registry and the far-end pool ---------------------------------------------------------------------------------------------
+
+#: name -> probe(target) -> violations; each probe writes at the far end of a pool larger than 2^32 bytes
+INT64_PROBES: dict[str, Callable[[Target], list[Violation]]] = {}
+POOL_BYTES_MIN = 2 ** 32 + 2 ** 20
+
+
+def int64_probe(name: str):
+    """Register a far-end addressing probe under ``int64-addressing`` (decode readers add theirs here); a writer's
+    probe is usually ``far_end_probe(name, write)`` with a callback that runs the writer and derives its token."""
+    def register(fn):
+        INT64_PROBES[name] = fn
+        return fn
+    return register
+
+
+def far_end_pool(block_size: int, device):
+    """A ``[nb, bs, 584]`` view over an uninitialised pool of more than 2^32 bytes (pages are only committed where
+    touched) whose last block starts just past 2^32, so an offset computed in int32 wraps to a small positive value
+    inside the same pool: a wrong read, not a crash. Returns (flat, view, last_slot, wrapped_offset)."""
+    stride = formats.Fp8DsMlaLayout(block_size).padded_block_bytes
+    nb = POOL_BYTES_MIN // stride + 2
+    flat = torch.empty(nb * stride, dtype=torch.uint8, device=device)
+    view = flat.as_strided((nb, block_size, formats.DSV4_TOKEN_BYTES), (stride, formats.DSV4_TOKEN_BYTES, 1))
+    last = nb * block_size - 1
+    far = (nb - 1) * stride
+    assert 2 ** 32 <= far < 2 ** 32 + 2 ** 31
+    return flat, view, last, far - 2 ** 32
+
+
+def _poison_ends(flat, view, wrapped: int) -> int:
+    stride = view.stride(0)
+    head = wrapped + 2 * stride
+    flat[:head] = 0xFF
+    flat[-2 * stride:] = 0xFF
+    return head
+
+
+def _check_far_token(name, flat, view, slot, want_tok, head) -> list[Violation]:
+    out = []
+    got = ocw.read_token(view, slot)
+    for k in ("nope", "scale", "rope"):
+        if not torch.equal(got[k], want_tok[k]):
+            bad = int((got[k] != want_tok[k]).sum())
+            out.append(Violation(f"{name}: token at the far end of a >2^32-byte pool reads back wrong",
+                                 f"slot {slot} {k}", "the written bytes", f"{bad} bytes differ"))
+    if got["pad"] != 0:
+        out.append(Violation(f"{name}: pad byte at the far end", f"slot {slot}", "0", str(got["pad"])))
+    touched = int((flat[:head].cpu() != 0xFF).sum())
+    if touched:
+        out.append(Violation(f"{name}: bytes at the pool's start changed (an int32 offset wrapped)",
+                             f"first {head} bytes", "untouched", f"{touched} bytes changed"))
+    return out
+
+
+#: write(view, slot, device) -> (expected token bytes, further violations): runs one writer so that it stores a
+#: token at ``slot`` of ``view``, then derives what that token must hold
+FarEndWrite = Callable[[torch.Tensor, int, object], "tuple[dict, list[Violation]]"]
+
+
+def far_end_probe(name: str, write: FarEndWrite, block_size: int = 3) -> list[Violation]:
+    """Run ``write`` against the last slot of a :func:`far_end_pool` whose two ends are poisoned, then check that the
+    token reads back as expected and that the pool's start (where a wrapped int32 offset lands) is untouched."""
+    dev = kernel_device()
+    flat, view, slot, wrapped = far_end_pool(block_size, dev)
+    try:
+        head = _poison_ends(flat, view, wrapped)
+        want, extra = write(view, slot, dev)
+        return _check_far_token(name, flat, view, slot, want, head) + extra
+    finally:
+        del flat, view  # release the > 4 GiB pool before the next probe allocates its own
+
+
+@int64_probe("swa-insert")
+def _probe_swa(target: Target) -> list[Violation]:
+    def write(view, slot, dev):
+        g = torch.Generator().manual_seed(5)
+        k = (torch.randn(2, 512, generator=g) * 3).to(torch.bfloat16)
+        quantize_and_insert_k_cache(k.to(dev), torch.tensor([slot, -1], dtype=torch.int64, device=dev), view,
+                                    target=target)
+        return ocw.quantize_pack_row(k[0], flavour=target.main_cache_fp8, cap=255, sanitize=False,
+                                     rope_from_fp32=False), []
+
+    return far_end_probe("swa insert", write)
+
+
+@int64_probe("compressor")
+def _probe_compressor(target: Target) -> list[Violation]:
+    def write(view, slot, dev):
+        case = {"seed": 9, "ratio": 4, "state_block_size": 4, "num_reqs": 1, "positions": [7], "reqs": [0],
+                "slots": [slot], "score_scale": 1.0, "weight": "normal", "specials": []}
+        inp = fw.build_compressor_inputs(case, dev)
+        inter = torch.full((1, 512), float("nan"), device=dev)
+        compress_norm_rope_store(inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"],
+                                 inp["slot_mapping"], inp["norm_weight"], inp["cos_sin_cache"], view, ratio=4,
+                                 eps=1e-6, target=target, intermediates=inter)
+        want = ocomp.pack_reference_row(inter[0].cpu(), cap=target.writer_scale_code_cap,
+                                        sanitize=target.sanitizes_writer)
+        ref = ocomp.token_reference(inp["state"], inp["state_block_table"], 0, 7, inp["norm_weight"],
+                                    inp["cos_sin_cache"], ratio=4, eps=1e-6)
+        extra = [Violation("compressor: fp32 row at the far end out of tolerance", str(item[0]))
+                 for item in ocomp.compare_rows(inter[0].cpu(), ref["row"], ref["tol"])]
+        return want, extra
+
+    return far_end_probe("compressor", write)
+
+
+# --- the decode's probe ------------------------------------------------------------------------
+
+#: byte written over the pool's start, where an offset computed in 32 bits would land: a wrong read shows up as
+#: huge fp8 values / bf16 RoPE lanes (0x7E7E) instead of the far-end tokens
+HEAD_POISON = 0x7E
+#: blocks at the far end that hold the tokens the decode reads (both lie past 2^32 in ``far_end_pool``)
+FAR_BLOCKS = 2
+
+
+@int64_probe("decode")
+def int64_decode_probe(target: Target) -> list[Violation]:
+    """Registered under ``int64-addressing``: for block sizes 3, 1 and 64, the decode reads tokens at the far end of
+    a cache pool larger than 2^32 bytes through the main and the extra segment of the target's kernel family."""
+    out: list[Violation] = []
+    for seed, bs in ((3, 3), (4, 1), (5, 64)):
+        out += _decode_far_end({"seed": seed, "block_size": bs}, target)
+    return out
+
+
+def _decode_far_end(case, target: Target) -> list[Violation]:
+    """The decode addresses its caches in int64 (SPEC 1.2, ``block * stride(0)``): tokens at the far end of a
+    cache pool larger than 2^32 bytes give the oracle's output; the pool's start, where a 32-bit block offset would
+    wrap to, is poisoned so a wrapped read cannot agree by accident. The oracle reads a small copy of the far-end
+    blocks (same tokens, slots shifted) so it never walks the big pool. Also an invalid entry one past the last
+    slot stays masked."""
+    dev = kernel_device()
+    bs = int(case["block_size"])
+    gen = torch.Generator().manual_seed(int(case["seed"]))
+    flat, view, last_slot, wrapped = far_end_pool(bs, dev)
+    first_far = last_slot + 1 - FAR_BLOCKS * bs
+    try:
+        stride = view.stride(0)
+        flat[: wrapped + 2 * stride] = HEAD_POISON
+        n_far = FAR_BLOCKS * bs
+        far_slots = list(range(first_far, first_far + n_far))
+        formats.pack_fp8_ds_mla(view, far_slots, formats.fp8_encode(torch.randn(n_far, 448, generator=gen) * 4,
+                                                                    target.main_cache_fp8),
+                                torch.randint(123, 128, (n_far, formats.DSV4_NUM_GROUPS),
+                                              generator=gen).to(torch.uint8),
+                                torch.randn(n_far, formats.DSV4_ROPE_DIM, generator=gen).to(torch.bfloat16))
+        num_slots = view.shape[0] * bs
+        pick = lambda k: [far_slots[int(i)] for i in torch.randint(0, n_far, (k,), generator=gen)]  # noqa: E731
+        main_rows = [pick(3) + [far_slots[-1]], pick(2) + [num_slots]]
+        extra_rows = [pick(2), [far_slots[0]] + pick(2)]
+        h = 2
+        q = torch.randn(2, h, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16)
+        sink = torch.tensor([0.5, -math.inf], dtype=torch.float32)
+
+        def ragged(rows, small_copy: bool):
+            # for the oracle's small copy of the far blocks, far slots shift down and anything else is invalid
+            if small_copy:
+                flat_idx = [s - first_far if first_far <= s < first_far + n_far else -1 for r in rows for s in r]
+            else:
+                flat_idx = [s for r in rows for s in r]
+            ptr = [0]
+            for r in rows:
+                ptr.append(ptr[-1] + len(r))
+            return torch.tensor(flat_idx, dtype=torch.int32), torch.tensor(ptr, dtype=torch.int32)
+
+        mi, mp = ragged(main_rows, False)
+        ei, ep = ragged(extra_rows, False)
+        out = torch.full((2, h, formats.DSV4_HEAD_DIM), math.nan, dtype=torch.bfloat16, device=dev)
+        plan = dec.plan_decode(target, 2, h, mi.numel(), ei.numel(), cu_count=2)
+        ws = (dec.DecodeWorkspace.allocate(2, plan.num_splits, h, dev, fill=math.nan)
+              if plan.family != "generic" else None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            dec.sparse_attn_decode(q.to(dev), view, mi.to(dev), mp.to(dev), view, ei.to(dev), ep.to(dev),
+                                   attn_sink=sink.to(dev), softmax_scale=0.09, target=target, plan=plan, workspace=ws,
+                                   out=out)
+        got = out.cpu().clone()
+        small = view[view.shape[0] - FAR_BLOCKS:].cpu().clone()
+    finally:
+        del flat, view
+    smi, _ = ragged(main_rows, True)
+    sei, _ = ragged(extra_rows, True)
+    ref = ref_decode.ref_sparse_attn_decode(q, small, smi, mp, small, sei, ep, attn_sink=sink, softmax_scale=0.09,
+                                            main_flavour=target.main_cache_fp8,
+                                            extra_flavour=target.extra_cache_fp8, scrub_extra=True)
+    model = cmp.AttentionErrorModel.for_mode(triton_mode())
+    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
+                                  plan.num_splits, 16, model)
+    return [Violation(f"decode at the far end of a >2^32-byte pool vs oracle: {m.kind}", m.where, m.expected,
+                      m.got) for m in cmp.compare_attention(got, ref.out, tol)]
+
+
+@contract("int64-addressing", targets=ALL_TARGETS, cases=lambda target: st.just({"probes": sorted(INT64_PROBES)}),
+          min_cases=1, max_cases=1)
+def int64_addressing(case: dict, target: Target) -> list[Violation]:
+    """Every registered probe addresses the cache in int64 (SPEC 1.2, ``block * stride(0)``): the writers (SWA
+    insert, compressor) store a token at the far end of a pool larger than 2^32 bytes, whose block offset wraps to
+    a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
+    reads far-end tokens and agrees with the oracle."""
+    out = []
+    for name in case["probes"]:
+        if name not in INT64_PROBES:
+            out.append(Violation("unknown int64 probe", name))
+            continue
+        out += INT64_PROBES[name](target)
+    return out
