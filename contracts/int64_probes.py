@@ -16,7 +16,7 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.core import ALL_TARGETS, Violation, contract
-from fuzz import writers as fw
+from fuzz import cache_writers as fw
 from impl import decode as dec
 from impl import formats
 from impl.cache_writers import quantize_and_insert_k_cache

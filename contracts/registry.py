@@ -7,11 +7,11 @@ from contracts.core import CONTRACTS, Contract
 
 CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.codecs",
-    "contracts.metadata",
+    "contracts.sparse_metadata",
     "contracts.router",
     "contracts.decode",
     "contracts.graph",
-    "contracts.writers",
+    "contracts.cache_writers",
     "contracts.graph_replay",
     "contracts.prefill",
     "contracts.int64_probes",

@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import impl  # noqa: F401  (sets the Triton mode before anything imports triton)
 import impl.sparse_metadata as sm
-from contracts.metadata import (
+from contracts.sparse_metadata import (
     HEAD_DIM,
     KV_LORA_RANK,
     SOFTMAX_SCALE,
@@ -21,7 +21,7 @@ from contracts.metadata import (
     fresh_memory_poisoned,
     single_threaded,
 )
-from fuzz.metadata import OP_STRATEGIES, apply_op, config_strategy
+from fuzz.sparse_metadata import OP_STRATEGIES, apply_op, config_strategy
 from impl.sparse_metadata import SparseMLAMetadataBuilder
 from impl.targets import AiterStatus
 from impl.work_partition import compute_work_partition, sparse_decode_from_partition

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import impl  # noqa: F401  (selects the Triton mode before Triton is imported)
-import contracts.writers as cw
+import contracts.cache_writers as cw
 from contracts.core import CONTRACTS
 from contracts.runner import run_contract
-from fuzz import writers as fw
+from fuzz import cache_writers as fw
 from impl.cache_writers import quantize_and_insert_k_cache, trust_extra_cache_nan_free
 from impl.compressor import compress_norm_rope_store, num_two_stage_splits
 from impl.runtime import kernel_device

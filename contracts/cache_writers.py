@@ -16,7 +16,7 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.core import ALL_TARGETS, Violation, contract
-from fuzz import writers as fw
+from fuzz import cache_writers as fw
 from impl import formats
 from impl.cache_writers import quantize_and_insert_k_cache, trust_extra_cache_nan_free
 from impl.compressor import compress_norm_rope_store
@@ -262,7 +262,7 @@ def nan_free_cache(case: dict, target: Target) -> list[Violation]:
     weights, denormals, all-zero groups - the compressor (single-pass and two-stage) stores no scale code 255, no NaN
     e4m3 byte, only finite RoPE lanes, and every NoPE value decodes finite under both reader models (fp32 and bf16
     products). The prose "NaN/Inf -> 0" is followed for RoPE (upstream's code clears NaN only; FINDINGS.md); the
-    generator gives RoPE lanes that overflow to +-inf a branch of its own (``fuzz.writers.rope_overflow_cases``).
+    generator gives RoPE lanes that overflow to +-inf a branch of its own (``fuzz.cache_writers.rope_overflow_cases``).
     Non-sanitizing targets (gfx942, generic): the trust gate is closed, and the same holds for every token whose inputs
     are finite and whose computation cannot overflow (``oracles.compressor.is_overflow_free``)."""
     out: list[Violation] = []

@@ -1,6 +1,6 @@
 """Contracts of the DSv3.2 sparse metadata builder: ``cache-key-staleness`` and ``shrink-tail-extents``.
 
-Both replay a case (a builder configuration and a list of scheduler steps, plain JSON from :mod:`fuzz.metadata`)
+Both replay a case (a builder configuration and a list of scheduler steps, plain JSON from :mod:`fuzz.sparse_metadata`)
 against the builder and against the uncached oracle builder. :class:`MetadataReplay` is also what the tests'
 RuleBasedStateMachine drives, step by step.
 """
@@ -15,7 +15,7 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.core import AMD_TARGETS, Violation, contract, fmt, single_threaded
-from fuzz.metadata import OP_STRATEGIES, apply_op, config_strategy, metadata_case
+from fuzz.sparse_metadata import OP_STRATEGIES, apply_op, config_strategy, metadata_case
 from impl.sparse_metadata import CommonMetadata, SparseMLAMetadataBuilder
 from impl.targets import Target, effective_cu_count
 from impl.work_partition import sparse_decode_from_partition
@@ -251,7 +251,7 @@ def _extents_examples(target: Target) -> list[dict]:
 
 @st.composite
 def burst_case(draw) -> dict:
-    """A case of :func:`fuzz.metadata.metadata_case`'s shape whose ops come in bursts: one op kind repeated 1..3 times
+    """A case of :func:`fuzz.sparse_metadata.metadata_case`'s shape whose ops come in bursts: one op kind repeated 1..3 times
     (each repetition draws its own ``host_lens``, holes and seed). Ops drawn one by one rarely repeat, yet runs of
     the same op are where a cached partition is served: steady decode, decode with ``seq_lens_cpu`` missing on
     consecutive steps, repeated re-timing of the last request."""
