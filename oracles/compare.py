@@ -64,6 +64,30 @@ class Mismatch:
     where: str
     expected: str
     got: str
+    #: one line saying what is wrong (a caller prefixes its own label: ``f"{label}: {m.detail}"``)
+    detail: str = ""
+
+    def __post_init__(self):
+        if not self.detail:
+            self.detail = {"nan-mask": "NaN positions differ", "inf-mask": "inf positions differ",
+                           "value": "lane out of tolerance", "cosine": "row cosine below the implied bound",
+                           "shape": "shape differs"}.get(self.kind, self.kind)
+
+
+@dataclass
+class AttentionComparison:
+    """What :func:`attention_comparison` found. ``mismatches`` is empty when the output agrees; ``worst_ratio`` is
+    the largest |got - ref| / tol over the finite lanes (None when the masks or shapes already differ, or no lane
+    has a non-zero error or tolerance): a passing comparison's margin, 1 being the edge of the error model."""
+
+    mismatches: list[Mismatch]
+    worst_ratio: float | None
+    lanes: int = 0  # finite lanes compared
+    bad_lanes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
 
 
 def attention_tolerance(weight_abs: torch.Tensor, logit_abs: torch.Tensor, logit_max_abs: torch.Tensor,
@@ -89,37 +113,63 @@ def _at(idx) -> str:
     return "[" + ", ".join(str(int(i)) for i in idx) + "]"
 
 
-def compare_attention(got: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, *, limit: int = 5,
-                      name: str = "out") -> list[Mismatch]:
-    """Masks first (NaN, +inf, -inf exactly), then |got - ref| <= tol on every finite lane; with a lane out of
-    bound, rows whose cosine also breaks the bound the elementwise tolerance implies are reported too."""
+def _short(x: float) -> str:
+    """2 significant digits in exponent form without padding: 3.1e-2, 1e-3, inf."""
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    mant, exp = f"{x:.1e}".split("e")
+    return f"{mant.removesuffix('.0')}e{int(exp)}"
+
+
+def _cos_text(cos: float, need: float) -> str:
+    """``cos`` and its bound with enough digits to tell them apart (bounds sit very close to 1)."""
+    gap = 1.0 - need
+    digits = 5 if not 0 < gap < 1 else min(12, max(5, 2 - math.floor(math.log10(gap))))
+    return f"row cosine {cos:.{digits}f} (needs >= {need:.{digits}f})"
+
+
+def attention_comparison(got: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, *, limit: int = 5,
+                         name: str = "out") -> AttentionComparison:
+    """Masks first (NaN, +inf, -inf exactly), then |got - ref| <= tol on every finite lane.
+
+    With lanes out of bound the first mismatch is the summary: how many of how many lanes, the worst lane (largest
+    error-to-tolerance ratio) with its error, tolerance and ratio, and that row's cosine against the bound the
+    elementwise tolerance implies; then the next worst lanes one by one (``limit`` lanes in all), then rows whose
+    cosine also breaks its bound. A passing comparison reports its worst ratio (``worst_ratio``)."""
     if tuple(got.shape) != tuple(ref.shape):
-        return [Mismatch("shape", name, str(list(ref.shape)), str(list(got.shape)))]
+        return AttentionComparison([Mismatch("shape", name, str(list(ref.shape)), str(list(got.shape)))], None)
     g = got.detach().cpu().to(torch.float64)
     r64 = ref.detach().cpu().to(torch.float64)
+    tol = tol.detach().cpu().to(torch.float64)
     r_out = r64.to(torch.bfloat16).to(torch.float64)  # which lanes a bf16 output must hold as inf
     out: list[Mismatch] = []
-    for kind, fg, fr in (("nan-mask", torch.isnan(g), torch.isnan(r_out)),
-                         ("inf-mask", g == math.inf, r_out == math.inf),
-                         ("inf-mask", g == -math.inf, r_out == -math.inf)):
+    for kind, label, fg, fr in (("nan-mask", "NaN", torch.isnan(g), torch.isnan(r_out)),
+                                ("inf-mask", "+inf", g == math.inf, r_out == math.inf),
+                                ("inf-mask", "-inf", g == -math.inf, r_out == -math.inf)):
         bad = (fg != fr).nonzero()
-        for idx in bad[:limit].tolist():
-            out.append(Mismatch(kind, f"{name}{_at(idx)}", str(float(r64[tuple(idx)])), str(float(g[tuple(idx)]))))
+        for i, idx in enumerate(bad[:limit].tolist()):
+            ix = tuple(idx)
+            detail = f"{label} positions differ at {len(bad)} of {g.numel()} lanes" + (
+                f" (first {name}{_at(idx)})" if i == 0 else "")
+            out.append(Mismatch(kind, f"{name}{_at(idx)}", str(float(r64[ix])), str(float(g[ix])), detail))
     if out:
-        return out
+        return AttentionComparison(out, None, 0, 0)
     finite = torch.isfinite(r_out) & torch.isfinite(g)
     err = (g - r64).abs()
-    bad = (finite & ~(err <= tol)).nonzero()
-    for idx in bad[:limit].tolist():
-        ix = tuple(idx)
-        out.append(Mismatch("value", f"{name}{_at(idx)}",
-                            f"{float(r64[ix])!r} +- {float(tol[ix]):.3g}", f"{float(g[ix])!r} (off by {float(err[ix]):.3g})"))
-    if len(bad) > limit:
-        out.append(Mismatch("value", name, "", f"{len(bad) - limit} more lanes out of tolerance"))
-    if not out:
-        return out
-    # The elementwise bound implies cos(got, ref) >= sqrt(1 - tau^2), so the cosine can only fail together with
-    # some lane; it is reported beside a failure as the whole-vector view (how far off the row is overall).
+    lanes = int(finite.sum())
+    # lanes where both the error and the tolerance are zero say nothing about the margin
+    counted = finite & ~((err == 0) & (tol == 0))
+    ratio = torch.where(counted, err / tol, torch.zeros_like(err))  # err > 0 with tol 0 gives inf: a real excess
+    ratio = torch.where(torch.isnan(ratio), torch.full_like(ratio, math.inf), ratio)  # a NaN tolerance never passes
+    worst = float(ratio.max()) if bool(counted.any()) else None
+    bad_mask = finite & ~(err <= tol)
+    n_bad = int(bad_mask.sum())
+    if not n_bad:
+        return AttentionComparison([], worst, lanes, 0)
+    # The elementwise bound implies cos(got, ref) >= sqrt(1 - tau^2) per row, so the cosine can only fail together
+    # with some lane; it is reported beside a failure as the whole-vector view (how far off the row is overall).
     rows_finite = finite.all(dim=-1)
     nr = r64.norm(dim=-1)
     tau = torch.where(nr > 0, torch.where(finite, tol, torch.zeros_like(tol)).norm(dim=-1) / nr,
@@ -127,8 +177,30 @@ def compare_attention(got: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, *
     ng = g.norm(dim=-1)
     cos = (g * r64).sum(-1) / (ng * nr)
     need = torch.sqrt(torch.clamp(1 - tau ** 2, min=0.0)) - 1e-12
-    check = rows_finite & (tau < 1) & (ng > 0)
-    for idx in (check & ~(cos >= need)).nonzero()[:limit].tolist():
+    has_cos = rows_finite & (tau < 1) & (ng > 0)
+    bad_idx = bad_mask.nonzero()
+    order = torch.argsort(ratio[bad_mask], descending=True, stable=True)
+    shown = [tuple(bad_idx[int(i)].tolist()) for i in order[:max(limit, 1)]]
+    for k, ix in enumerate(shown):
+        where = f"{name}{_at(ix)}"
+        lane = f"off by {_short(float(err[ix]))}, tolerance {_short(float(tol[ix]))}, {float(ratio[ix]):.3g}x"
+        if k == 0:
+            row = ix[:-1]
+            cos_text = (_cos_text(float(cos[row]), float(need[row])) if bool(has_cos[row])
+                        else "row cosine not bounded (a non-finite lane, a zero row or tau >= 1)")
+            detail = f"{n_bad} of {lanes} lanes out of tolerance (worst {where}: {lane}); {cos_text}"
+        else:
+            detail = f"lane out of tolerance ({lane})"
+        out.append(Mismatch("value", where, f"{float(r64[ix])!r} +- {float(tol[ix]):.3g}",
+                            f"{float(g[ix])!r} (off by {float(err[ix]):.3g})", detail))
+    for idx in (has_cos & ~(cos >= need)).nonzero()[:limit].tolist():
         ix = tuple(idx)
-        out.append(Mismatch("cosine", f"{name}{_at(idx)}", f"cos >= {float(need[ix]):.9f}", f"{float(cos[ix]):.9f}"))
-    return out
+        out.append(Mismatch("cosine", f"{name}{_at(idx)}", f"cos >= {float(need[ix]):.9f}", f"{float(cos[ix]):.9f}",
+                            _cos_text(float(cos[ix]), float(need[ix]))))
+    return AttentionComparison(out, worst, lanes, n_bad)
+
+
+def compare_attention(got: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, *, limit: int = 5,
+                      name: str = "out") -> list[Mismatch]:
+    """:func:`attention_comparison`'s mismatches alone (empty: the output agrees)."""
+    return attention_comparison(got, ref, tol, limit=limit, name=name).mismatches
