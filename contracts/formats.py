@@ -1,4 +1,4 @@
-"""Codec and layout contracts: the foundation every writer and reader stands on.
+"""Codec and layout contracts (``impl.formats``): the foundation every writer and reader stands on.
 
 Each compares three independent paths: the Triton device functions (impl.triton_helpers, through
 impl.codec_kernels), the host codecs (impl.formats) and the reference (oracles.formats), plus torch's own fp8 dtypes.
@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import strategies as st
 
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
-from fuzz import codecs as fz
+from fuzz import formats as fz
+from fuzz.formats import Fp8Case, LayoutCase, Ue8m0Case
 from impl import codec_kernels, formats
 from impl.targets import Target
 from oracles import formats as ref
@@ -26,12 +26,11 @@ def _flavours(target: Target) -> list[str]:
 
 
 def _fp8_cases(target: Target):
-    return st.sampled_from(_flavours(target)).flatmap(
-        lambda fl: st.fixed_dictionaries({"flavour": st.just(fl), "values": fz.fp8_values(fl)}))
+    return fz.fp8_cases(_flavours(target))
 
 
-def _fp8_examples(target: Target):
-    return [{"flavour": fl, "values": fz.fp8_boundary_values(fl)} for fl in _flavours(target)]
+def _fp8_examples(target: Target) -> list[Fp8Case]:
+    return [Fp8Case(flavour=fl, values=tuple(fz.fp8_boundary_values(fl))) for fl in _flavours(target)]
 
 
 def _decode_all_codes(flavour: str) -> list[Violation]:
@@ -44,8 +43,9 @@ def _decode_all_codes(flavour: str) -> list[Violation]:
     return out
 
 
-@contract("fp8-codec-exact", targets=ALL_TARGETS, cases=_fp8_cases, examples=_fp8_examples, min_cases=5)
-def fp8_codec_exact(case, target: Target) -> list[Violation]:
+@contract("fp8-codec-exact", targets=ALL_TARGETS, cases=_fp8_cases, examples=_fp8_examples, min_cases=5,
+          case_type=Fp8Case, numeric=False)
+def fp8_codec_exact(case: Fp8Case, target: Target) -> list[Violation]:
     """fp8 e4m3 decode and encode are exact for the flavours the target's caches use.
 
     Decode: all 256 codes through the Triton helper and the host codec equal the reference and torch's
@@ -53,9 +53,9 @@ def fp8_codec_exact(case, target: Target) -> list[Violation]:
     (FNUZ 240, OCP 448; inf too), NaN -> the flavour's NaN code. Source: SPEC 1.2 (FNUZ main cache on gfx942, OCP
     extra cache everywhere; a flavour mix-up costs ~1.87x in scale); DESIGN "Numerics".
     """
-    flavour = case["flavour"]
+    flavour = case.flavour
     out = _decode_all_codes(flavour)
-    x = torch.tensor([fz.f32(v) for v in case["values"]], dtype=torch.float32)
+    x = torch.tensor([fz.f32(v) for v in case.values], dtype=torch.float32)
     want = ref.fp8_encode(x, flavour)
     for name, got in (("host fp8_encode", formats.fp8_encode(x, flavour)),
                       ("triton fp8_encode_bits", codec_kernels.fp8_encode_triton(x, flavour))):
@@ -75,18 +75,18 @@ def fp8_codec_exact(case, target: Target) -> list[Violation]:
 
 
 def _ue8_cases(target: Target):
-    return st.fixed_dictionaries({"cap": st.sampled_from([254, 255, target.writer_scale_code_cap]),
-                                  "scales": fz.ue8m0_scales()})
+    return fz.ue8m0_cases(target.writer_scale_code_cap)
 
 
-def _ue8_examples(target: Target):
+def _ue8_examples(target: Target) -> list[Ue8m0Case]:
     edges = [math.ldexp(1.0, e) for e in (-149, -127, -126, -1, 0, 1, 126, 127)]
     edges += [math.nextafter(v, math.inf) for v in edges] + [math.inf, math.nan]
-    return [{"cap": target.writer_scale_code_cap, "scales": [fz.f32(v) for v in edges]}]
+    return [Ue8m0Case(cap=target.writer_scale_code_cap, scales=tuple(fz.f32(v) for v in edges))]
 
 
-@contract("ue8m0-codec-exact", targets=ALL_TARGETS, cases=_ue8_cases, examples=_ue8_examples, min_cases=5)
-def ue8m0_codec_exact(case, target: Target) -> list[Violation]:
+@contract("ue8m0-codec-exact", targets=ALL_TARGETS, cases=_ue8_cases, examples=_ue8_examples, min_cases=5,
+          case_type=Ue8m0Case, numeric=False)
+def ue8m0_codec_exact(case: Ue8m0Case, target: Target) -> list[Violation]:
     """UE8M0 scale codes decode and encode exactly, with the production readers' special codes.
 
     Host decode equals torch's float8_e8m0fnu for all 256 codes (255 is NaN there). The Triton reader reproduces
@@ -102,8 +102,8 @@ def ue8m0_codec_exact(case, target: Target) -> list[Violation]:
     want_reader = ref.ue8m0_decode(ALL_CODES, reader=True)
     out += compare_exact("host ue8m0_decode_reader", formats.ue8m0_decode_reader(ALL_CODES), want_reader)
     out += compare_exact("triton ue8m0_decode_reader", codec_kernels.ue8m0_decode_reader_triton(ALL_CODES), want_reader)
-    cap = int(case["cap"])
-    s = torch.tensor([fz.f32(v) for v in case["scales"]], dtype=torch.float32)
+    cap = case.cap
+    s = torch.tensor([fz.f32(v) for v in case.scales], dtype=torch.float32)
     want = ref.ue8m0_encode(s, cap)
     for name, got in (("host ue8m0_encode", formats.ue8m0_encode(s, cap)),
                       ("triton ue8m0_encode_bits", codec_kernels.ue8m0_encode_triton(s, cap))):
@@ -115,37 +115,33 @@ def ue8m0_codec_exact(case, target: Target) -> list[Violation]:
 
 # --- layouts -------------------------------------------------------------------------------------------------------
 
-def _make_view(case):
+def _make_view(case: LayoutCase):
     """A cache view into a larger byte pool, filled with a sentinel so stray writes show."""
-    bs, nb = case["block_size"], case["num_blocks"]
-    if case["layout"] == "fp8_ds_mla":
+    bs, nb = case.block_size, case.num_blocks
+    if case.layout == "fp8_ds_mla":
         token_bytes = formats.DSV4_TOKEN_BYTES
     else:
         token_bytes = formats.INDEXER_TOKEN_BYTES
-    stride = bs * token_bytes + case["stride_pad"]
-    pool = torch.full(((nb + case["offset_blocks"] + 1) * stride,), 0xA5, dtype=torch.uint8)
-    view = pool.as_strided((nb, bs, token_bytes), (stride, token_bytes, 1), case["offset_blocks"] * stride)
+    stride = bs * token_bytes + case.stride_pad
+    pool = torch.full(((nb + case.offset_blocks + 1) * stride,), 0xA5, dtype=torch.uint8)
+    view = pool.as_strided((nb, bs, token_bytes), (stride, token_bytes, 1), case.offset_blocks * stride)
     return pool, view, stride
 
 
-def _layout_case_ok(case) -> bool:
-    return not (case["layout"] == "indexer-shuffle" and case["block_size"] % 16)
-
-
 def _layout_cases(target: Target):
-    return fz.layout_cases().map(lambda c: c if _layout_case_ok(c) else {**c, "block_size": 16})
+    return fz.layout_cases()
 
 
-def _layout_examples(target: Target):
-    return [{"layout": "fp8_ds_mla", "block_size": 64, "num_blocks": 2, "stride_pad": 64, "offset_blocks": 1,
-             "seed": 1, "num_tokens": 3},
-            {"layout": "indexer-shuffle", "block_size": 16, "num_blocks": 2, "stride_pad": 0, "offset_blocks": 0,
-             "seed": 2, "num_tokens": 4}]
+def _layout_examples(target: Target) -> list[LayoutCase]:
+    return [LayoutCase(layout="fp8_ds_mla", block_size=64, num_blocks=2, stride_pad=64, offset_blocks=1, seed=1,
+                       num_tokens=3),
+            LayoutCase(layout="indexer-shuffle", block_size=16, num_blocks=2, stride_pad=0, offset_blocks=0, seed=2,
+                       num_tokens=4)]
 
 
 @contract("cache-layout-roundtrip", targets=ALL_TARGETS, cases=_layout_cases, examples=_layout_examples,
-          min_cases=5)
-def cache_layout_roundtrip(case, target: Target) -> list[Violation]:
+          min_cases=5, case_type=LayoutCase, numeric=False)
+def cache_layout_roundtrip(case: LayoutCase, target: Target) -> list[Violation]:
     """Cache pack/unpack put every byte exactly where SPEC 1.2/1.3 says, through ``stride(0)``, and nowhere else.
 
     fp8_ds_mla: per block a data region (448 B fp8 NoPE + 128 B bf16 RoPE per token) then a scale region (7 UE8M0
@@ -154,15 +150,15 @@ def cache_layout_roundtrip(case, target: Target) -> list[Violation]:
     absolute offsets and vice versa; every byte the reference does not name keeps its sentinel.
     """
     out: list[Violation] = []
-    g = torch.Generator().manual_seed(case["seed"])
+    g = torch.Generator().manual_seed(case.seed)
     pool, view, stride = _make_view(case)
-    bs, nb = case["block_size"], case["num_blocks"]
+    bs, nb = case.block_size, case.num_blocks
     nslots = bs * nb
-    n = min(case["num_tokens"], nslots)
+    n = min(case.num_tokens, nslots)
     slots = torch.randperm(nslots, generator=g)[:n]
     flat, base = ref.storage_bytes(view)
     touched = torch.zeros(flat.numel(), dtype=torch.bool)
-    if case["layout"] == "fp8_ds_mla":
+    if case.layout == "fp8_ds_mla":
         nope = torch.randint(0, 256, (n, 448), generator=g, dtype=torch.int32).to(torch.uint8)
         scale = torch.randint(0, 256, (n, 7), generator=g, dtype=torch.int32).to(torch.uint8)
         rope = torch.randn(n, 64, generator=g).to(torch.bfloat16)
@@ -181,7 +177,7 @@ def cache_layout_roundtrip(case, target: Target) -> list[Violation]:
         out += compare_exact("unpacked scale", got["scale"], scale, limit=2)
         out += compare_exact("unpacked rope", got["rope"].view(torch.uint8), rope.view(torch.uint8), limit=2)
     else:
-        lay = case["layout"].split("-")[1]
+        lay = case.layout.split("-")[1]
         codes = torch.randint(0, 256, (n, 128), generator=g, dtype=torch.int32).to(torch.uint8)
         kscale = torch.rand(n, generator=g, dtype=torch.float32) + 0.5
         formats.pack_indexer_k(view, slots, codes, kscale, layout=lay)

@@ -6,7 +6,7 @@ import importlib
 from contracts.core import CONTRACTS, Contract
 
 CONTRACT_MODULES: tuple[str, ...] = (
-    "contracts.codecs",
+    "contracts.formats",
     "contracts.sparse_metadata",
     "contracts.router",
     "contracts.decode",

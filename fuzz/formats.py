@@ -1,10 +1,18 @@
-"""Strategies for the codec and layout contracts: boundary-heavy float32 values and cache geometries."""
+"""Cases and strategies for the codec and layout contracts (``impl.formats``): boundary-heavy float32 values and
+cache geometries."""
 from __future__ import annotations
 
 import math
 import struct
+from dataclasses import dataclass
+from typing import Literal
 
 from hypothesis import strategies as st
+
+from fuzz.cases import Case
+
+Fp8Flavour = Literal["ocp", "fnuz"]
+CacheLayout = Literal["fp8_ds_mla", "indexer-normal", "indexer-shuffle"]
 
 FP8_MAX = {"ocp": 448.0, "fnuz": 240.0}
 FP8_BIAS = {"ocp": 7, "fnuz": 8}
@@ -40,6 +48,55 @@ def fp8_boundary_values(flavour: str) -> list[float]:
     return [f32(v) for v in out]
 
 
+@dataclass(frozen=True)
+class Fp8Case(Case):
+    """float32 inputs to encode in one fp8 flavour (decode is checked on all 256 codes whatever the inputs)."""
+
+    KIND = "fp8-codec"
+    flavour: Fp8Flavour
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Ue8m0Case(Case):
+    """Positive float32 scales to encode with the writer's code cap."""
+
+    KIND = "ue8m0-codec"
+    cap: int
+    scales: tuple[float, ...]
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.cap not in (254, 255):
+            raise ValueError(f"cap: expected 254 or 255, got {self.cap!r}")
+
+
+@dataclass(frozen=True)
+class LayoutCase(Case):
+    """A cache geometry (a view ``offset_blocks`` blocks into a byte pool, ``stride_pad`` bytes between blocks beyond
+    the dense size) and how many tokens to write, from ``seed``."""
+
+    KIND = "cache-layout"
+    layout: CacheLayout
+    block_size: int
+    num_blocks: int
+    stride_pad: int
+    offset_blocks: int
+    seed: int
+    num_tokens: int
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("block_size", "num_blocks", "num_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive int, got {getattr(self, name)!r}")
+        for name in ("stride_pad", "offset_blocks", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {getattr(self, name)!r}")
+        if self.layout == "indexer-shuffle" and self.block_size % 16:
+            raise ValueError(f"block_size: the shuffle layout needs a multiple of 16, got {self.block_size}")
+
+
 def fp8_values(flavour: str):
     """Lists of float32 inputs for fp8 encoding: boundaries (either sign), random finite, non-finite."""
     boundary = st.sampled_from(fp8_boundary_values(flavour))
@@ -59,14 +116,23 @@ def ue8m0_scales():
     return st.lists(st.one_of(pow2, near, rnd, special), min_size=1, max_size=48)
 
 
-def layout_cases():
-    """A cache geometry (odd block sizes, padded and dense strides, views offset into a pool) and tokens."""
-    return st.fixed_dictionaries({
-        "layout": st.sampled_from(["fp8_ds_mla", "indexer-normal", "indexer-shuffle"]),
-        "block_size": st.sampled_from([1, 2, 5, 16, 61, 64]),
-        "num_blocks": st.integers(1, 4),
-        "stride_pad": st.sampled_from([0, 0, 1, 7, 576]),
-        "offset_blocks": st.integers(0, 2),
-        "seed": st.integers(0, 2**31 - 1),
-        "num_tokens": st.integers(1, 6),
-    })
+def fp8_cases(flavours):
+    """An :class:`Fp8Case` per draw, in one of ``flavours`` (the ones a target's caches use)."""
+    return st.sampled_from(sorted(flavours)).flatmap(
+        lambda fl: st.builds(Fp8Case, flavour=st.just(fl), values=fp8_values(fl)))
+
+
+def ue8m0_cases(writer_cap: int):
+    """A :class:`Ue8m0Case` per draw: both caps and the target writer's own."""
+    return st.builds(Ue8m0Case, cap=st.sampled_from([254, 255, writer_cap]), scales=ue8m0_scales())
+
+
+@st.composite
+def layout_cases(draw):
+    """A cache geometry (odd block sizes, padded and dense strides, views offset into a pool) and tokens; the
+    shuffle layout's tiles need a block size that is a multiple of 16."""
+    layout = draw(st.sampled_from(["fp8_ds_mla", "indexer-normal", "indexer-shuffle"]))
+    sizes = [16, 64] if layout == "indexer-shuffle" else [1, 2, 5, 16, 61, 64]
+    return LayoutCase(layout=layout, block_size=draw(st.sampled_from(sizes)), num_blocks=draw(st.integers(1, 4)),
+                      stride_pad=draw(st.sampled_from([0, 0, 1, 7, 576])), offset_blocks=draw(st.integers(0, 2)),
+                      seed=draw(st.integers(0, 2**31 - 1)), num_tokens=draw(st.integers(1, 6)))

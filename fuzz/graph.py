@@ -10,7 +10,7 @@ import struct
 
 from hypothesis import strategies as st
 
-from fuzz.codecs import f32
+from fuzz.formats import f32
 
 INT32_MIN = -(2 ** 31)
 INT32_MAX = 2 ** 31 - 1

@@ -1,9 +1,15 @@
 """fp8 e4m3 (OCP/FNUZ) and UE8M0 codecs: Triton helpers and host codecs against torch and the reference."""
+import dataclasses
+import json
 import math
 
 import pytest
 import torch
+from hypothesis import given, settings
 
+from fuzz import formats as fz
+from fuzz.cases import CaseError
+from fuzz.formats import Fp8Case, Ue8m0Case
 from impl import codec_kernels as K
 from impl import formats as F
 from oracles import formats as R
@@ -118,3 +124,38 @@ def test_codec_bad_input_errors():
         K.fp8_decode_triton(torch.zeros(3), "ocp")
     with pytest.raises(ValueError, match="cap: expected 254 or 255"):
         K.ue8m0_encode_triton(torch.ones(2), 7)
+
+
+# --- the typed cases of fp8-codec-exact and ue8m0-codec-exact ----------------------------------------------------
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(fz.fp8_cases(["ocp", "fnuz"]))
+def test_fp8_case_round_trips_through_json(case):
+    assert Fp8Case.from_json(case.to_json()) == case
+    text = json.dumps(case.to_json())  # through real JSON text too (NaN != NaN, so compare the texts)
+    assert json.dumps(Fp8Case.from_json(json.loads(text)).to_json()) == text
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(fz.ue8m0_cases(254))
+def test_ue8m0_case_round_trips_through_json(case):
+    assert Ue8m0Case.from_json(case.to_json()) == case
+    text = json.dumps(case.to_json())
+    assert json.dumps(Ue8m0Case.from_json(json.loads(text)).to_json()) == text
+
+
+@pytest.mark.parametrize("case", [Fp8Case(flavour="fnuz", values=(1.0, math.nan)),
+                                  Ue8m0Case(cap=255, scales=(2.0 ** -130,))], ids=lambda c: c.KIND)
+def test_codec_case_rejects_a_missing_field(case):
+    for f in dataclasses.fields(case):
+        doc = case.to_json()
+        del doc[f.name]
+        with pytest.raises(CaseError, match=f"missing field {f.name}"):
+            type(case).from_json(doc)
+
+
+def test_codec_case_rejects_bad_values():
+    with pytest.raises(CaseError, match="flavour"):
+        Fp8Case.from_json({**Fp8Case(flavour="ocp", values=(1.0,)).to_json(), "flavour": "e5m2"})
+    with pytest.raises(CaseError, match="cap: expected 254 or 255"):
+        Ue8m0Case.from_json({**Ue8m0Case(cap=254, scales=(1.0,)).to_json(), "cap": 253})

@@ -1,8 +1,15 @@
 """fp8_ds_mla and indexer-K cache layouts: pack/unpack round trips on odd block sizes and strided pool views,
 with every byte checked at the reference's absolute offsets."""
+import dataclasses
+import json
+
 import pytest
 import torch
+from hypothesis import given, settings
 
+from fuzz import formats as fz
+from fuzz.cases import CaseError
+from fuzz.formats import LayoutCase
 from impl import formats as F
 from oracles import formats as R
 
@@ -93,3 +100,27 @@ def test_layout_bad_input_errors():
         F.Fp8DsMlaLayout(0)
     with pytest.raises(ValueError, match="each block must be contiguous"):
         F.check_fp8_ds_mla_cache(torch.zeros(2, 584, 4, dtype=torch.uint8).transpose(1, 2))
+
+
+# --- the typed case of cache-layout-roundtrip ---------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(fz.layout_cases())
+def test_layout_case_round_trips_through_json(case):
+    assert LayoutCase.from_json(case.to_json()) == case
+    assert LayoutCase.from_json(json.loads(json.dumps(case.to_json()))) == case
+    assert case.layout != "indexer-shuffle" or case.block_size % 16 == 0
+
+
+def test_layout_case_rejects_a_missing_field_and_bad_geometry():
+    case = LayoutCase(layout="indexer-normal", block_size=5, num_blocks=1, stride_pad=0, offset_blocks=0, seed=0,
+                      num_tokens=1)
+    for f in dataclasses.fields(case):
+        doc = case.to_json()
+        del doc[f.name]
+        with pytest.raises(CaseError, match=f"missing field {f.name}"):
+            LayoutCase.from_json(doc)
+    with pytest.raises(CaseError, match="block_size: the shuffle layout needs a multiple of 16"):
+        LayoutCase.from_json({**case.to_json(), "layout": "indexer-shuffle"})
+    with pytest.raises(CaseError, match="num_blocks"):
+        LayoutCase.from_json({**case.to_json(), "num_blocks": 0})
