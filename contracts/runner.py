@@ -9,11 +9,18 @@ from dataclasses import dataclass, field
 
 from hypothesis import given, settings
 
-from contracts.core import Contract, Violation
+from contracts.core import Contract, Violation, collecting_margins
+from fuzz.cases import Case, CaseError
 from fuzz.profiles import profile_settings
 from impl.targets import Target, get_target
 
-REPRO_SCHEMA_VERSION = 1
+#: 2: a typed case is stored as its ``Case.to_json()`` (with its own ``kind`` and ``schema_version``)
+REPRO_SCHEMA_VERSION = 2
+STOPPED_BY = ("budget", "max_cases", "exhausted")
+
+
+class ReproError(ValueError):
+    """A reproducer file this code cannot replay; the message is one line, ``"<path>: <what>"``."""
 
 
 @dataclass
@@ -22,53 +29,97 @@ class RowResult:
     target: str
     status: str  # pass | fail | error | skipped | incomplete
     reason: str = ""
-    cases: int = 0
+    pinned_cases: int = 0
+    generated_cases: int = 0
     seconds: float = 0.0
     violations: list[Violation] = field(default_factory=list)
     repro: str | None = None
     case: object = None
+    #: what ended the row: "budget", "max_cases" or "exhausted"; None for a row that never ran
+    stopped_by: str | None = None
+    #: worst error-to-tolerance ratio over passing cases (numeric contracts that recorded one), else None
+    margin: float | None = None
+    #: the generated-case limit the row ran under (None: the profile's count)
+    limit: int | None = None
+
+    @property
+    def cases(self) -> int:
+        return self.pinned_cases + self.generated_cases
 
     def as_json(self) -> dict:
         return {"contract": self.contract, "target": self.target, "status": self.status, "reason": self.reason,
-                "cases": self.cases, "seconds": round(self.seconds, 3),
-                "violations": [v.as_json() for v in self.violations], "repro": self.repro}
+                "cases": self.cases, "pinned_cases": self.pinned_cases, "generated_cases": self.generated_cases,
+                "stopped_by": self.stopped_by, "margin": None if self.margin is None else round(self.margin, 6),
+                "seconds": round(self.seconds, 3), "violations": [v.as_json() for v in self.violations],
+                "repro": self.repro}
 
 
 class _Falsified(Exception):
     pass
 
 
+class _Stop(KeyboardInterrupt):
+    """Ends a Hypothesis run from inside the test function without it counting as a failure.
+
+    Hypothesis treats an ordinary exception as a failure (it shrinks it and, with a database, saves it), and any
+    other BaseException as fatal (it saves the choices too); only KeyboardInterrupt unwinds it untouched. Raised at
+    the start of a call, before the check, so the overrun past a deadline is at most one case's generation."""
+
+
 def checked(contract: Contract, case, target: Target) -> list[Violation]:
-    """Run the check; an exception raised by the code under test is itself a violation (with its location)."""
-    try:
-        out = contract.check(case, target)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # noqa: BLE001 - a crash of the code under test is a finding
-        tb = traceback.extract_tb(exc.__traceback__)
-        where = f"{tb[-1].filename}:{tb[-1].lineno}" if tb else ""
-        return [Violation(f"check raised {type(exc).__name__}: {exc}", where, "no exception", type(exc).__name__)]
+    """Run the check; an exception raised by the code under test is itself a violation (with its location).
+    A :class:`~fuzz.cases.CaseError` is not: it says the case itself is malformed, and propagates."""
+    return _checked(contract, case, target)[0]
+
+
+def _checked(contract: Contract, case, target: Target) -> tuple[list[Violation], float | None]:
+    """The violations and the worst margin the check recorded (None when it recorded none)."""
+    with collecting_margins() as margins:
+        try:
+            out = contract.check(case, target)
+        except (KeyboardInterrupt, SystemExit, CaseError):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a crash of the code under test is a finding
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = f"{tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+            return [Violation(f"check raised {type(exc).__name__}: {exc}", where, "no exception",
+                              type(exc).__name__)], None
     if out is None:
         raise TypeError(f"contract {contract.id}: check returned None; it must return a list of Violation")
-    return list(out)
+    return list(out), (max(margins) if margins else None)
+
+
+def case_to_json(case):
+    """What a reproducer stores for a case: a typed case's ``to_json()``, a plain (legacy) dict as it is."""
+    return case.to_json() if isinstance(case, Case) else case
 
 
 def write_repro(path: str, contract: Contract, target: Target, case, violations: list[Violation]) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     doc = {"schema_version": REPRO_SCHEMA_VERSION, "contract": contract.id, "target": target.name,
-           "case": case, "violations": [v.as_json() for v in violations]}
-    with open(path, "w") as fh:
+           "case": case_to_json(case), "violations": [v.as_json() for v in violations]}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
         json.dump(doc, fh, indent=1, default=repr)
+    os.replace(tmp, path)
     return path
 
 
 def run_contract(contract: Contract, target: "Target | str", *, profile: str = "ci", budget: float = 60.0,
                  seed: int | None = None, repro_dir: str | None = None, progress=None,
-                 use_examples: bool = True, max_examples: int | None = None) -> RowResult:
-    """Check ``contract`` on ``target``: pinned examples first, then generated cases until the profile's count or
-    the budget runs out, shrinking any failure. ``progress(n_cases)`` is called after each case.
+                 use_examples: bool = True, max_examples: int | None = None,
+                 min_generated: int | None = None) -> RowResult:
+    """Check ``contract`` on ``target``: pinned examples first, then generated cases until the case limit, the
+    budget or the generator's space runs out (``stopped_by`` says which), shrinking any failure within a grace
+    period. ``progress(n_cases)`` is called after each case (pinned and generated).
     ``use_examples=False`` skips the pinned examples (the zoo uses it: kills must come from the generator).
-    ``max_examples`` overrides the profile's count (the budget still bounds the row)."""
+    ``max_examples`` is the row's generated-case limit, exactly (default: the profile's count); the contract's own
+    ``max_cases`` caps it further. ``min_generated`` overrides the contract's ``min_cases`` (the audit's second
+    pass, whose first pass already met the minimum, passes 0)."""
+    if not budget > 0:
+        raise ValueError(f"budget: expected a positive number of seconds, got {budget!r}")
+    if max_examples is not None and max_examples < 0:
+        raise ValueError(f"max_examples: expected 0 or more, got {max_examples!r}")
     t = get_target(target)
     row = RowResult(contract.id, t.name, "pass")
     if not contract.applies_to(t):
@@ -76,88 +127,203 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
         return row
     start = time.monotonic()
     deadline = start + budget
-    state: dict = {"cases": 0, "generated": 0, "failing": None}
+    base = profile_settings(profile)
+    user_limit = max_examples
+    n = base.max_examples if user_limit is None else user_limit
+    n = n if contract.max_cases is None else min(n, contract.max_cases)
+    row.limit = n
+    # a case limit set by a user or a contract is "max_cases"; the profile's own count is part of "exhausted"
+    limit_is_max_cases = user_limit is not None or contract.max_cases is not None
+    minimum = contract.min_cases if min_generated is None else min_generated
+    grace = max(10.0, budget * 0.5)
+    state: dict = {"pinned": 0, "generated": 0, "failing": None, "stop": None, "margin": None}
 
-    def record(case, violations):
-        state["failing"] = (case, violations)
+    def note_margin(m):
+        if m is not None and contract.numeric:
+            state["margin"] = m if state["margin"] is None else max(state["margin"], m)
 
+    pinned = list(contract.examples(t)) if contract.examples and use_examples else []
     try:
-        for case in (contract.examples(t) if contract.examples and use_examples else []):
-            v = checked(contract, case, t)
-            state["cases"] += 1
-            if v:
-                record(case, v)
+        for case in pinned:
+            if time.monotonic() > deadline:
+                state["stop"] = "budget"
                 break
-        if state["failing"] is None:
-            base = profile_settings(profile)
-            n = base.max_examples if max_examples is None else max_examples
-            n = n if contract.max_cases is None else min(n, contract.max_cases)
-            grace = max(10.0, budget * 0.5)
+            v, m = _checked(contract, case, t)
+            state["pinned"] += 1
+            if progress:
+                progress(state["pinned"])
+            if v:
+                state["failing"] = (case, v)
+                break
+            note_margin(m)
+        if state["failing"] is None and state["stop"] is None and n > 0:
 
             @settings(base, max_examples=n)
             @given(contract.cases(t))
             def _property(case):
-                now = time.monotonic()
-                if state["failing"] is None and now > deadline:
-                    return  # budget spent: stop checking, let Hypothesis wind down
-                if state["failing"] is not None and now > deadline + grace:
-                    return  # stop shrinking; the last failing case stands
-                v = checked(contract, case, t)
                 if state["failing"] is None:
-                    state["cases"] += 1
+                    if state["generated"] >= n:
+                        state["stop"] = "max_cases" if limit_is_max_cases else "exhausted"
+                        raise _Stop
+                    if time.monotonic() > deadline:
+                        state["stop"] = "budget"
+                        raise _Stop
+                elif time.monotonic() > deadline + grace:
+                    raise _Stop  # stop shrinking; the smallest failing case so far stands
+                v, m = _checked(contract, case, t)
+                if state["failing"] is None:
                     state["generated"] += 1
                     if progress:
-                        progress(state["cases"])
+                        progress(state["pinned"] + state["generated"])
+                    if not v:
+                        note_margin(m)
                 if v:
-                    record(case, v)
+                    state["failing"] = (case, v)
                     raise _Falsified(str(v[0]))
 
             if seed is not None:
                 from hypothesis import seed as hseed
 
                 _property = hseed(seed)(_property)
+            from hypothesis.reporting import current_reporter, with_reporter
+
+            outer = current_reporter()
+
+            def _reporter(text):
+                # after a stop Hypothesis offers "reproduce this failure by adding @seed(...)": there was none
+                if state["stop"] is None:
+                    outer(text)
+
             try:
-                _property()
+                with with_reporter(_reporter):
+                    _property()
+            except _Stop:
+                pass
             except _Falsified:
                 pass
+            except CaseError:
+                raise
             except Exception as exc:  # Hypothesis' own errors (flaky replay after the shrink cut-off, ...)
                 if state["failing"] is None:
                     raise exc
+            if state["stop"] is None and state["failing"] is None:
+                # Hypothesis ended by itself: the limit reached, or no new distinct case left to draw
+                if state["generated"] >= n and limit_is_max_cases:
+                    state["stop"] = "max_cases"
+                else:
+                    state["stop"] = "exhausted"
+        elif state["stop"] is None and state["failing"] is None:
+            state["stop"] = "max_cases" if limit_is_max_cases else "exhausted"
+    except _Stop:  # pragma: no cover - raised only inside the Hypothesis run
+        pass
     except (KeyboardInterrupt, SystemExit):
         raise
+    except CaseError as exc:
+        row.status = "error"
+        row.reason = f"malformed case (a generator or pinned example bug, not a verdict): {exc}"
+        _fill(row, state, start)
+        return row
     except BaseException as exc:  # noqa: BLE001 - harness failure, not a contract verdict
         row.status = "error"
         row.reason = f"{type(exc).__name__}: {exc}"
-        row.seconds = time.monotonic() - start
-        row.cases = state["cases"]
+        _fill(row, state, start)
         return row
 
-    row.seconds = time.monotonic() - start
-    row.cases = state["cases"]
+    _fill(row, state, start)
     if state["failing"] is not None:
         case, violations = state["failing"]
         row.status = "fail"
         row.case = case
         row.violations = violations
         row.reason = str(violations[0]) if violations else "failed"
+        row.margin = None if state["margin"] is None else state["margin"]
         if repro_dir is not None:
             row.repro = write_repro(os.path.join(repro_dir, f"repro-{contract.id}-{t.name}.json"),
                                     contract, t, case, violations)
-    elif state["generated"] < contract.min_cases:  # pinned examples do not count: the generator must have run
+    elif state["pinned"] < len(pinned):
         row.status = "incomplete"
-        row.reason = (f"only {state['generated']} of at least {contract.min_cases} generated cases ran within "
-                      f"{budget:.1f}s")
+        row.reason = (f"the budget of {budget:.1f}s ran out after {state['pinned']} of {len(pinned)} pinned "
+                      f"examples")
+    elif state["stop"] == "budget" and state["generated"] < min(minimum, n):
+        # only the budget makes a row incomplete: a case limit or an exhausted space is the whole job done
+        row.status = "incomplete"
+        row.reason = (f"the budget of {budget:.1f}s ran out after {state['generated']} of at least "
+                      f"{min(minimum, n)} generated cases")
     return row
 
 
-def replay(path: str) -> tuple[Contract, Target, object, list[Violation]]:
-    """Re-run the case saved in a repro file; returns the violations it gives now."""
+def _fill(row: RowResult, state: dict, start: float) -> None:
+    row.seconds = time.monotonic() - start
+    row.pinned_cases = state["pinned"]
+    row.generated_cases = state["generated"]
+    row.stopped_by = state["stop"]
+    row.margin = state["margin"]
+
+
+def _load_repro(path: str):
+    """The repro document, its contract, target and case, each checked; any problem is a :class:`ReproError`."""
     from contracts.registry import get_contract
 
-    with open(path) as fh:
-        doc = json.load(fh)
-    if not isinstance(doc, dict) or "contract" not in doc or "case" not in doc:
-        raise ValueError(f"{path}: not an smv repro file (needs 'contract', 'target' and 'case')")
-    c = get_contract(doc["contract"])
-    t = get_target(doc["target"])
-    return c, t, doc["case"], checked(c, doc["case"], t)
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReproError(f"{path}: cannot read the file: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReproError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(doc, dict):
+        raise ReproError(f"{path}: not an smv repro file: the JSON is a {type(doc).__name__}, not an object")
+    missing = [k for k in ("contract", "target", "case") if k not in doc]
+    if missing:
+        raise ReproError(f"{path}: not an smv repro file: missing {', '.join(repr(k) for k in missing)} "
+                         f"(a repro file has 'schema_version', 'contract', 'target' and 'case')")
+    version = doc.get("schema_version")
+    if version != REPRO_SCHEMA_VERSION:
+        has = "no schema_version" if "schema_version" not in doc else f"schema_version {version!r}"
+        raise ReproError(f"{path}: repro file has {has}; the supported version is {REPRO_SCHEMA_VERSION} "
+                         f"(re-run the audit to write a fresh one)")
+    if not isinstance(doc["contract"], str):
+        raise ReproError(f"{path}: 'contract' must be a contract id string, got {doc['contract']!r}")
+    if not isinstance(doc["target"], str):
+        raise ReproError(f"{path}: 'target' must be a target name string, got {doc['target']!r}")
+    try:
+        c = get_contract(doc["contract"])
+    except ValueError as exc:
+        raise ReproError(f"{path}: {exc}") from None
+    try:
+        t = get_target(doc["target"])
+    except (ValueError, KeyError) as exc:
+        raise ReproError(f"{path}: unknown target {doc['target']!r}: {exc}") from None
+    case = doc["case"]
+    if c.case_type is not None:
+        try:
+            case = c.case_type.from_json(case)
+        except CaseError as exc:
+            raise ReproError(f"{path}: malformed case for {c.id}: {exc}") from None
+    return c, t, case
+
+
+def replay(path: str) -> tuple[Contract, Target, object, list[Violation]]:
+    """Re-run the case saved in a repro file; returns the violations it gives now. A file that cannot be replayed
+    (unreadable, not JSON, not a repro, an unknown contract or target, another schema version, a malformed case) is
+    a :class:`ReproError` naming the file, never a violation."""
+    c, t, case = _load_repro(path)
+    try:
+        v = checked(c, case, t)
+    except CaseError as exc:
+        raise ReproError(f"{path}: malformed case for {c.id}: {exc}") from None
+    if c.case_type is None and isinstance(case, dict):
+        # an untyped case cannot be validated up front: a check that died looking up a key the case lacks was
+        # handed an incomplete case, which is the file's fault, not a finding
+        for viol in v:
+            if viol.got == "KeyError" and viol.message.startswith("check raised KeyError: "):
+                key = viol.message[len("check raised KeyError: "):]
+                try:
+                    key = json.loads(key.replace("'", '"'))
+                except ValueError:
+                    pass
+                if isinstance(key, str) and key not in case:
+                    raise ReproError(f"{path}: malformed case for {c.id}: missing key {key!r}")
+    return c, t, case, v
