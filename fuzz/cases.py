@@ -61,7 +61,7 @@ def _convert(value, tp, where: str):
             return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
         if len(args) != len(value):
             raise CaseError(f"{where}: expected {len(args)} items, got {len(value)}")
-        return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(args, value)))
+        return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     if origin is dict:
         if not isinstance(value, dict):
             raise CaseError(f"{where}: expected an object, got {type(value).__name__}")
