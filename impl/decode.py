@@ -44,7 +44,7 @@ import triton.language as tl
 
 from impl import formats
 from impl import splits as _splits
-from impl.runtime import kernel_device
+from impl.runtime import kernel_device, native_without_gpu_hint
 from impl.targets import Target, effective_cu_count, get_target
 from impl.triton_helpers import dot, fp8_decode_bits, ue8m0_decode_reader
 from impl.validation import dtype_name as _name_dtype, require_tensor, require_valid_indptr
@@ -621,7 +621,8 @@ def sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: 
         raise ValueError(f"q: expected at least one row and one head, got shape {list(q.shape)}")
     device = q.device
     if device.type != kernel_device():
-        raise ValueError(f"q: kernels run on '{kernel_device()}' here, got tensors on {device}")
+        raise ValueError(f"q: kernels run on '{kernel_device()}' here, got tensors on {device}"
+                         f"{native_without_gpu_hint()}")
     formats.check_fp8_ds_mla_cache(main_cache, "main_cache")
     if main_cache.device != device:
         raise ValueError(f"main_cache: expected device {device} (the device of q), got {main_cache.device}")

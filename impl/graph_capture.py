@@ -41,7 +41,7 @@ from impl.decode import (DecodePlan, DecodeWorkspace, LaunchRecord, launch_obser
                          sparse_attn_decode)
 from impl.dispatch import SWA_ONLY_RATIOS, decode_dispatch
 from impl.graph_buffers import copy_ragged_to_graph_buffers
-from impl.runtime import kernel_device, triton_mode
+from impl.runtime import kernel_device, native_without_gpu_hint, triton_mode
 from impl.targets import Target, get_target
 from impl.validation import dtype_name as _name_dtype, require_tensor, require_valid_indptr
 
@@ -128,7 +128,8 @@ def _check_q(q, num_heads: int | None, max_rows: int | None, device) -> int:
         raise ValueError(f"q: {rows} rows, more than the {max_rows} rows the graph was captured with")
     if device is None:
         if q.device.type != kernel_device():
-            raise ValueError(f"q: kernels run on '{kernel_device()}' here, got a tensor on {q.device}")
+            raise ValueError(f"q: kernels run on '{kernel_device()}' here, got a tensor on {q.device}"
+                             f"{native_without_gpu_hint()}")
     elif q.device != device:
         raise ValueError(f"q: expected device {device}, got {q.device}")
     return rows

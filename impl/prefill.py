@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from impl.ragged import build_ragged_indices_from_dense
-from impl.runtime import kernel_device
+from impl.runtime import kernel_device, native_without_gpu_hint
 from impl.targets import Target, aiter_status, get_target
 from impl.triton_helpers import dot, load_as_f32
 from impl.validation import dtype_name as _dtype_name, require_tensor, require_valid_indptr
@@ -390,7 +390,8 @@ def sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         raise ValueError(f"q: expected at least one head and one lane, got shape {list(q.shape)}")
     device = q.device
     if device.type != kernel_device():
-        raise ValueError(f"q: kernels run on '{kernel_device()}' here, got tensors on {device}")
+        raise ValueError(f"q: kernels run on '{kernel_device()}' here, got tensors on {device}"
+                         f"{native_without_gpu_hint()}")
     if isinstance(rope_head_dim, bool) or not isinstance(rope_head_dim, int) or not 0 <= rope_head_dim < d:
         raise ValueError(f"rope_head_dim: expected an int in [0, d = {d}), got {rope_head_dim!r}")
     nope = d - rope_head_dim

@@ -110,16 +110,26 @@ def target_for_arch(arch: str) -> Target:
     return GENERIC
 
 
+def env_override() -> Target | None:
+    """The target ``SMV_TARGET`` names, or None when it is unset or empty. Needs no device, so a command can
+    reject a bad value before doing any work."""
+    override = os.environ.get(ENV_OVERRIDE)
+    if not override:
+        return None
+    try:
+        return TARGETS[override]
+    except KeyError:
+        raise ValueError(
+            f"{ENV_OVERRIDE}={override!r} is not a known target; expected one of {', '.join(TARGET_NAMES)} "
+            f"(or unset it to use the detected device)"
+        ) from None
+
+
 def detect_target() -> Target:
     """``SMV_TARGET`` if set (emulation), else the architecture of the visible device (generic on CPU/NVIDIA)."""
-    override = os.environ.get(ENV_OVERRIDE)
-    if override:
-        try:
-            return TARGETS[override]
-        except KeyError:
-            raise ValueError(
-                f"{ENV_OVERRIDE}={override!r} is not a known target; expected one of {', '.join(TARGET_NAMES)}"
-            ) from None
+    override = env_override()
+    if override is not None:
+        return override
     return target_for_arch(detect_device().arch)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from impl.runtime import kernel_device
+from impl.runtime import kernel_device, native_without_gpu_hint
 
 
 def dtype_name(dt) -> str:
@@ -30,7 +30,8 @@ def require_kernel_device(name: str, t: torch.Tensor) -> None:
     """Kernel inputs live where Triton runs: the GPU natively, the CPU under the interpreter."""
     want = kernel_device()
     if t.device.type != want:
-        raise ValueError(f"{name}: kernels run on '{want}' here, got a tensor on {t.device}")
+        raise ValueError(f"{name}: kernels run on '{want}' here, got a tensor on {t.device}"
+                         f"{native_without_gpu_hint()}")
 
 
 def require_valid_indptr(indptr_name: str, indptr: torch.Tensor, indices_name: str, indices_numel: int, *,

@@ -105,3 +105,73 @@ def test_targets_text_output(capsys):
     assert cli.main(["targets"]) == 0
     out = capsys.readouterr().out
     assert "gfx942" in out and "fnuz" in out and "markers:" in out
+
+
+def test_bad_smv_target_is_rejected_without_a_device(monkeypatch):
+    monkeypatch.setenv("SMV_TARGET", "gfx999")
+    monkeypatch.setattr(targets, "detect_device", lambda: pytest.fail("env_override must not need the device"))
+    with pytest.raises(ValueError, match="SMV_TARGET='gfx999' is not a known target; expected one of gfx942, "
+                                         "gfx950, generic"):
+        targets.env_override()
+    monkeypatch.setenv("SMV_TARGET", "")
+    assert targets.env_override() is None
+    monkeypatch.setenv("SMV_TARGET", "gfx950")
+    assert targets.env_override() is GFX950
+
+
+# --- the Triton-mode trap: each scenario in a fresh interpreter, since the mode is decided once per process ------
+
+_ON_CPU = runtime.detect_device().kind == "cpu"
+_cpu_only = pytest.mark.skipif(not _ON_CPU, reason="the trap exists only where no GPU is visible")
+
+
+def _python(code: str, **env_changes):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(env_changes)
+    return subprocess.run([sys.executable, "-W", "always::RuntimeWarning", "-c", code], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+@_cpu_only
+def test_triton_imported_first_still_runs_our_kernels_and_says_why():
+    r = _python("import triton\nimport impl, torch\nfrom impl.runtime import triton_mode\n"
+                "from impl.codec_kernels import fp8_decode_triton\n"
+                "print(triton_mode(), fp8_decode_triton(torch.tensor([0, 56], dtype=torch.uint8), 'ocp').tolist())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["interpreter", "[0.0,", "1.0]"]
+    assert "TritonModeWarning: triton was imported before impl" in r.stderr
+    assert "import impl before triton, or set TRITON_INTERPRET=1" in r.stderr
+
+
+@_cpu_only
+def test_triton_that_froze_its_mode_is_explained_at_import_and_at_the_device_check():
+    # a Triton whose knobs say "native" whatever the environment says
+    r = _python("import sys, types, torch\n"
+                "fake = types.ModuleType('triton')\n"
+                "fake.knobs = types.SimpleNamespace(runtime=types.SimpleNamespace(interpret=False))\n"
+                "sys.modules['triton'] = fake\n"
+                "import impl\nfrom impl.runtime import triton_mode\nprint(triton_mode())\n"
+                "from impl.validation import require_kernel_device\nrequire_kernel_device('q', torch.zeros(2))")
+    assert r.stdout.strip() == "native"
+    assert "TritonModeWarning: triton was imported before impl and fixed its mode at import" in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError: q: kernels run on 'cuda' here, got a tensor on cpu (Triton runs natively "
+                           "but no GPU is visible: triton was imported before impl")
+    assert "set TRITON_INTERPRET=1 before starting Python" in last
+
+
+@_cpu_only
+def test_explicit_native_mode_on_a_cpu_names_the_variable_in_the_device_error():
+    r = _python("import impl, torch\nfrom impl.validation import require_kernel_device\n"
+                "require_kernel_device('q', torch.zeros(2))", TRITON_INTERPRET="0")
+    assert "TritonModeWarning" not in r.stderr
+    assert "no GPU is visible: TRITON_INTERPRET='0' is set" in r.stderr.strip().splitlines()[-1]
+
+
+def test_interpreter_spellings_match_tritons_own():
+    for value, mode in (("1", "interpreter"), ("true", "interpreter"), ("ON", "interpreter"), ("0", "native"),
+                        ("", "native"), ("off", "native")):
+        r = _python("import impl\nfrom impl.runtime import triton_mode\nprint(triton_mode())", TRITON_INTERPRET=value)
+        assert r.stdout.strip() == mode, (value, r.stderr)
