@@ -12,7 +12,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.decode",
     "contracts.graph",
     "contracts.cache_writers",
-    "contracts.graph_replay",
+    "contracts.graph_capture",
     "contracts.prefill",
     "contracts.int64_probes",
 )

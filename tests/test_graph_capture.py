@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import impl  # noqa: F401  (sets the Triton mode before anything imports triton)
-from contracts import graph_replay as gr
+from contracts import graph_capture as gr
 from contracts.registry import get_contract
 from contracts.runner import run_contract
-from fuzz import graph_replay as fzg
+from fuzz import graph_capture as fzg
 from impl import decode as dec
 from impl.graph_capture import DecodeGraph, GraphReplayError, default_mode
 from impl.runtime import kernel_device

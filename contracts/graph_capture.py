@@ -17,7 +17,7 @@ import warnings
 import torch
 
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
-from fuzz import graph_replay as fzg
+from fuzz import graph_capture as fzg
 from impl import decode as dec
 from impl import formats
 from impl.graph_capture import DecodeGraph, GraphReplayError
