@@ -5,16 +5,22 @@
   ``--strict-markers`` works) and skips tests whose hardware is missing, saying what was needed and what was found;
 - runs ``slow`` tests only with ``--run-slow``;
 - parametrizes a ``target`` fixture over the emulated targets (``--target`` repeatable; default all three);
-- registers the Hypothesis profiles dev / ci / nightly and loads ``ci`` when ``CI`` is set, else ``dev``.
+- registers the Hypothesis profiles dev / ci / nightly and loads ``ci`` when ``CI`` is set, else ``dev``;
+- gives tests an ``smv_repro_dir`` fixture (``--smv-repro-dir``, default ``.smv/pytest-repro`` under the rootdir)
+  where failing contract rows keep their reproducers after pytest exits, and :func:`row_failure` to say so.
 """
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 import impl  # noqa: F401  - must run before anything imports Triton
 from contracts.markers import HARDWARE_MARKERS, MARKERS, marker_status
+
+#: relative to the rootdir; outside pytest's tmp_path so the reproducer outlives the run
+DEFAULT_REPRO_DIR = os.path.join(".smv", "pytest-repro")
 
 
 def _one_torch_thread():
@@ -33,6 +39,9 @@ def pytest_addoption(parser):
                     help="emulated target for the `target` fixture (repeatable; default: gfx942, gfx950, generic)")
     group.addoption("--smv-profile", default=None, choices=("dev", "ci", "nightly"),
                     help="Hypothesis profile (default: ci when $CI is set, else dev)")
+    group.addoption("--smv-repro-dir", default=None, metavar="DIR",
+                    help=f"where failing contract rows write their reproducers for `smv repro` "
+                         f"(default: {DEFAULT_REPRO_DIR} under the rootdir)")
 
 
 def pytest_configure(config):
@@ -82,3 +91,29 @@ def pytest_collection_modifyitems(config, items):
             if not runs:
                 item.add_marker(pytest.mark.skip(reason=f"[{m}] {reason}"))
                 break
+
+
+def repro_dir_for(config) -> str:
+    """The absolute folder failing contract rows write their reproducers to (created on first use)."""
+    chosen = config.getoption("smv_repro_dir", default=None)
+    path = Path(chosen) if chosen else Path(config.rootpath) / DEFAULT_REPRO_DIR
+    return str(path.resolve())
+
+
+@pytest.fixture
+def smv_repro_dir(request) -> str:
+    """Pass as ``run_contract(..., repro_dir=smv_repro_dir)``: a failing row's case lands there, not in a tmp dir
+    pytest deletes, so the ``smv repro`` line in the failure can be run after pytest exits."""
+    return repro_dir_for(request.config)
+
+
+def row_failure(row, limit: int = 10) -> str:
+    """The failure message of a contract row that did not pass: status and reason, the first ``limit``
+    violations, and the ``smv repro`` line when the row wrote a reproducer."""
+    lines = [f"{row.contract} on {row.target}: {row.status}: {row.reason}"]
+    lines += [f"  {v}" for v in row.violations[:limit]]
+    if len(row.violations) > limit:
+        lines.append(f"  ... {len(row.violations) - limit} more")
+    if row.repro:
+        lines.append(f"replay: smv repro {row.repro}")
+    return "\n".join(lines)

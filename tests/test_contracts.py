@@ -1,6 +1,8 @@
-"""Every registered contract, on every emulated target, under the ci profile: `pytest` alone proves the suite."""
+"""Every registered contract, on every emulated target, under the ci profile: `pytest` alone proves the suite.
+A failing row writes its reproducer under ``--smv-repro-dir`` and its failure ends with the ``smv repro`` line."""
 import pytest
 
+from contracts.pytest_plugin import row_failure
 from contracts.registry import load_all
 from contracts.runner import run_contract
 
@@ -11,13 +13,14 @@ ROW_BUDGET = 120.0
 
 
 @pytest.mark.parametrize("contract_id", sorted(CONTRACTS))
-def test_contract_holds(contract_id, target):
+def test_contract_holds(contract_id, target, smv_repro_dir):
     c = CONTRACTS[contract_id]
-    row = run_contract(c, target, profile="ci", budget=ROW_BUDGET)
+    row = run_contract(c, target, profile="ci", budget=ROW_BUDGET, repro_dir=smv_repro_dir)
     if row.status == "skipped":
         assert not c.applies_to(target)
         pytest.skip(f"{contract_id} does not apply to {target.name}: {row.reason}")
-    assert row.status == "pass", "\n".join([row.reason] + [str(v) for v in row.violations[:10]])
+    if row.status != "pass":
+        pytest.fail(row_failure(row), pytrace=False)
     assert row.cases >= c.min_cases
 
 

@@ -94,3 +94,80 @@ def test_interpreter_chosen_exactly_when_no_gpu(pytester):
             assert os.environ.get("TRITON_INTERPRET") == want
     """)
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_repro_dir_defaults_under_the_rootdir_and_follows_the_option(pytester):
+    pytester.makepyfile("""
+        def test_where(smv_repro_dir):
+            print("REPRO_DIR=" + smv_repro_dir)
+    """)
+    res = pytester.runpytest("-s")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines([f"*REPRO_DIR={pytester.path / '.smv' / 'pytest-repro'}"])
+    elsewhere = pytester.path / "kept"
+    res = pytester.runpytest("-s", "--smv-repro-dir", str(elsewhere))
+    res.stdout.fnmatch_lines([f"*REPRO_DIR={elsewhere}"])
+
+
+#: a zoo mutant (planted bug) whose contract fires in a few seconds: tests/test_contracts.py must fail on it
+PLANTED = "gfx942-selector-cap-32"
+
+
+def _planted_copy(dest):
+    """The code folders and tests/test_contracts.py copied to ``dest`` with :data:`PLANTED` applied; returns the
+    mutant."""
+    import shutil
+
+    from contracts.zoo.runner import CODE_FOLDERS, default_root, load_catalogs
+
+    root = default_root()
+    m = next((m for m in load_catalogs() if m.id == PLANTED), None)
+    assert m is not None, f"zoo mutant {PLANTED} is gone: pick another quick one for this test"
+    for folder in CODE_FOLDERS:
+        shutil.copytree(root / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (dest / "tests").mkdir()
+    shutil.copy(root / "tests" / "test_contracts.py", dest / "tests")
+    src = dest / m.file
+    text = src.read_text()
+    assert text.count(m.find) == 1, f"zoo mutant {PLANTED} is stale"
+    src.write_text(text.replace(m.find, m.replace))
+    return m
+
+
+def test_failing_contract_test_leaves_a_reproducer_that_smv_repro_replays(tmp_path):
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from contracts.zoo.runner import default_root
+
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    m = _planted_copy(planted)
+    cid, tname = m.expect[0], m.targets[0]
+    env = dict(os.environ, PYTHONPATH=str(planted), PYTHONDONTWRITEBYTECODE="1")
+    env.pop("SMV_TARGET", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(planted),
+                           "tests/test_contracts.py", "-k", f"test_contract_holds and {cid}", "--target", tname],
+                          cwd=planted, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    found = re.findall(r"replay: smv repro (\S+)", out)
+    assert len(found) == 1, out[-3000:]
+    path = found[0]
+    # absolute and under the rootdir's .smv/, so it can be replayed from anywhere after pytest (and its tmp) is gone
+    assert os.path.isabs(path) and os.path.dirname(path) == str(planted / ".smv" / "pytest-repro"), path
+    doc = json.loads(open(path).read())
+    assert (doc["contract"], doc["target"]) == (cid, tname)
+
+    # replayed on the code that has the bug: the violation again, exit 1
+    again = subprocess.run([sys.executable, "-m", "contracts.cli", "repro", path], cwd=planted, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1 and "VIOLATION" in again.stdout, again.stdout + again.stderr
+    # replayed on the real code: the saved case passes, exit 0
+    clean_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    fixed = subprocess.run([sys.executable, "-m", "contracts.cli", "repro", path], cwd=default_root(), env=clean_env,
+                           capture_output=True, text=True, timeout=120)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
