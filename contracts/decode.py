@@ -8,7 +8,7 @@ import warnings
 import torch
 from hypothesis import strategies as st
 
-from contracts.core import AMD_TARGETS, ALL_TARGETS, Violation, contract, fmt
+from contracts.core import AMD_TARGETS, ALL_TARGETS, Violation, contract, fmt, record_margin
 from fuzz import decode as fz
 from impl import decode as dec
 from impl import splits as impl_splits
@@ -21,34 +21,35 @@ from oracles import splits as ref_splits
 # --- decode-oracle-agreement -------------------------------------------------------------------------------------
 
 
-def _decode_examples(target: Target) -> list[dict]:
-    base = {"seed": 7, "heads": 3, "main_bs": 61, "extra_bs": 5, "invalid_rate": 0.15, "indptr_offset": 0,
-            "tail_junk": 1, "scale": 0.11, "sink": "ordinary", "poison": "nan", "padded": True,
-            "q_transposed": False, "cu_count": 2, "num_splits": None, "adaptive": None, "trust": False}
-    boundary = [0, 1, 31, 32, 33, 63, 64, 65]  # the gfx950 tile boundaries of upstream's tests
-    out = [dict(base, batch=len(boundary), heads=1, main_lens=[3] * len(boundary), extra_lens=boundary,
-                sink="mixed", num_splits=1 if target.split_selector else None),
-           dict(base, seed=8, batch=3, heads=16, main_lens=[0, 5, 0], extra_lens=[0, 0, 9], sink="-inf",
-                invalid_rate=0.4)]
+def _decode_examples(target: Target) -> list[fz.DecodeCase]:
+    boundary = (0, 1, 31, 32, 33, 63, 64, 65)  # the gfx950 tile boundaries of upstream's tests
+    base = fz.DecodeCase(seed=7, batch=len(boundary), heads=1, main_bs=61, extra_bs=5, main_lens=(3,) * len(boundary),
+                         extra_lens=boundary, invalid_rate=0.15, indptr_offset=0, tail_junk=1, scale=0.11,
+                         sink="mixed", poison="nan", padded=True, q_transposed=False, cu_count=2,
+                         num_splits=1 if target.split_selector else None, adaptive=None, trust=False,
+                         int32_extremes=True)
+    out = [base,
+           base.replace(seed=8, batch=3, heads=16, main_lens=(0, 5, 0), extra_lens=(0, 0, 9), sink="-inf",
+                        invalid_rate=0.4, num_splits=None)]
     if target.decode_family == "gfx950":
-        out.append(dict(base, seed=9, batch=2, main_lens=[9, 40], extra_lens=[33, 1], num_splits=6,
-                        adaptive={"one_wave": 3}, sink="large"))
+        out.append(base.replace(seed=9, batch=2, heads=3, main_lens=(9, 40), extra_lens=(33, 1), num_splits=6,
+                                adaptive=fz.AdaptiveSplits(one_wave=3), sink="large"))
     return out
 
 
-def _plan_for(case: dict, target: Target, batch: int, heads: int):
-    hb = impl_splits.head_blocks(heads)
-    if case.get("adaptive"):
-        return dec.DecodePlan(target.decode_family, int(case["num_splits"]), hb, True,
-                              int(case["adaptive"]["one_wave"]))
-    if case.get("num_splits"):
-        return dec.DecodePlan(target.decode_family, int(case["num_splits"]), hb)
-    return None
+def _plan_for(case: fz.DecodeCase, target: Target):
+    """The plan a case pins (None: the target's own plan for the case's sizes and CU count)."""
+    if case.num_splits is None:
+        return None
+    hb = impl_splits.head_blocks(case.heads)
+    if case.adaptive is not None:
+        return dec.DecodePlan(target.decode_family, case.num_splits, hb, True, case.adaptive.one_wave)
+    return dec.DecodePlan(target.decode_family, case.num_splits, hb)
 
 
 @contract("decode-oracle-agreement", targets=ALL_TARGETS, cases=lambda t: fz.decode_cases(t),
-          examples=_decode_examples, min_cases=5, max_cases=14)
-def decode_oracle_agreement(case, target: Target) -> list[Violation]:
+          examples=_decode_examples, min_cases=5, max_cases=14, case_type=fz.DecodeCase, numeric=True)
+def decode_oracle_agreement(case: fz.DecodeCase, target: Target) -> list[Violation]:
     """The sparse decode equals the float64 oracle within the derived error model, NaN/inf masks exactly.
 
     One softmax over a row's valid SWA tokens, valid extra tokens and the sink (a zero-value logit); V = K; an
@@ -58,16 +59,17 @@ def decode_oracle_agreement(case, target: Target) -> list[Violation]:
     unless the trust gate is open; inf is never scrubbed. Partials and the output are NaN-poisoned before the run;
     the kernel family, split selector and fp8 flavours come from the target; adaptive splits (gfx950) skip the
     splits they leave unwritten. The cache bytes are not modified. Tolerance: oracles.compare (relative to
-    sum_j p_j |v_j|, no fraction of lanes may fail). Sources: SPEC section 2, seed 004 (gfx950 partial, adaptive
-    splits, trust gate), upstream tests' boundaries (extra_len 0/1/31/32/33/63/64/65).
+    sum_j p_j |v_j|, no fraction of lanes may fail); the margin is the worst error-to-tolerance ratio. Sources:
+    SPEC section 2, seed 004 (gfx950 partial, adaptive splits, trust gate), upstream tests' boundaries (extra_len
+    0/1/31/32/33/63/64/65).
     """
     inp = fz.build_decode_inputs(case, target)
-    b, h = int(case["batch"]), int(case["heads"])
-    plan = _plan_for(case, target, b, h)
+    b, h = case.batch, case.heads
+    plan = _plan_for(case, target)
     if plan is None:
         plan = dec.plan_decode(target, b, h, inp.main_indices.numel(),
                                inp.extra_indices.numel() if inp.extra_indices is not None else 0,
-                               cu_count=int(case["cu_count"]))
+                               cu_count=case.cu_count)
     dev = kernel_device()
     ws = dec.DecodeWorkspace.allocate(b, plan.num_splits, h, dev, fill=math.nan)
     out = torch.full((b, h, 512), math.nan, dtype=torch.bfloat16, device=dev)
@@ -76,7 +78,7 @@ def decode_oracle_agreement(case, target: Target) -> list[Violation]:
         warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy warns on 0 * inf by design
         dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
                                inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
-                               softmax_scale=inp.softmax_scale, target=target, trust_extra_nan_free=bool(case["trust"]),
+                               softmax_scale=inp.softmax_scale, target=target, trust_extra_nan_free=case.trust,
                                plan=plan, workspace=ws, out=out)
     got = out.cpu().clone()
     violations: list[Violation] = []
@@ -87,13 +89,16 @@ def decode_oracle_agreement(case, target: Target) -> list[Violation]:
     ref = ref_decode.ref_sparse_attn_decode(
         inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache, inp.extra_indices,
         inp.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
-        main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=not case["trust"])
+        main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=not case.trust)
     model = cmp.AttentionErrorModel.for_mode(triton_mode())
     tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
                                   plan.num_splits, 16, model)
-    for m in cmp.compare_attention(got, ref.out, tol):
-        violations.append(Violation(f"decode output vs float64 oracle: {m.kind} ({target.decode_family} family, "
-                                    f"S={plan.num_splits}, adaptive={plan.adaptive})", m.where, m.expected, m.got))
+    res = cmp.attention_comparison(got, ref.out, tol)
+    if res.worst_ratio is not None:
+        record_margin(res.worst_ratio)
+    label = (f"decode output vs float64 oracle ({target.decode_family} family, S={plan.num_splits}, "
+             f"adaptive={plan.adaptive})")
+    violations += [Violation(f"{label}: {m.detail}", m.where, m.expected, m.got) for m in res.mismatches]
     return violations
 
 

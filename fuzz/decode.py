@@ -3,17 +3,20 @@ INT32_MIN/MAX, slots at and past the end of the cache), entries outside indptr, 
 every unreferenced slot poisoned, odd block sizes, padded block strides inside a shared pool, non-contiguous q,
 sinks of -inf / ordinary / large values, non-default softmax scales.
 
-Cases are plain JSON; ``build_decode_inputs`` makes every tensor from the case's seed, so a saved case replays
-exactly. Shapes stay tiny: the kernels run under the Triton interpreter here.
+A case is a :class:`DecodeCase` (``to_json`` / ``from_json``); ``build_decode_inputs`` makes every tensor from the
+case's seed, so a saved case replays exactly. Shapes stay tiny: the kernels run under the Triton interpreter here.
 """
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from hypothesis import strategies as st
 
+from fuzz.cases import Case
 from impl import formats
 from impl.runtime import kernel_device
 from impl.targets import Target
@@ -23,8 +26,10 @@ INT32_MAX = 2 ** 31 - 1
 BLOCK_SIZES = (1, 2, 5, 61)
 HEADS = (1, 3, 16)
 SCALES = (0.03125, 0.0625, 0.11, 0.3)
-SINK_KINDS = ("none", "-inf", "ordinary", "large", "mixed")
-POISON_KINDS = ("none", "nan", "inf")
+SinkKind = Literal["none", "-inf", "ordinary", "large", "mixed"]
+PoisonKind = Literal["none", "nan", "inf"]
+SINK_KINDS: tuple[str, ...] = typing.get_args(SinkKind)
+POISON_KINDS: tuple[str, ...] = typing.get_args(PoisonKind)
 #: extra blocks past each cache view, poisoned: an unmasked out-of-range slot reads NaN/inf instead of a crash
 TAIL_BLOCKS = 2
 
@@ -35,8 +40,75 @@ POISON_SCALE = 255
 POISON_ROPE_BITS = 0x7FC0
 
 
+@dataclass(frozen=True)
+class AdaptiveSplits(Case):
+    """gfx950's adaptive-splits plan for a decode case: ONE_WAVE, in [1, num_splits]."""
+
+    KIND = "decode-adaptive-splits"
+    one_wave: int
+
+
+@dataclass(frozen=True)
+class DecodeCase(Case):
+    """One sparse decode: ``batch`` rows of ``heads`` heads; per row ``main_lens`` SWA entries and ``extra_lens``
+    compressed entries (None: an SWA-only layer), each entry invalid with probability ``invalid_rate``; caches of
+    ``main_bs`` / ``extra_bs`` tokens per block (``padded``: block strides wider than a block), ``indptr_offset``
+    junk entries before the first row and ``tail_junk`` after the last; ``poison`` marks some referenced rows
+    NaN or inf; a sink of kind ``sink``; q heads-major in memory when ``q_transposed``. The plan: ``num_splits``
+    pinned (None: the target's selector with ``cu_count`` CUs), ``adaptive`` (gfx950, needs ``num_splits``),
+    ``trust`` opens the trust gate; ``int32_extremes`` adds INT32_MIN/MAX to the invalid entries."""
+
+    KIND = "decode"
+    seed: int
+    batch: int
+    heads: int
+    main_bs: int
+    extra_bs: int
+    main_lens: tuple[int, ...]
+    extra_lens: tuple[int, ...] | None
+    invalid_rate: float
+    indptr_offset: int
+    tail_junk: int
+    scale: float
+    sink: SinkKind
+    poison: PoisonKind
+    padded: bool
+    q_transposed: bool
+    cu_count: int
+    num_splits: int | None = None
+    adaptive: AdaptiveSplits | None = None
+    trust: bool = False
+    int32_extremes: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("batch", "heads", "main_bs", "extra_bs", "cu_count"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
+        for name in ("seed", "indptr_offset", "tail_junk"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {getattr(self, name)!r}")
+        for name in ("main_lens", "extra_lens"):
+            lens = getattr(self, name)
+            if lens is not None and (len(lens) != self.batch or any(n < 0 for n in lens)):
+                raise ValueError(f"{name}: expected {self.batch} lengths >= 0, got {list(lens)}")
+        if not 0.0 <= self.invalid_rate < 1.0:
+            raise ValueError(f"invalid_rate: expected a probability in [0, 1), got {self.invalid_rate!r}")
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            raise ValueError(f"scale: expected a finite scale > 0, got {self.scale!r}")
+        if self.num_splits is not None and self.num_splits < 1:
+            raise ValueError(f"num_splits: expected None or an int >= 1, got {self.num_splits!r}")
+        if self.adaptive is not None:
+            if self.num_splits is None:
+                raise ValueError("adaptive: an adaptive plan needs num_splits")
+            if not 1 <= self.adaptive.one_wave <= self.num_splits:
+                raise ValueError(f"adaptive.one_wave: expected 1..{self.num_splits}, got {self.adaptive.one_wave}")
+        if self.trust and self.extra_lens is None:
+            raise ValueError("trust: the trust gate is about the extra cache; an SWA-only case has none")
+
+
 def decode_cases(target: Target, *, max_batch: int = 3, max_main: int = 40, max_extra: int = 100):
-    """A Hypothesis strategy of JSON decode cases for ``target``."""
+    """A Hypothesis strategy of :class:`DecodeCase` for ``target``."""
     is_950 = target.decode_family == "gfx950"
     split_k = target.split_selector is not None
 
@@ -45,41 +117,38 @@ def decode_cases(target: Target, *, max_batch: int = 3, max_main: int = 40, max_
         b = draw(st.integers(1, max_batch))
         swa_only = draw(st.booleans().map(lambda x: x and draw(st.integers(0, 3)) == 0))
         lens = st.one_of(st.just(0), st.integers(1, max_main))
-        case = {
-            "seed": draw(st.integers(0, 2 ** 31 - 1)),
-            "batch": b,
-            "heads": draw(st.sampled_from(HEADS)),
-            "main_bs": draw(st.sampled_from(BLOCK_SIZES)),
-            "extra_bs": draw(st.sampled_from(BLOCK_SIZES)),
-            "main_lens": draw(st.lists(lens, min_size=b, max_size=b)),
-            "extra_lens": None if swa_only else draw(st.lists(
+        fields = dict(
+            seed=draw(st.integers(0, 2 ** 31 - 1)),
+            batch=b,
+            heads=draw(st.sampled_from(HEADS)),
+            main_bs=draw(st.sampled_from(BLOCK_SIZES)),
+            extra_bs=draw(st.sampled_from(BLOCK_SIZES)),
+            main_lens=draw(st.lists(lens, min_size=b, max_size=b)),
+            extra_lens=None if swa_only else draw(st.lists(
                 st.one_of(st.just(0), st.sampled_from([1, 31, 32, 33, 63, 64, 65]),
                           st.integers(1, max_extra)), min_size=b, max_size=b)),
-            "invalid_rate": draw(st.sampled_from([0.0, 0.15, 0.4])),
+            invalid_rate=draw(st.sampled_from([0.0, 0.15, 0.4])),
             # without the INT32 extremes every invalid entry lands in the pool's poisoned tail: an unmasked read
             # then shows as NaN in the output instead of a crash, so the comparison itself catches it
-            "int32_extremes": draw(st.integers(0, 3)) == 3,  # shrinks towards False
-            "indptr_offset": draw(st.sampled_from([0, 0, 3])),
-            "tail_junk": draw(st.integers(0, 4)),
-            "scale": draw(st.sampled_from(SCALES)),
-            "sink": draw(st.sampled_from(SINK_KINDS)),
-            "poison": draw(st.sampled_from(POISON_KINDS)),
-            "padded": draw(st.booleans()),
-            "q_transposed": draw(st.booleans()),
-            "cu_count": draw(st.integers(1, 8)),
-            "num_splits": None,
-            "adaptive": None,
-            "trust": False,
-        }
+            int32_extremes=draw(st.integers(0, 3)) == 3,  # shrinks towards False
+            indptr_offset=draw(st.sampled_from([0, 0, 3])),
+            tail_junk=draw(st.integers(0, 4)),
+            scale=draw(st.sampled_from(SCALES)),
+            sink=draw(st.sampled_from(SINK_KINDS)),
+            poison=draw(st.sampled_from(POISON_KINDS)),
+            padded=draw(st.booleans()),
+            q_transposed=draw(st.booleans()),
+            cu_count=draw(st.integers(1, 8)),
+        )
         if split_k and draw(st.booleans()):
-            case["num_splits"] = draw(st.integers(1, min(target.split_cap or 1, 6)))
+            fields["num_splits"] = draw(st.integers(1, min(target.split_cap or 1, 6)))
         if is_950 and draw(st.integers(0, 2)) == 0:
             s = draw(st.integers(5, 7))
-            case["num_splits"] = s
-            case["adaptive"] = {"one_wave": draw(st.integers(1, s))}
-        if target.may_trust_extra_nan_free and case["extra_lens"] is not None:
-            case["trust"] = draw(st.integers(0, 3)) == 0
-        return case
+            fields["num_splits"] = s
+            fields["adaptive"] = AdaptiveSplits(one_wave=draw(st.integers(1, s)))
+        if target.may_trust_extra_nan_free and fields["extra_lens"] is not None:
+            fields["trust"] = draw(st.integers(0, 3)) == 0
+        return DecodeCase(**fields)
 
     return build()
 
@@ -211,27 +280,26 @@ def make_sink(kind: str, n: int, gen: torch.Generator) -> "torch.Tensor | None":
     return sink.to(torch.float32)
 
 
-def build_decode_inputs(case: dict, target: Target, device: str | None = None) -> DecodeInputs:
-    """Every tensor of a decode case, made from ``case['seed']`` on the kernel device."""
+def build_decode_inputs(case: DecodeCase, target: Target, device: str | None = None) -> DecodeInputs:
+    """Every tensor of a decode case, made from ``case.seed`` on the kernel device."""
     device = device or kernel_device()
-    gen = torch.Generator().manual_seed(int(case["seed"]))
-    b, h = int(case["batch"]), int(case["heads"])
-    if case.get("q_transposed"):
+    gen = torch.Generator().manual_seed(case.seed)
+    b, h = case.batch, case.heads
+    if case.q_transposed:
         q = (torch.randn(h, b, formats.DSV4_HEAD_DIM, generator=gen)).to(torch.bfloat16).to(device).transpose(0, 1)
     else:
         q = (torch.randn(b, h, formats.DSV4_HEAD_DIM, generator=gen)).to(torch.bfloat16).to(device)
-    mpool, mview, midx, mptr = _make_cache(gen, target.main_cache_fp8, int(case["main_bs"]), case["main_lens"],
-                                           float(case["invalid_rate"]), int(case["indptr_offset"]),
-                                           int(case["tail_junk"]), bool(case["padded"]), case["poison"], device,
-                                           not case.get("adaptive"), bool(case.get("int32_extremes", True)))
+    # an adaptive plan's reduce skips splits by their m; inf RoPE lanes (whose logit may be -inf) stay out of it
+    neg_inf_logits = case.adaptive is None
+    mpool, mview, midx, mptr = _make_cache(gen, target.main_cache_fp8, case.main_bs, list(case.main_lens),
+                                           case.invalid_rate, case.indptr_offset, case.tail_junk, case.padded,
+                                           case.poison, device, neg_inf_logits, case.int32_extremes)
     epool = eview = eidx = eptr = None
-    if case["extra_lens"] is not None:
-        epool, eview, eidx, eptr = _make_cache(gen, target.extra_cache_fp8, int(case["extra_bs"]),
-                                               case["extra_lens"], float(case["invalid_rate"]),
-                                               int(case["indptr_offset"]), int(case["tail_junk"]),
-                                               bool(case["padded"]), case["poison"], device,
-                                               not case.get("adaptive"), bool(case.get("int32_extremes", True)))
+    if case.extra_lens is not None:
+        epool, eview, eidx, eptr = _make_cache(gen, target.extra_cache_fp8, case.extra_bs, list(case.extra_lens),
+                                               case.invalid_rate, case.indptr_offset, case.tail_junk, case.padded,
+                                               case.poison, device, neg_inf_logits, case.int32_extremes)
     pad_heads = h + int(torch.randint(0, 3, (1,), generator=gen))
-    sink = make_sink(case["sink"], pad_heads, gen)
+    sink = make_sink(case.sink, pad_heads, gen)
     sink = sink.to(device) if sink is not None else None
-    return DecodeInputs(q, mview, midx, mptr, eview, eidx, eptr, sink, float(case["scale"]), (mpool, epool))
+    return DecodeInputs(q, mview, midx, mptr, eview, eidx, eptr, sink, case.scale, (mpool, epool))

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import math
 
+import dataclasses
+import json
+
 import pytest
 import torch
+from hypothesis import given, settings
 
 import impl  # noqa: F401
 from contracts import decode as _decode_contracts  # noqa: F401  (registers the contracts)
 from contracts.core import CONTRACTS
 from contracts.runner import run_contract
+from fuzz.cases import CaseError
 from fuzz import decode as fz
 from impl import decode as dec
 from impl import formats, splits
@@ -21,13 +26,14 @@ DEV = kernel_device()
 AGREE = CONTRACTS["decode-oracle-agreement"]
 
 
-def _case(**kw):
-    base = {"seed": 11, "batch": 2, "heads": 3, "main_bs": 5, "extra_bs": 2, "main_lens": [6, 0],
-            "extra_lens": [9, 4], "invalid_rate": 0.15, "indptr_offset": 0, "tail_junk": 1, "scale": 0.11,
-            "sink": "ordinary", "poison": "none", "padded": True, "q_transposed": False, "cu_count": 2,
-            "num_splits": None, "adaptive": None, "trust": False}
-    base.update(kw)
-    return base
+_BASE = fz.DecodeCase(seed=11, batch=2, heads=3, main_bs=5, extra_bs=2, main_lens=(6, 0), extra_lens=(9, 4),
+                      invalid_rate=0.15, indptr_offset=0, tail_junk=1, scale=0.11, sink="ordinary", poison="none",
+                      padded=True, q_transposed=False, cu_count=2, num_splits=None, adaptive=None, trust=False,
+                      int32_extremes=True)
+
+
+def _case(**kw) -> fz.DecodeCase:
+    return _BASE.replace(**kw)
 
 
 def _run(case, target, **kw):
@@ -35,7 +41,7 @@ def _run(case, target, **kw):
     inp = fz.build_decode_inputs(case, t)
     out = dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
                                  inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
-                                 softmax_scale=inp.softmax_scale, target=t, cu_count=case["cu_count"], **kw)
+                                 softmax_scale=inp.softmax_scale, target=t, cu_count=case.cu_count, **kw)
     return inp, out.cpu()
 
 
@@ -43,6 +49,35 @@ def _run(case, target, **kw):
 def test_decode_oracle_agreement_contract(target):
     row = run_contract(AGREE, target, profile="ci", budget=40)
     assert row.status == "pass", [str(v) for v in row.violations] + [row.reason, str(row.case)]
+
+
+@pytest.mark.parametrize("target", ["generic", "gfx942", "gfx950"])
+def test_decode_case_round_trips_and_rejects_a_missing_field(target):
+    @settings(max_examples=40, deadline=None, database=None)
+    @given(fz.decode_cases(get_target(target)))
+    def round_trip(case):
+        doc = json.loads(json.dumps(case.to_json()))
+        assert fz.DecodeCase.from_json(doc) == case
+        for f in dataclasses.fields(fz.DecodeCase):
+            partial = {k: v for k, v in doc.items() if k != f.name}
+            with pytest.raises(CaseError, match=f"missing field {f.name}"):
+                fz.DecodeCase.from_json(partial)
+
+    round_trip()
+
+
+def test_decode_case_rejects_inconsistent_fields():
+    with pytest.raises(ValueError, match="main_lens: expected 2 lengths"):
+        _case(main_lens=(1,))
+    with pytest.raises(ValueError, match="adaptive: an adaptive plan needs num_splits"):
+        _case(adaptive=fz.AdaptiveSplits(one_wave=1))
+    with pytest.raises(ValueError, match="adaptive.one_wave"):
+        _case(num_splits=4, adaptive=fz.AdaptiveSplits(one_wave=5))
+    doc = _BASE.to_json()
+    doc["adaptive"] = {"one_wave": "3"}
+    doc["num_splits"] = 4
+    with pytest.raises(CaseError, match=r"adaptive.one_wave: expected an integer"):
+        fz.DecodeCase.from_json(doc)
 
 
 def test_reduce_adaptive_skips_stale_splits_exactly():
@@ -79,7 +114,7 @@ def test_adaptive_active_split_counts_follow_the_row_lengths():
     # three rows hitting the three per-query branches: 4 splits, ONE_WAVE, S
     case = _case(seed=5, batch=3, heads=1, main_bs=61, extra_bs=61, main_lens=[10, 10, 10],
                  extra_lens=[20, 300, 700], invalid_rate=0.0, sink="none", num_splits=7,
-                 adaptive={"one_wave": 6})
+                 adaptive=fz.AdaptiveSplits(one_wave=6))
     t = get_target("gfx950")
     inp = fz.build_decode_inputs(case, t)
     ws = dec.DecodeWorkspace.allocate(3, 7, 1, DEV, fill=math.nan)
@@ -89,7 +124,7 @@ def test_adaptive_active_split_counts_follow_the_row_lengths():
                            plan=plan, workspace=ws)
     pm = ws.part_m.cpu()
     actives = []
-    for r, (lm, le) in enumerate(zip(case["main_lens"], case["extra_lens"])):
+    for r, (lm, le) in enumerate(zip(case.main_lens, case.extra_lens)):
         a = splits.adaptive_active_splits(lm, le, 7, 6)
         actives.append(a)
         assert bool((pm[r, a:] == -dec.FLT_MAX).all()), (r, a, pm[r])
@@ -103,7 +138,7 @@ def test_trust_gate_changes_only_what_it_should():
     case = _case(seed=3, poison="nan", extra_lens=[30, 40], invalid_rate=0.0, sink="none")
     t = get_target("gfx950")
     assert AGREE.check(case, t) == []
-    assert AGREE.check(dict(case, trust=True), t) == []
+    assert AGREE.check(case.replace(trust=True), t) == []
     _, closed = _run(case, "gfx950")
     _, open_ = _run(case, "gfx950", trust_extra_nan_free=True)
     assert bool(torch.isfinite(closed).all())
