@@ -6,17 +6,21 @@ capacity, and may use fewer rows than captured. Sources may be wider than their 
 ``indptr[-1]`` that point at poisoned slots: a read past indptr shows up). The caches are built once per case and
 kept (a graph reads them at their captured addresses); every replay draws new q, indices and indptr.
 
-Cases are plain JSON; every tensor is made from the case's ``seed``. Shapes stay tiny: the kernels run under the
-Triton interpreter here (batch <= 3, heads <= 3, <= 8 entries per row).
+A case is a :class:`GraphCase` holding :class:`GraphStep` s (``to_json`` / ``from_json``); every tensor is made from
+the case's ``seed``. Shapes stay tiny: the kernels run under the Triton interpreter here (batch <= 3, heads <= 3,
+<= 8 entries per row).
 """
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from hypothesis import strategies as st
 
+from fuzz.cases import Case
 from fuzz.decode import INT32_MAX, INT32_MIN, POISON_NOPE, POISON_ROPE_BITS, POISON_SCALE
 from impl import formats
 from impl.runtime import kernel_device
@@ -24,15 +28,100 @@ from impl.targets import Target
 
 BLOCK_SIZES = (1, 2, 5, 61)
 SCALES = (0.0625, 0.11, 0.3)
-SINK_KINDS = ("none", "-inf", "ordinary", "large")
+SinkKind = Literal["none", "-inf", "ordinary", "large"]
+SINK_KINDS: tuple[str, ...] = typing.get_args(SinkKind)
 #: poisoned slots at the end of each cache view: sources' entries past the NNZ point at them
 POISONED_SLOTS = 2
 #: poisoned blocks past each view (out-of-range slots would land there if a bound check were lost)
 TAIL_BLOCKS = 1
 
 
+@dataclass(frozen=True)
+class GraphStep(Case):
+    """One step of a graph case (the capture or a replay): ``rows`` query rows with ``main_lens`` / ``extra_lens``
+    entries each (``extra_lens`` None: an SWA-only layer), and ``main_slack`` / ``extra_slack`` entries past each
+    source's NNZ that point at poisoned slots."""
+
+    KIND = "graph-step"
+    rows: int
+    main_lens: tuple[int, ...]
+    extra_lens: tuple[int, ...] | None
+    main_slack: int = 0
+    extra_slack: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rows < 1:
+            raise ValueError(f"rows: expected an int >= 1, got {self.rows!r}")
+        for name in ("main_lens", "extra_lens"):
+            lens = getattr(self, name)
+            if lens is not None and (len(lens) != self.rows or any(n < 0 for n in lens)):
+                raise ValueError(f"{name}: expected {self.rows} lengths >= 0, got {list(lens)}")
+        for name in ("main_slack", "extra_slack"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {getattr(self, name)!r}")
+        if self.extra_lens is None and self.extra_slack:
+            raise ValueError("extra_slack: an SWA-only step has no extra source")
+
+
+@dataclass(frozen=True)
+class GraphCase(Case):
+    """One capture at ``capture``'s row lengths, then ``replays`` at others, of a decode layer with
+    ``compress_ratio`` (0 or 1: SWA only, ``max_extra`` None), ``batch`` rows of ``heads`` heads, at most
+    ``max_main`` / ``max_extra`` entries per row (the graph buffers' capacity), caches of ``main_bs`` / ``extra_bs``
+    tokens per block (``padded``: strides wider than a block), a sink of kind ``sink``, q heads-major in memory when
+    ``q_transposed``, ``cu_count`` CUs; each entry invalid with probability ``invalid_rate``."""
+
+    KIND = "graph-replay"
+    seed: int
+    batch: int
+    heads: int
+    compress_ratio: int
+    max_main: int
+    max_extra: int | None
+    main_bs: int
+    extra_bs: int
+    padded: bool
+    invalid_rate: float
+    scale: float
+    sink: SinkKind
+    q_transposed: bool
+    cu_count: int
+    capture: GraphStep
+    replays: tuple[GraphStep, ...]
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("batch", "heads", "max_main", "main_bs", "extra_bs", "cu_count"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
+        if self.compress_ratio not in (0, 1, 4, 128):
+            raise ValueError(f"compress_ratio: expected 0, 1, 4 or 128, got {self.compress_ratio!r}")
+        swa_only = self.compress_ratio in (0, 1)
+        if swa_only != (self.max_extra is None):
+            raise ValueError(f"max_extra: None exactly when the layer is SWA only (compress_ratio 0 or 1), got "
+                             f"{self.max_extra!r} with compress_ratio {self.compress_ratio}")
+        if self.max_extra is not None and self.max_extra < 1:
+            raise ValueError(f"max_extra: expected None or an int >= 1, got {self.max_extra!r}")
+        if not 0.0 <= self.invalid_rate < 1.0:
+            raise ValueError(f"invalid_rate: expected a probability in [0, 1), got {self.invalid_rate!r}")
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            raise ValueError(f"scale: expected a finite scale > 0, got {self.scale!r}")
+        if self.capture.rows != self.batch:
+            raise ValueError(f"capture.rows: the capture fixes the batch, expected {self.batch}, got "
+                             f"{self.capture.rows}")
+        for i, step in enumerate(self.replays):
+            if step.rows > self.batch:
+                raise ValueError(f"replays[{i}].rows: at most the captured batch {self.batch}, got {step.rows}")
+        for i, step in enumerate((self.capture,) + tuple(self.replays)):
+            name = "capture" if i == 0 else f"replays[{i - 1}]"
+            if (step.extra_lens is None) != swa_only:
+                raise ValueError(f"{name}.extra_lens: expected {'None' if swa_only else 'lengths'} for "
+                                 f"compress_ratio {self.compress_ratio}")
+
+
 def _step(draw, rows: int, max_main: int, max_extra: int | None, capacity_main: int, capacity_extra: int,
-          kind: str) -> dict:
+          kind: str) -> GraphStep:
     def lens(mx):
         if kind == "zero":
             return [0] * rows
@@ -50,8 +139,8 @@ def _step(draw, rows: int, max_main: int, max_extra: int | None, capacity_main: 
             return 0
         return draw(st.one_of(st.just(0), st.just(room), st.integers(0, room)))
 
-    return {"rows": rows, "main_lens": main, "extra_lens": extra, "main_slack": slack(main, capacity_main),
-            "extra_slack": 0 if extra is None else slack(extra, capacity_extra)}
+    return GraphStep(rows=rows, main_lens=main, extra_lens=extra, main_slack=slack(main, capacity_main),
+                     extra_slack=0 if extra is None else slack(extra, capacity_extra))
 
 
 @st.composite
@@ -70,24 +159,24 @@ def graph_replay_cases(draw, target: Target, *, max_batch: int = 3, max_heads: i
     for kind in kinds:
         rows = batch if kind == "max" else draw(st.integers(1, batch))
         replays.append(_step(draw, rows, max_main, max_extra, cap_main, cap_extra, kind))
-    return {
-        "seed": draw(st.integers(0, 2 ** 31 - 1)),
-        "batch": batch,
-        "heads": draw(st.integers(1, max_heads)),
-        "compress_ratio": ratio,
-        "max_main": max_main,
-        "max_extra": max_extra,
-        "main_bs": draw(st.sampled_from(BLOCK_SIZES)),
-        "extra_bs": draw(st.sampled_from(BLOCK_SIZES)),
-        "padded": draw(st.booleans()),
-        "invalid_rate": draw(st.sampled_from([0.0, 0.2])),
-        "scale": draw(st.sampled_from(SCALES)),
-        "sink": draw(st.sampled_from(SINK_KINDS)),
-        "q_transposed": draw(st.booleans()),
-        "cu_count": draw(st.integers(1, 8)),
-        "capture": capture,
-        "replays": replays,
-    }
+    return GraphCase(
+        seed=draw(st.integers(0, 2 ** 31 - 1)),
+        batch=batch,
+        heads=draw(st.integers(1, max_heads)),
+        compress_ratio=ratio,
+        max_main=max_main,
+        max_extra=max_extra,
+        main_bs=draw(st.sampled_from(BLOCK_SIZES)),
+        extra_bs=draw(st.sampled_from(BLOCK_SIZES)),
+        padded=draw(st.booleans()),
+        invalid_rate=draw(st.sampled_from([0.0, 0.2])),
+        scale=draw(st.sampled_from(SCALES)),
+        sink=draw(st.sampled_from(SINK_KINDS)),
+        q_transposed=draw(st.booleans()),
+        cu_count=draw(st.integers(1, 8)),
+        capture=capture,
+        replays=tuple(replays),
+    )
 
 
 @dataclass
@@ -141,26 +230,25 @@ def _make_graph_cache(gen: torch.Generator, flavour: str, block_size: int, padde
     return GraphCache(pool, view, nb * block_size, data_slots)
 
 
-def build_graph_case(case: dict, target: Target, device: str | None = None) -> GraphCaseInputs:
-    """The persistent part of a case (caches, sink, scale), from ``case['seed']``."""
+def build_graph_case(case: GraphCase, target: Target, device: str | None = None) -> GraphCaseInputs:
+    """The persistent part of a case (caches, sink, scale), from ``case.seed``."""
     device = device or kernel_device()
-    gen = torch.Generator().manual_seed(int(case["seed"]))
-    main = _make_graph_cache(gen, target.main_cache_fp8, int(case["main_bs"]), bool(case["padded"]), device)
+    gen = torch.Generator().manual_seed(case.seed)
+    main = _make_graph_cache(gen, target.main_cache_fp8, case.main_bs, case.padded, device)
     extra = None
-    if case["max_extra"] is not None:
-        extra = _make_graph_cache(gen, target.extra_cache_fp8, int(case["extra_bs"]), bool(case["padded"]), device)
-    h = int(case["heads"])
+    if case.max_extra is not None:
+        extra = _make_graph_cache(gen, target.extra_cache_fp8, case.extra_bs, case.padded, device)
+    h = case.heads
     sink = None
-    kind = case["sink"]
-    if kind == "-inf":
+    if case.sink == "-inf":
         sink = torch.full((h,), -math.inf)
-    elif kind == "ordinary":
+    elif case.sink == "ordinary":
         sink = torch.randn(h, generator=gen) * 2.0
-    elif kind == "large":
+    elif case.sink == "large":
         sink = 30.0 + torch.rand(h, generator=gen) * 10.0
     if sink is not None:
         sink = sink.to(torch.float32).to(device)
-    return GraphCaseInputs(main, extra, sink, float(case["scale"]))
+    return GraphCaseInputs(main, extra, sink, case.scale)
 
 
 def _ragged(gen: torch.Generator, cache: GraphCache, lens: list[int], slack: int, invalid_rate: float, device):
@@ -178,18 +266,18 @@ def _ragged(gen: torch.Generator, cache: GraphCache, lens: list[int], slack: int
             torch.tensor(indptr, dtype=torch.int32, device=device))
 
 
-def build_step(case: dict, step: dict, index: int, inputs: GraphCaseInputs, device: str | None = None) -> StepInputs:
+def build_step(case: GraphCase, step: GraphStep, index: int, inputs: GraphCaseInputs,
+               device: str | None = None) -> StepInputs:
     """Step ``index`` (0 = the capture) of a case: q and the ragged segments, from the case's seed and the index."""
     device = device or kernel_device()
-    gen = torch.Generator().manual_seed(int(case["seed"]) * 31 + 7 * index + 1)
-    rows, h = int(step["rows"]), int(case["heads"])
-    if case["q_transposed"]:
+    gen = torch.Generator().manual_seed(case.seed * 31 + 7 * index + 1)
+    rows, h = step.rows, case.heads
+    if case.q_transposed:
         q = torch.randn(h, rows, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device).transpose(0, 1)
     else:
         q = torch.randn(rows, h, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
-    rate = float(case["invalid_rate"])
-    mi, mp = _ragged(gen, inputs.main, step["main_lens"], int(step["main_slack"]), rate, device)
+    mi, mp = _ragged(gen, inputs.main, list(step.main_lens), step.main_slack, case.invalid_rate, device)
     ei = ep = None
     if inputs.extra is not None:
-        ei, ep = _ragged(gen, inputs.extra, step["extra_lens"], int(step["extra_slack"]), rate, device)
+        ei, ep = _ragged(gen, inputs.extra, list(step.extra_lens), step.extra_slack, case.invalid_rate, device)
     return StepInputs(q, mi, mp, ei, ep)

@@ -2,8 +2,8 @@
 pointer stability, the emulation's launch check, bad input, the contracts, and real CUDA graphs on a GPU."""
 from __future__ import annotations
 
-import copy
 import dataclasses
+import json
 import math
 
 import pytest
@@ -13,6 +13,7 @@ import impl  # noqa: F401  (sets the Triton mode before anything imports triton)
 from contracts import graph_capture as gr
 from contracts.registry import get_contract
 from contracts.runner import run_contract
+from fuzz.cases import CaseError
 from fuzz import graph_capture as fzg
 from impl import decode as dec
 from impl.graph_capture import DecodeGraph, GraphReplayError, default_mode
@@ -22,27 +23,29 @@ from impl.targets import get_target
 DEV = kernel_device()
 
 
-def _step(rows, main, extra, ms=0, es=0):
-    return {"rows": rows, "main_lens": main, "extra_lens": extra, "main_slack": ms, "extra_slack": es}
+def _step(rows, main, extra, ms=0, es=0) -> fzg.GraphStep:
+    return fzg.GraphStep(rows, tuple(main), None if extra is None else tuple(extra), ms, es)
 
 
-def _case(**kw):
-    base = {"seed": 5, "batch": 3, "heads": 2, "compress_ratio": 128, "max_main": 4, "max_extra": 5, "main_bs": 5,
-            "extra_bs": 2, "padded": True, "invalid_rate": 0.2, "scale": 0.11, "sink": "ordinary",
-            "q_transposed": False, "cu_count": 4, "capture": _step(3, [2, 0, 4], [5, 1, 0], 2, 3),
-            "replays": [_step(3, [0, 0, 0], [0, 0, 0]), _step(3, [4, 4, 4], [5, 5, 5]), _step(2, [1, 3], [0, 5])]}
-    base.update(kw)
-    return base
+_BASE = fzg.GraphCase(seed=5, batch=3, heads=2, compress_ratio=128, max_main=4, max_extra=5, main_bs=5, extra_bs=2,
+                      padded=True, invalid_rate=0.2, scale=0.11, sink="ordinary", q_transposed=False, cu_count=4,
+                      capture=_step(3, [2, 0, 4], [5, 1, 0], 2, 3),
+                      replays=(_step(3, [0, 0, 0], [0, 0, 0]), _step(3, [4, 4, 4], [5, 5, 5]),
+                               _step(2, [1, 3], [0, 5])))
+
+
+def _case(**kw) -> fzg.GraphCase:
+    return _BASE.replace(**kw)
 
 
 def _capture(case, target, mode=None):
     inp = fzg.build_graph_case(case, target)
-    cap = fzg.build_step(case, case["capture"], 0, inp)
+    cap = fzg.build_step(case, case.capture, 0, inp)
     ev = inp.extra.view if inp.extra is not None else None
     g = DecodeGraph.capture(cap.q, inp.main.view, cap.main_indices, cap.main_indptr, ev, cap.extra_indices,
-                            cap.extra_indptr, max_per_row_main=case["max_main"], max_per_row_extra=case["max_extra"],
-                            compress_ratio=case["compress_ratio"], attn_sink=inp.attn_sink,
-                            softmax_scale=inp.softmax_scale, target=target, cu_count=case["cu_count"], mode=mode)
+                            cap.extra_indptr, max_per_row_main=case.max_main, max_per_row_extra=case.max_extra,
+                            compress_ratio=case.compress_ratio, attn_sink=inp.attn_sink,
+                            softmax_scale=inp.softmax_scale, target=target, cu_count=case.cu_count, mode=mode)
     return g, inp, cap
 
 
@@ -52,7 +55,7 @@ def test_observer_records_every_launch_and_changes_nothing():
     t = get_target("gfx950")
     case = _case()
     inp = fzg.build_graph_case(case, t)
-    st = fzg.build_step(case, case["capture"], 0, inp)
+    st = fzg.build_step(case, case.capture, 0, inp)
     args = (st.q, inp.main.view, st.main_indices, st.main_indptr, inp.extra.view, st.extra_indices, st.extra_indptr)
     kw = dict(attn_sink=inp.attn_sink, softmax_scale=0.11, target=t, cu_count=4)
     assert dec._launch_observer is None
@@ -78,9 +81,9 @@ def test_observer_records_every_launch_and_changes_nothing():
 
 def test_observer_that_raises_stops_the_launch_before_anything_is_written():
     t = get_target("generic")
-    case = _case(compress_ratio=0, max_extra=None, capture=_step(3, [2, 1, 0], None))
+    case = _case(compress_ratio=0, max_extra=None, capture=_step(3, [2, 1, 0], None), replays=())
     inp = fzg.build_graph_case(case, t)
-    st = fzg.build_step(case, case["capture"], 0, inp)
+    st = fzg.build_step(case, case.capture, 0, inp)
     out = torch.full((3, 2, 512), math.nan, dtype=torch.bfloat16, device=DEV)
 
     def veto(record):
@@ -166,7 +169,7 @@ def test_replay_rejects_bad_input_before_writing_anything():
     snapshot = {k: v.clone() for k, v in (("q", g.q_buffer), ("mi", g.main_indices_buffer),
                                           ("mp", g.main_indptr_buffer), ("ei", g.extra_indices_buffer),
                                           ("ep", g.extra_indptr_buffer))}
-    big = fzg.build_step(_case(batch=4), _step(4, [1, 1, 1, 1], [1, 1, 1, 1]), 1, inp)
+    big = fzg.build_step(case, _step(4, [1, 1, 1, 1], [1, 1, 1, 1]), 1, inp)
     wide = fzg.build_step(case, _step(3, [5, 0, 0], [1, 1, 1]), 1, inp)  # 5 > max_per_row_main = 4
     wide_extra = fzg.build_step(case, _step(2, [1, 1], [6, 0]), 1, inp)  # 6 > max_per_row_extra = 5
     ok = fzg.build_step(case, _step(3, [1, 2, 3], [1, 2, 3]), 1, inp)
@@ -199,7 +202,7 @@ def test_capture_rejects_bad_flags_and_modes():
     t = get_target("gfx950")
     case = _case()
     inp = fzg.build_graph_case(case, t)
-    cap = fzg.build_step(case, case["capture"], 0, inp)
+    cap = fzg.build_step(case, case.capture, 0, inp)
     common = dict(max_per_row_main=4, attn_sink=inp.attn_sink, target=t)
     with pytest.raises(ValueError, match="extra_cache: a layer with compress_ratio 128"):
         DecodeGraph.capture(cap.q, inp.main.view, cap.main_indices, cap.main_indptr, compress_ratio=128, **common)
@@ -230,7 +233,7 @@ def test_capture_rejects_bad_flags_and_modes():
                                                  ("gfx942", 128, False), ("generic", 128, False)])
 def test_capture_dispatch_allows_adaptive_splits_only_on_gfx950_c128a(arch, ratio, adaptive):
     t = get_target(arch)
-    case = _case(compress_ratio=ratio, replays=[])
+    case = _case(compress_ratio=ratio, replays=())
     g, _, _ = _capture(case, t)
     assert g.dispatch.adaptive_splits is adaptive
     assert g.plan.adaptive is False  # base = batch * head_blocks = 3 < 16: the host rule keeps them off here
@@ -238,21 +241,21 @@ def test_capture_dispatch_allows_adaptive_splits_only_on_gfx950_c128a(arch, rati
 
 # --- adaptive splits under capture (base >= 16 needs 16 rows; the all-maximum replay is nightly only) ------------
 
-def adaptive_case() -> dict:
+def adaptive_case() -> fzg.GraphCase:
     """gfx950, ratio 128, 16 rows x 1 head (base 16), cu 80, sources 16 * 129 = 2064 wide (the capacity): the
     selector gives S = 5 > 4 with ONE_WAVE 5, so the captured plan has adaptive splits on; the rows themselves stay
     short except in the all-maximum replay."""
     lens = [1, 0, 2, 3, 0, 1, 4, 2, 0, 1, 3, 2, 1, 0, 2, 1]
     cap = _step(16, lens, lens[::-1], 2064 - sum(lens), 2064 - sum(lens))
     return _case(seed=23, batch=16, heads=1, max_main=129, max_extra=129, cu_count=80, sink="ordinary",
-                 capture=cap, replays=[_step(16, [0] * 16, [0] * 16), _step(16, [129] * 16, [129] * 16),
-                                       _step(5, [3, 0, 7, 1, 2], [0, 5, 1, 8, 2], 3, 1)])
+                 capture=cap, replays=(_step(16, [0] * 16, [0] * 16), _step(16, [129] * 16, [129] * 16),
+                                       _step(5, [3, 0, 7, 1, 2], [0, 5, 1, 8, 2], 3, 1)))
 
 
 def test_adaptive_capture_empty_and_short_replays():
     """The adaptive capture with its cheap replays only (all empty; 5 short rows): inactive splits are skipped."""
     case = adaptive_case()
-    case["replays"] = [case["replays"][0], case["replays"][2]]
+    case = case.replace(replays=(case.replays[0], case.replays[2]))
     violations, g = gr.run_graph_case(case, get_target("gfx950"))
     assert violations == [], [str(v) for v in violations]
     assert g.plan.adaptive and g.plan.num_splits == 5 and g.plan.one_wave == 5
@@ -291,17 +294,50 @@ def test_graph_replay_cases_include_zero_and_max():
     @settings(max_examples=30, derandomize=True, database=None, deadline=None)
     @given(fzg.graph_replay_cases(get_target("gfx950")))
     def collect(case):
-        seen.append(copy.deepcopy(case))
+        seen.append(case)
 
     collect()
     for case in seen:
-        kinds = [r for r in case["replays"]]
-        assert any(all(n == 0 for n in r["main_lens"]) for r in kinds)
-        assert any(r["rows"] == case["batch"] and r["main_lens"] == [case["max_main"]] * case["batch"]
-                   and r["main_slack"] == 0 for r in kinds)
-        for r in [case["capture"]] + kinds:
-            assert sum(r["main_lens"]) + r["main_slack"] <= case["batch"] * case["max_main"]
-    assert any(r["rows"] < c["batch"] for c in seen for r in c["replays"])
+        kinds = list(case.replays)
+        assert any(all(n == 0 for n in r.main_lens) for r in kinds)
+        assert any(r.rows == case.batch and r.main_lens == (case.max_main,) * case.batch
+                   and r.main_slack == 0 for r in kinds)
+        for r in [case.capture] + kinds:
+            assert sum(r.main_lens) + r.main_slack <= case.batch * case.max_main
+    assert any(r.rows < c.batch for c in seen for r in c.replays)
+
+
+@pytest.mark.parametrize("arch", ["generic", "gfx942", "gfx950"])
+def test_graph_case_round_trips_and_rejects_a_missing_field(arch):
+    from hypothesis import given, settings
+
+    @settings(max_examples=40, deadline=None, database=None)
+    @given(fzg.graph_replay_cases(get_target(arch)))
+    def round_trip(case):
+        doc = json.loads(json.dumps(case.to_json()))
+        assert fzg.GraphCase.from_json(doc) == case
+        for f in dataclasses.fields(fzg.GraphCase):
+            with pytest.raises(CaseError, match=f"missing field {f.name}"):
+                fzg.GraphCase.from_json({k: v for k, v in doc.items() if k != f.name})
+        # a nested step's field too
+        for f in dataclasses.fields(fzg.GraphStep):
+            broken = json.loads(json.dumps(doc))
+            del broken["replays"][0][f.name]
+            with pytest.raises(CaseError, match=rf"replays\[0\]: missing field {f.name}"):
+                fzg.GraphCase.from_json(broken)
+
+    round_trip()
+
+
+def test_graph_case_rejects_inconsistent_fields():
+    with pytest.raises(ValueError, match="max_extra: None exactly when"):
+        _case(compress_ratio=0)
+    with pytest.raises(ValueError, match=r"replays\[1\].rows: at most the captured batch 3"):
+        _case(replays=(_step(3, [0, 0, 0], [0, 0, 0]), _step(4, [0] * 4, [0] * 4)))
+    with pytest.raises(ValueError, match="main_lens: expected 2 lengths"):
+        _step(2, [1], [0, 0])
+    with pytest.raises(ValueError, match=r"capture.extra_lens: expected None"):
+        _case(compress_ratio=1, max_extra=None)
 
 
 # --- real CUDA graphs ---------------------------------------------------------------------------------------------
@@ -316,6 +352,6 @@ def test_real_cuda_graph_replay_matches_eager(arch):
                                 replays=[_step(3, [0, 0, 0], None), _step(3, [4, 4, 4], None)]), adaptive_case()):
         violations, g = gr.run_graph_case(case, t, mode="cuda")
         assert violations == [], [str(v) for v in violations]
-        assert g.mode == "cuda" and isinstance(g._graph, torch.cuda.CUDAGraph) and g.replays == len(case["replays"])
-        if arch == "gfx950" and case["batch"] == 16:
+        assert g.mode == "cuda" and isinstance(g._graph, torch.cuda.CUDAGraph) and g.replays == len(case.replays)
+        if arch == "gfx950" and case.batch == 16:
             assert g.plan.adaptive
