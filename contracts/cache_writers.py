@@ -13,10 +13,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-from hypothesis import strategies as st
-
-from contracts.core import ALL_TARGETS, Violation, contract
+from contracts.core import ALL_TARGETS, Violation, contract, record_margin
 from fuzz import cache_writers as fw
+from fuzz.cache_writers import CompressorCase, SwaCase, TrustGateCase, WriterCase
 from impl import formats
 from impl.cache_writers import quantize_and_insert_k_cache, trust_extra_cache_nan_free
 from impl.compressor import compress_norm_rope_store
@@ -55,10 +54,10 @@ def _storage_diff(what: str, got: torch.Tensor, want: torch.Tensor, cache: torch
     return out
 
 
-def _run_compressor(inp: dict, cache, case: dict, target: Target, two_stage: bool, splits, intermediates):
+def _run_compressor(inp: dict, cache, case: CompressorCase, target: Target, two_stage: bool, splits, intermediates):
     compress_norm_rope_store(inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"],
                              inp["slot_mapping"], inp["norm_weight"], inp["cos_sin_cache"], cache,
-                             ratio=case["ratio"], eps=case["eps"], target=target, two_stage=two_stage,
+                             ratio=case.ratio, eps=case.eps, target=target, two_stage=two_stage,
                              splits=splits if two_stage else None, intermediates=intermediates)
 
 
@@ -81,6 +80,15 @@ def _expected_from_rows(before, cache, refs, rows, got, target: Target):
     return want
 
 
+def record_row_margin(got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor) -> None:
+    """The fp32 stage's error-to-tolerance ratio over the lanes where both rows are finite (the NaN/inf masks are
+    compared exactly by ``ocomp.compare_rows``, so they carry no margin)."""
+    g, w = got.to(torch.float64), want.to(torch.float64)
+    both = torch.isfinite(g) & torch.isfinite(w)
+    record_margin(torch.where(both, (g - w).abs(), torch.zeros_like(g)), torch.where(both, tol.to(torch.float64),
+                                                                                    torch.zeros_like(g)))
+
+
 def _token_bytes(flat, base, cache, slot):
     spans = fp8_ds_mla_token_spans(slot, int(cache.shape[1]), int(cache.stride(0)))
     out = {k: flat[base + a:base + b] for k, (a, b) in spans.items()}
@@ -90,38 +98,39 @@ def _token_bytes(flat, base, cache, slot):
 
 # --- writer-oracle-exact ----------------------------------------------------------------------------------------
 
-def compare_swa(case: dict, target: Target) -> WriterComparison:
+def compare_swa(case: SwaCase, target: Target) -> WriterComparison:
     dev = kernel_device()
     k, slots = fw.build_swa_inputs(case, dev)
     _, cache = fw.build_cache(case, dev)
     before = storage_bytes(cache)[0].cpu().clone()
     quantize_and_insert_k_cache(k, slots, cache, target=target)
     got = storage_bytes(cache)[0].cpu().clone()
-    want = ocw.swa_insert_reference(k, case["slots"], cache, before, flavour=target.main_cache_fp8)
-    return WriterComparison(_storage_diff("swa insert", got, want, cache), 0, sum(s >= 0 for s in case["slots"]))
+    want = ocw.swa_insert_reference(k, list(case.slots), cache, before, flavour=target.main_cache_fp8)
+    return WriterComparison(_storage_diff("swa insert", got, want, cache), 0, sum(s >= 0 for s in case.slots))
 
 
-def compare_compressor(case: dict, target: Target) -> WriterComparison:
+def compare_compressor(case: CompressorCase, target: Target) -> WriterComparison:
     dev = kernel_device()
     inp = fw.build_compressor_inputs(case, dev)
-    T = len(case["positions"])
-    variants = [case["two_stage"]] + ([not case["two_stage"]] if case["ratio"] == 128 else [])
+    T = len(case.positions)
+    variants = [case.two_stage] + ([not case.two_stage] if case.ratio == 128 else [])
     runs = []
     for two_stage in variants:
         _, cache = fw.build_cache(case, dev)
         before = storage_bytes(cache)[0].cpu().clone()
         inter = torch.full((T, 512), float("nan"), dtype=torch.float32, device=dev)
-        _run_compressor(inp, cache, case, target, two_stage, case["splits"], inter)
+        _run_compressor(inp, cache, case, target, two_stage, case.splits, inter)
         runs.append(("two-stage" if two_stage else "single-pass", cache, before,
                      storage_bytes(cache)[0].cpu().clone(), inter.cpu()))
     refs = ocomp.compressor_reference(inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"],
                                       inp["slot_mapping"], inp["norm_weight"], inp["cos_sin_cache"],
-                                      ratio=case["ratio"], eps=case["eps"])
+                                      ratio=case.ratio, eps=case.eps)
     res = WriterComparison(tokens=len(refs))
     sanitize = target.sanitizes_writer
     for name, cache, before, got, rows in runs:
         # stage 1: the kernel's fp32 rows against the oracle's, derived tolerance, exact masks
         for r in refs:
+            record_row_margin(rows[r["t"]], r["row"], r["tol"])
             for item in ocomp.compare_rows(rows[r["t"]], r["row"], r["tol"]):
                 if item[0] == "more":
                     res.violations.append(Violation(f"{name}: {item[1]} more fp32 row elements out of tolerance",
@@ -148,6 +157,7 @@ def compare_compressor(case: dict, target: Target) -> WriterComparison:
         _, base_a = storage_bytes(ca)
         _, base_b = storage_bytes(cb)
         for r in refs:
+            record_row_margin(rb[r["t"]], ra[r["t"]], r["tol"])
             for item in ocomp.compare_rows(rb[r["t"]], ra[r["t"]], r["tol"]):
                 if item[0] != "more":
                     i, e, g, tol = item
@@ -163,37 +173,37 @@ def compare_compressor(case: dict, target: Target) -> WriterComparison:
     return res
 
 
-def compare_writer_case(case: dict, target: Target) -> WriterComparison:
-    return compare_swa(case, target) if case["writer"] == "swa" else compare_compressor(case, target)
+def compare_writer_case(case: WriterCase, target: Target) -> WriterComparison:
+    return compare_swa(case.swa, target) if case.swa is not None else compare_compressor(case.compressor, target)
 
 
 #: a -inf kv (window row 118, dim 460) whose weight exp(score - max) underflows to 0 against the window's max but not
 #: against its split's max (rows 112..127 of 8 splits): before the rule "+-inf kv of a live row adds +-inf whatever its
 #: weight rounds to", the single pass and the oracle gave -inf * 0 = NaN (every lane NaN, scale codes 255) and the
 #: two-stage variant -inf (rows of +-0, codes 105). Found by a dev-profile sweep.
-INF_KV_UNDERFLOW_CASE = {
-    "writer": "compressor", "seed": 124469, "ratio": 128, "state_block_size": 8, "num_reqs": 1, "positions": [127, 255],
-    "reqs": [0, 0], "extra_blocks_before": 1, "block_size": 7, "spare_blocks": 0, "padded": False, "num_blocks": 1,
-    "slots": [1, -1], "score_scale": 30.0, "weight": "inf", "eps": 1e-20, "two_stage": True, "splits": 8,
-    "specials": [[786, "kv", 460, "-inf"], [786, "kv", 460, "-inf"], [10099, "kv", 185, "-inf"]]}
+INF_KV_UNDERFLOW_CASE = CompressorCase(
+    seed=124469, ratio=128, state_block_size=8, num_reqs=1, positions=(127, 255), reqs=(0, 0),
+    extra_blocks_before=1, block_size=7, spare_blocks=0, padded=False, num_blocks=1, slots=(1, -1), score_scale=30.0,
+    weight="inf", eps=1e-20, two_stage=True, splits=8,
+    specials=((786, "kv", 460, "-inf"), (786, "kv", 460, "-inf"), (10099, "kv", 185, "-inf")))
 
 
-def _writer_examples(target: Target) -> list[dict]:
+def _writer_examples(target: Target) -> list[WriterCase]:
     return [
-        {"writer": "swa", "seed": 7, "T": 3, "block_size": 3, "padded": True, "extra_blocks_before": 1,
-         "spare_blocks": 1, "num_blocks": 2, "slots": [4, -1, 0], "log_scale": [0, -20, 25],
-         "specials": [[0, 5, "nan"], [2, 100, "inf"], [2, 450, "-inf"], [0, 200, "zero-group"]]},
-        {"writer": "compressor", "seed": 11, "ratio": 128, "state_block_size": 8, "num_reqs": 1,
-         "positions": [255, 127], "reqs": [0, 0], "block_size": 1, "padded": True, "extra_blocks_before": 1,
-         "spare_blocks": 0, "num_blocks": 2, "slots": [1, 0], "score_scale": 4.0, "weight": "normal", "eps": 1e-6,
-         "two_stage": True, "splits": None, "specials": []},
-        INF_KV_UNDERFLOW_CASE,
+        WriterCase(swa=SwaCase(seed=7, T=3, block_size=3, padded=True, extra_blocks_before=1, spare_blocks=1,
+                               num_blocks=2, slots=(4, -1, 0), log_scale=(0, -20, 25),
+                               specials=((0, 5, "nan"), (2, 100, "inf"), (2, 450, "-inf"), (0, 200, "zero-group")))),
+        WriterCase(compressor=CompressorCase(
+            seed=11, ratio=128, state_block_size=8, num_reqs=1, positions=(255, 127), reqs=(0, 0), block_size=1,
+            padded=True, extra_blocks_before=1, spare_blocks=0, num_blocks=2, slots=(1, 0), score_scale=4.0,
+            weight="normal", eps=1e-6, two_stage=True, splits=None, specials=())),
+        WriterCase(compressor=INF_KV_UNDERFLOW_CASE),
     ]
 
 
 @contract("writer-oracle-exact", targets=ALL_TARGETS, cases=lambda target: fw.writer_cases(),
-          examples=_writer_examples, min_cases=5)
-def writer_oracle_exact(case: dict, target: Target) -> list[Violation]:
+          examples=_writer_examples, min_cases=5, case_type=WriterCase, numeric=True)
+def writer_oracle_exact(case: WriterCase, target: Target) -> list[Violation]:
     """Both DSv4 cache writers agree with their oracles (SPEC 1.2, 4; DESIGN.md "Oracles").
 
     SWA insert: every byte of the pool equals the reference writer's (main-cache flavour of the target, pad 0, raw
@@ -237,25 +247,28 @@ def nan_free_cases(target: Target):
     return fw.nan_free_cases()
 
 
-def _nan_free_examples(target: Target) -> list[dict]:
-    base = {"writer": "compressor", "seed": 3, "state_block_size": 8, "num_reqs": 1, "block_size": 2,
-            "padded": False, "extra_blocks_before": 0, "spare_blocks": 0, "num_blocks": 1, "score_scale": 1.0,
-            "weight": "normal", "eps": 1e-6, "splits": None}
+def _nan_free_examples(target: Target) -> list[CompressorCase]:
+    def case(**kw) -> CompressorCase:
+        base = dict(seed=3, state_block_size=8, num_reqs=1, block_size=2, padded=False, extra_blocks_before=0,
+                    spare_blocks=0, num_blocks=1, score_scale=1.0, weight="normal", eps=1e-6, splits=None)
+        return CompressorCase(**{**base, **kw})
+
     return [
-        dict(base, ratio=128, positions=[127], reqs=[0], slots=[1], two_stage=True,
-             specials=[[0, "kv", 3, "nan"], [5, "kv", 460, "inf"]]),
-        dict(base, ratio=4, state_block_size=4, positions=[7], reqs=[0], slots=[0], two_stage=False,
-             specials=[[0, "score", 500, "nan"], [1, "kv", 70, "-inf"]]),
+        case(ratio=128, positions=(127,), reqs=(0,), slots=(1,), two_stage=True,
+             specials=((0, "kv", 3, "nan"), (5, "kv", 460, "inf"))),
+        case(ratio=4, state_block_size=4, positions=(7,), reqs=(0,), slots=(0,), two_stage=False,
+             specials=((0, "score", 500, "nan"), (1, "kv", 70, "-inf"))),
         # RoPE lanes that are +-inf (not NaN) after the rotation: NaN-only clearing stores them (FINDINGS.md F1)
-        dict(base, seed=1, ratio=4, state_block_size=4, positions=[11], reqs=[0], slots=[0], two_stage=False,
-             weight="huge-rope", specials=[]),
-        dict(base, seed=2, ratio=128, positions=[127], reqs=[0], slots=[1], two_stage=True, splits=4,
-             weight="rope-near-max", specials=[]),
+        case(seed=1, ratio=4, state_block_size=4, positions=(11,), reqs=(0,), slots=(0,), two_stage=False,
+             weight="huge-rope", specials=()),
+        case(seed=2, ratio=128, positions=(127,), reqs=(0,), slots=(1,), two_stage=True, splits=4,
+             weight="rope-near-max", specials=()),
     ]
 
 
-@contract("nan-free-cache", targets=ALL_TARGETS, cases=nan_free_cases, examples=_nan_free_examples, min_cases=5)
-def nan_free_cache(case: dict, target: Target) -> list[Violation]:
+@contract("nan-free-cache", targets=ALL_TARGETS, cases=nan_free_cases, examples=_nan_free_examples, min_cases=5,
+          case_type=CompressorCase, numeric=False)
+def nan_free_cache(case: CompressorCase, target: Target) -> list[Violation]:
     """The compressed ("extra") cache the trust gate may trust decodes to finite values (seed 004, SPEC 4).
 
     Sanitizing target (gfx950): for ANY input - NaN/+-inf state rows and scores, fp32-overflowing values and norm
@@ -272,16 +285,16 @@ def nan_free_cache(case: dict, target: Target) -> list[Violation]:
     dev = kernel_device()
     inp = fw.build_compressor_inputs(case, dev)
     _, cache = fw.build_cache(case, dev)
-    _run_compressor(inp, cache, case, target, case["two_stage"], case["splits"], None)
+    _run_compressor(inp, cache, case, target, case.two_stage, case.splits, None)
     if target.sanitizes_writer:
-        pos, slots = case["positions"], case["slots"]
-        writers = [(t, s) for t, (p, s) in enumerate(zip(pos, slots)) if s >= 0 and (p + 1) % case["ratio"] == 0]
+        writers = [(t, s) for t, (p, s) in enumerate(zip(case.positions, case.slots))
+                   if s >= 0 and (p + 1) % case.ratio == 0]
     else:
         refs = ocomp.compressor_reference(inp["state"], inp["state_block_table"], inp["token_to_req"],
                                           inp["positions"], inp["slot_mapping"], inp["norm_weight"],
-                                          inp["cos_sin_cache"], ratio=case["ratio"], eps=case["eps"])
+                                          inp["cos_sin_cache"], ratio=case.ratio, eps=case.eps)
         writers = [(r["t"], r["slot"]) for r in refs if r["overflow_free"]]
-    variant = "two-stage" if case["two_stage"] else "single-pass"
+    variant = "two-stage" if case.two_stage else "single-pass"
     for t, slot in writers:
         for p in cache_token_problems(ocw.read_token(cache, slot)):
             out.append(Violation(f"{variant} compressor stored a non-finite cache entry", f"token {t} slot {slot}",
@@ -291,20 +304,16 @@ def nan_free_cache(case: dict, target: Target) -> list[Violation]:
 
 # --- trust-gate -----------------------------------------------------------------------------------------------------
 
-def _gate_cases(target: Target):
-    return st.fixed_dictionaries({"cache_dtype": st.sampled_from(otg.CACHE_DTYPES),
-                                  "has_kv_transfer": st.booleans(), "has_extra_cache": st.booleans()})
-
-
-@contract("trust-gate", targets=ALL_TARGETS, cases=_gate_cases, min_cases=5)
-def trust_gate(case: dict, target: Target) -> list[Violation]:
+@contract("trust-gate", targets=ALL_TARGETS, cases=lambda target: fw.trust_gate_cases(), min_cases=5,
+          case_type=TrustGateCase, numeric=False)
+def trust_gate(case: TrustGateCase, target: Target) -> list[Violation]:
     """``trust_extra_cache_nan_free`` is true exactly for (gfx950, "fp8_ds_mla", no KV transfer, extra cache present)
     (SPEC 4, seed 004): every row of the independent truth table in ``oracles.trust_gate`` for this target, the
     generated row, and non-bool flags rejected with TypeError instead of being read as truthy."""
     out = []
-    rows = [((target.name, case["cache_dtype"], case["has_kv_transfer"], case["has_extra_cache"]),
-             otg.trust_expected(target.name, case["cache_dtype"], case["has_kv_transfer"],
-                                case["has_extra_cache"]))] + otg.truth_table(target.name)
+    rows = [((target.name, case.cache_dtype, case.has_kv_transfer, case.has_extra_cache),
+             otg.trust_expected(target.name, case.cache_dtype, case.has_kv_transfer,
+                                case.has_extra_cache))] + otg.truth_table(target.name)
     for (tname, dtype, kv, extra), want in rows:
         got = trust_extra_cache_nan_free(target, dtype, kv, extra)
         if got is not want:

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import torch
 from hypothesis import strategies as st
 
+from contracts.cache_writers import record_row_margin
 from contracts.core import ALL_TARGETS, Violation, contract
 from fuzz import cache_writers as fw
+from fuzz.cases import Case
+from fuzz.cache_writers import CompressorCase
 from impl import decode as dec
 from impl import formats
 from impl.cache_writers import quantize_and_insert_k_cache
@@ -118,17 +122,20 @@ def _probe_swa(target: Target) -> list[Violation]:
 @int64_probe("compressor")
 def _probe_compressor(target: Target) -> list[Violation]:
     def write(view, slot, dev):
-        case = {"seed": 9, "ratio": 4, "state_block_size": 4, "num_reqs": 1, "positions": [7], "reqs": [0],
-                "slots": [slot], "score_scale": 1.0, "weight": "normal", "specials": []}
+        # the case's geometry is the far-end pool's, so it describes where the token lands
+        case = CompressorCase(seed=9, ratio=4, state_block_size=4, num_reqs=1, positions=(7,), reqs=(0,),
+                              slots=(slot,), score_scale=1.0, weight="normal", eps=1e-6, specials=(),
+                              block_size=int(view.shape[1]), padded=True, num_blocks=int(view.shape[0]))
         inp = fw.build_compressor_inputs(case, dev)
         inter = torch.full((1, 512), float("nan"), device=dev)
         compress_norm_rope_store(inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"],
-                                 inp["slot_mapping"], inp["norm_weight"], inp["cos_sin_cache"], view, ratio=4,
-                                 eps=1e-6, target=target, intermediates=inter)
+                                 inp["slot_mapping"], inp["norm_weight"], inp["cos_sin_cache"], view,
+                                 ratio=case.ratio, eps=case.eps, target=target, intermediates=inter)
         want = ocomp.pack_reference_row(inter[0].cpu(), cap=target.writer_scale_code_cap,
                                         sanitize=target.sanitizes_writer)
-        ref = ocomp.token_reference(inp["state"], inp["state_block_table"], 0, 7, inp["norm_weight"],
-                                    inp["cos_sin_cache"], ratio=4, eps=1e-6)
+        ref = ocomp.token_reference(inp["state"], inp["state_block_table"], 0, case.positions[0], inp["norm_weight"],
+                                    inp["cos_sin_cache"], ratio=case.ratio, eps=case.eps)
+        record_row_margin(inter[0].cpu(), ref["row"], ref["tol"])
         extra = [Violation("compressor: fp32 row at the far end out of tolerance", str(item[0]))
                  for item in ocomp.compare_rows(inter[0].cpu(), ref["row"], ref["tol"])]
         return want, extra
@@ -222,17 +229,30 @@ def _decode_far_end(case, target: Target) -> list[Violation]:
                       m.got) for m in cmp.compare_attention(got, ref.out, tol)]
 
 
-@contract("int64-addressing", targets=ALL_TARGETS, cases=lambda target: st.just({"probes": sorted(INT64_PROBES)}),
-          min_cases=1, max_cases=1)
-def int64_addressing(case: dict, target: Target) -> list[Violation]:
+@dataclass(frozen=True)
+class Int64Case(Case):
+    """The probes to run, by their names in :data:`INT64_PROBES` (the generator names every registered one)."""
+
+    KIND: ClassVar[str] = "int64-addressing"
+
+    probes: tuple[str, ...]
+
+    def __post_init__(self):
+        super().__post_init__()
+        unknown = sorted(set(self.probes) - set(INT64_PROBES))
+        if unknown:  # a reproducer naming a probe this code lacks cannot be replayed: a usage error
+            raise ValueError(f"probes: unknown {unknown}; known: {sorted(INT64_PROBES)}")
+
+
+@contract("int64-addressing", targets=ALL_TARGETS,
+          cases=lambda target: st.builds(Int64Case, probes=st.just(tuple(sorted(INT64_PROBES)))),
+          min_cases=1, max_cases=1, case_type=Int64Case, numeric=True)
+def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     """Every registered probe addresses the cache in int64 (SPEC 1.2, ``block * stride(0)``): the writers (SWA
     insert, compressor) store a token at the far end of a pool larger than 2^32 bytes, whose block offset wraps to
     a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
     reads far-end tokens and agrees with the oracle."""
     out = []
-    for name in case["probes"]:
-        if name not in INT64_PROBES:
-            out.append(Violation("unknown int64 probe", name))
-            continue
+    for name in case.probes:
         out += INT64_PROBES[name](target)
     return out

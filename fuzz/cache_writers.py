@@ -1,4 +1,4 @@
-"""Strategies for the DSv4 cache writers: JSON cases (tensors are built from a seed by ``build_*``).
+"""Case types and strategies for the DSv4 cache writers (tensors are built from a case's seed by ``build_*``).
 
 What they reach: NaN, +-inf, huge (fp32-overflowing) and denormal values in state rows, k rows and norm weights;
 all-zero NoPE groups (the 1e-4 amax floor); odd block sizes; padded and dense block strides; views that start
@@ -10,10 +10,15 @@ Duplicate slots are not generated: the writers reject them (tests/test_writers.p
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
 import torch
 from hypothesis import strategies as st
 
+from fuzz.cases import Case
 from impl.formats import allocate_fp8_ds_mla_pool
+from oracles.trust_gate import CACHE_DTYPES
 
 SPECIAL_VALUES = {
     "nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"),
@@ -37,6 +42,118 @@ NORM_SAFE_KINDS = ("denormal", "zero-group")
 BLOCK_SIZES = (1, 2, 3, 5, 7, 16)
 
 
+SpecialKind = Literal["nan", "inf", "-inf", "huge", "huger", "denormal", "zero-group"]
+WeightKind = Literal["normal", "huge", "huge-rope", "rope-near-max", "denormal", "zero-group", "nan", "inf"]
+
+
+def _check_geometry(case) -> None:
+    if case.block_size < 1 or case.num_blocks < 1 or case.extra_blocks_before < 0 or case.spare_blocks < 0:
+        raise ValueError("block_size and num_blocks must be >= 1, extra_blocks_before and spare_blocks >= 0")
+    cap = case.num_blocks * case.block_size
+    bad = [s for s in case.slots if not -1 <= s < cap]
+    if bad:
+        raise ValueError(f"slots: {bad} outside -1..{cap - 1} (num_blocks * block_size)")
+
+
+@dataclass(frozen=True)
+class SwaCase(Case):
+    """An SWA-insert case: ``T`` bf16 k rows (seeded, per-row scale 10^(log_scale/3), specials planted at
+    (token, dim, kind)) written through ``slots`` into a pool of the given geometry."""
+
+    KIND: ClassVar[str] = "swa-writer"
+
+    seed: int
+    T: int
+    slots: tuple[int, ...]
+    log_scale: tuple[int, ...]
+    specials: tuple[tuple[int, int, SpecialKind], ...] = ()
+    block_size: int = 1
+    padded: bool = False
+    extra_blocks_before: int = 0
+    spare_blocks: int = 0
+    num_blocks: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.T < 1 or len(self.slots) != self.T or len(self.log_scale) != self.T:
+            raise ValueError(f"T={self.T}: slots and log_scale need one entry per token")
+        _check_geometry(self)
+        bad = [sp for sp in self.specials if not (0 <= sp[0] < self.T and 0 <= sp[1] < 512)]
+        if bad:
+            raise ValueError(f"specials: {bad} outside token 0..{self.T - 1}, dim 0..511")
+
+
+@dataclass(frozen=True)
+class CompressorCase(Case):
+    """A compressor case (``compress_norm_rope_store``): tokens at ``positions`` of requests ``reqs`` over seeded state
+    rows (scores times ``score_scale``, specials planted at (index, "kv" | "score", dim, kind)), norm weights of kind
+    ``weight``, written through ``slots`` into a pool of the given geometry; ``two_stage`` with ``splits`` (None:
+    the kernel's own count) for ratio 128."""
+
+    KIND: ClassVar[str] = "compressor-writer"
+
+    seed: int
+    ratio: Literal[4, 128]
+    state_block_size: int
+    positions: tuple[int, ...]
+    reqs: tuple[int, ...]
+    slots: tuple[int, ...]
+    num_reqs: int = 1
+    score_scale: float = 1.0
+    weight: WeightKind = "normal"
+    eps: float = 1e-6
+    two_stage: bool = False
+    splits: int | None = None
+    specials: tuple[tuple[int, Literal["kv", "score"], int, SpecialKind], ...] = ()
+    block_size: int = 1
+    padded: bool = False
+    extra_blocks_before: int = 0
+    spare_blocks: int = 0
+    num_blocks: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        n = len(self.positions)
+        if n < 1 or len(self.reqs) != n or len(self.slots) != n:
+            raise ValueError("positions, reqs and slots need one entry per token (at least one)")
+        if self.state_block_size < 1 or self.num_reqs < 1 or any(not 0 <= r < self.num_reqs for r in self.reqs):
+            raise ValueError(f"reqs: {list(self.reqs)} outside 0..{self.num_reqs - 1}, or state_block_size < 1")
+        if any(p < 0 for p in self.positions):
+            raise ValueError(f"positions: {list(self.positions)} must be >= 0")
+        if (self.two_stage and self.ratio != 128) or (self.splits is not None and not self.two_stage):
+            raise ValueError("two_stage is for ratio 128, and splits only for two_stage")
+        _check_geometry(self)
+        bad = [sp for sp in self.specials if not (sp[0] >= 0 and 0 <= sp[2] < 512)]
+        if bad:
+            raise ValueError(f"specials: {bad} need index >= 0 and dim 0..511")
+
+
+@dataclass(frozen=True)
+class WriterCase(Case):
+    """A writer-oracle-exact case: exactly one of an SWA-insert and a compressor case."""
+
+    KIND: ClassVar[str] = "writer"
+
+    swa: SwaCase | None = None
+    compressor: CompressorCase | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if (self.swa is None) == (self.compressor is None):
+            raise ValueError("a writer case holds exactly one of swa and compressor")
+
+
+@dataclass(frozen=True)
+class TrustGateCase(Case):
+    """One row of the trust gate's inputs, checked beside the target's whole truth table."""
+
+    KIND: ClassVar[str] = "trust-gate"
+
+    cache_dtype: str
+    has_kv_transfer: bool
+    has_extra_cache: bool
+
+
 def _geometry():
     return st.fixed_dictionaries({
         "block_size": st.sampled_from(BLOCK_SIZES),
@@ -49,27 +166,28 @@ def _geometry():
 def _slots(n_tokens: int, n_slots: int, draw, allow_skip: bool = True):
     perm = draw(st.permutations(range(n_slots)))
     if not allow_skip:
-        return perm[:n_tokens]
+        return tuple(perm[:n_tokens])
     skip = draw(st.lists(st.sampled_from((False, False, False, True)), min_size=n_tokens, max_size=n_tokens))
-    return [-1 if s else perm[i] for i, s in enumerate(skip)]
+    return tuple(-1 if s else perm[i] for i, s in enumerate(skip))
 
 
 @st.composite
-def swa_cases(draw, kinds=ORACLE_KINDS):
+def swa_cases(draw, kinds=ORACLE_KINDS) -> SwaCase:
     T = draw(st.integers(1, 5))
     geo = draw(_geometry())
     n_slots = geo["block_size"] * (-(-T // geo["block_size"]) + geo["spare_blocks"])
-    return {
-        "writer": "swa", "seed": draw(st.integers(0, 2 ** 31 - 1)), "T": T, **geo,
-        "num_blocks": n_slots // geo["block_size"], "slots": _slots(T, n_slots, draw),
-        "log_scale": draw(st.lists(st.integers(-30, 30), min_size=T, max_size=T)),
-        "specials": draw(st.lists(st.tuples(st.integers(0, T - 1), st.integers(0, 511), st.sampled_from(kinds))
-                                  .map(list), max_size=4)),
-    }
+    return SwaCase(
+        seed=draw(st.integers(0, 2 ** 31 - 1)), T=T, **geo,
+        num_blocks=n_slots // geo["block_size"], slots=_slots(T, n_slots, draw),
+        log_scale=tuple(draw(st.lists(st.integers(-30, 30), min_size=T, max_size=T))),
+        specials=tuple(draw(st.lists(st.tuples(st.integers(0, T - 1), st.integers(0, 511), st.sampled_from(kinds)),
+                                     max_size=4))),
+    )
 
 
 @st.composite
-def compressor_cases(draw, kinds=ORACLE_KINDS, weight_kinds=WEIGHT_KINDS, min_specials=0, all_write=False):
+def compressor_cases(draw, kinds=ORACLE_KINDS, weight_kinds=WEIGHT_KINDS, min_specials=0,
+                     all_write=False) -> CompressorCase:
     """``all_write``: every token sits at a window end and has a slot, so every token writes."""
     ratio = draw(st.sampled_from((4, 128)))
     sbs = draw(st.sampled_from((4, 3) if ratio == 4 else (8, 16)))
@@ -86,23 +204,24 @@ def compressor_cases(draw, kinds=ORACLE_KINDS, weight_kinds=WEIGHT_KINDS, min_sp
     geo = draw(_geometry())
     n_slots = geo["block_size"] * (-(-T // geo["block_size"]) + geo["spare_blocks"])
     two_stage = ratio == 128 and draw(st.booleans())
-    return {
-        "writer": "compressor", "seed": draw(st.integers(0, 2 ** 31 - 1)), "ratio": ratio,
-        "state_block_size": sbs, "num_reqs": n_req, "positions": positions, "reqs": reqs, **geo,
-        "num_blocks": n_slots // geo["block_size"], "slots": _slots(T, n_slots, draw, allow_skip=not all_write),
-        "score_scale": draw(st.sampled_from((0.0, 1.0, 4.0, 30.0))),
-        "weight": draw(st.sampled_from(weight_kinds)),
-        "eps": draw(st.sampled_from((1e-6, 1e-20, 0.0))),
-        "two_stage": two_stage,
-        "splits": draw(st.sampled_from((None, 1, 2, 4, 8, 16))) if two_stage else None,
-        "specials": draw(st.lists(
+    return CompressorCase(
+        seed=draw(st.integers(0, 2 ** 31 - 1)), ratio=ratio, state_block_size=sbs, num_reqs=n_req,
+        positions=tuple(positions), reqs=tuple(reqs), **geo,
+        num_blocks=n_slots // geo["block_size"], slots=_slots(T, n_slots, draw, allow_skip=not all_write),
+        score_scale=draw(st.sampled_from((0.0, 1.0, 4.0, 30.0))),
+        weight=draw(st.sampled_from(weight_kinds)),
+        eps=draw(st.sampled_from((1e-6, 1e-20, 0.0))),
+        two_stage=two_stage,
+        splits=draw(st.sampled_from((None, 1, 2, 4, 8, 16))) if two_stage else None,
+        specials=tuple(draw(st.lists(
             st.tuples(st.integers(0, 10 ** 6), st.sampled_from(("kv", "score")), st.integers(0, 511),
-                      st.sampled_from(kinds)).map(list), min_size=min_specials, max_size=4)),
-    }
+                      st.sampled_from(kinds)), min_size=min_specials, max_size=4))),
+    )
 
 
 def writer_cases():
-    return st.one_of(swa_cases(), compressor_cases())
+    return st.one_of(swa_cases().map(lambda c: WriterCase(swa=c)),
+                     compressor_cases().map(lambda c: WriterCase(compressor=c)))
 
 
 def rope_overflow_cases():
@@ -117,20 +236,25 @@ def nan_free_cases():
     return st.one_of(compressor_cases(kinds=ANY_KINDS, weight_kinds=NAN_FREE_WEIGHT_KINDS), rope_overflow_cases())
 
 
+def trust_gate_cases():
+    return st.builds(TrustGateCase, cache_dtype=st.sampled_from(CACHE_DTYPES), has_kv_transfer=st.booleans(),
+                     has_extra_cache=st.booleans())
+
+
 # --- building tensors from a case ---------------------------------------------------------------------------------
 
-def build_cache(case: dict, device, fill: int = 0xFF):
+def build_cache(case: "SwaCase | CompressorCase", device, fill: int = 0xFF):
     """(pool, view) for a case's geometry, every byte set to ``fill`` (0xFF: NaN fp8 byte and NaN scale code)."""
-    return allocate_fp8_ds_mla_pool(case["num_blocks"], case["block_size"], padded=case["padded"], device=device,
-                                    fill=fill, extra_blocks_before=case["extra_blocks_before"])
+    return allocate_fp8_ds_mla_pool(case.num_blocks, case.block_size, padded=case.padded, device=device, fill=fill,
+                                    extra_blocks_before=case.extra_blocks_before)
 
 
-def build_swa_inputs(case: dict, device):
-    g = torch.Generator().manual_seed(case["seed"])
-    T = case["T"]
+def build_swa_inputs(case: SwaCase, device):
+    g = torch.Generator().manual_seed(case.seed)
+    T = case.T
     k = torch.randn(T, 512, generator=g, dtype=torch.float64)
-    k *= torch.tensor([10.0 ** (s / 3) for s in case["log_scale"]], dtype=torch.float64)[:, None]
-    for t, d, kind in case["specials"]:
+    k *= torch.tensor([10.0 ** (s / 3) for s in case.log_scale], dtype=torch.float64)[:, None]
+    for t, d, kind in case.specials:
         if kind == "zero-group":
             lo = (d // 64) * 64
             k[t, lo:lo + 64] = 0.0
@@ -138,25 +262,25 @@ def build_swa_inputs(case: dict, device):
             k[t, d] = SPECIAL_VALUES[kind] * (1 if d % 2 else -1) if kind in ("huge", "huger", "denormal") \
                 else SPECIAL_VALUES[kind]
     k = k.to(torch.float32).to(torch.bfloat16).to(device)
-    return k, torch.tensor(case["slots"], dtype=torch.int64, device=device)
+    return k, torch.tensor(case.slots, dtype=torch.int64, device=device)
 
 
-def build_compressor_inputs(case: dict, device) -> dict:
+def build_compressor_inputs(case: CompressorCase, device) -> dict:
     """Tensors for ``compress_norm_rope_store`` from a compressor case."""
-    g = torch.Generator().manual_seed(case["seed"])
-    ratio, sbs = case["ratio"], case["state_block_size"]
+    g = torch.Generator().manual_seed(case.seed)
+    ratio, sbs = case.ratio, case.state_block_size
     coff = 2 if ratio == 4 else 1
     R = coff * ratio
-    max_pos = max(case["positions"])
+    max_pos = max(case.positions)
     cols = max_pos // sbs + 1
-    n_req = case["num_reqs"]
+    n_req = case.num_reqs
     n_state_blocks = cols * n_req + 1
     state = torch.randn(n_state_blocks, sbs, 2 * coff * 512, generator=g)
-    state[:, :, coff * 512:] *= case["score_scale"]
+    state[:, :, coff * 512:] *= case.score_scale
     table = torch.stack([torch.randperm(n_state_blocks, generator=g)[:cols] for _ in range(n_req)]).to(torch.int32)
-    positions = case["positions"]
-    reqs = case["reqs"]
-    for idx, part, d, kind in case["specials"]:
+    positions = case.positions
+    reqs = case.reqs
+    for idx, part, d, kind in case.specials:
         t = idx % len(positions)
         p = positions[t] - (idx // len(positions)) % R
         if p < 0:
@@ -178,7 +302,7 @@ def build_compressor_inputs(case: dict, device) -> dict:
                 v = -v
             state[blk, p % sbs, col0 + d] = v
     w = 1.0 + 0.25 * torch.randn(512, generator=g)
-    kind = case["weight"]
+    kind = case.weight
     if kind == "huge":
         w[::3] = 1e38
     elif kind == "huge-rope":
@@ -206,6 +330,6 @@ def build_compressor_inputs(case: dict, device) -> dict:
         "state": state.to(device), "state_block_table": table.to(device),
         "token_to_req": torch.tensor(reqs, dtype=torch.int32, device=device),
         "positions": torch.tensor(positions, dtype=torch.int64, device=device),
-        "slot_mapping": torch.tensor(case["slots"], dtype=torch.int64, device=device),
+        "slot_mapping": torch.tensor(case.slots, dtype=torch.int64, device=device),
         "norm_weight": w.to(device), "cos_sin_cache": cos_sin.to(device),
     }

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 import pytest
@@ -9,9 +10,11 @@ import torch
 
 import impl  # noqa: F401  (selects the Triton mode before Triton is imported)
 import contracts.cache_writers as cw
-from contracts.core import CONTRACTS
+import contracts.int64_probes  # noqa: F401  (registers int64-addressing, run below with the writers' contracts)
+from contracts.core import CONTRACTS, collecting_margins
 from contracts.runner import run_contract
 from fuzz import cache_writers as fw
+from fuzz.cases import CASE_SCHEMA_VERSION, CaseError
 from impl.cache_writers import quantize_and_insert_k_cache, trust_extra_cache_nan_free
 from impl.compressor import compress_norm_rope_store, num_two_stage_splits
 from impl.runtime import kernel_device
@@ -23,27 +26,25 @@ from oracles.formats import storage_bytes
 
 DEV = kernel_device()
 
-SWA_CASE = {"writer": "swa", "seed": 3, "T": 4, "block_size": 5, "padded": True, "extra_blocks_before": 2,
-            "spare_blocks": 1, "num_blocks": 2, "slots": [9, -1, 0, 4], "log_scale": [0, 12, -25, 30],
-            "specials": [[0, 3, "nan"], [2, 80, "inf"], [3, 460, "nan"], [3, 130, "zero-group"],
-                         [0, 300, "denormal"]]}
+SWA_CASE = fw.SwaCase(seed=3, T=4, block_size=5, padded=True, extra_blocks_before=2, spare_blocks=1, num_blocks=2,
+                      slots=(9, -1, 0, 4), log_scale=(0, 12, -25, 30),
+                      specials=((0, 3, "nan"), (2, 80, "inf"), (3, 460, "nan"), (3, 130, "zero-group"),
+                                (0, 300, "denormal")))
 
 
-def compressor_case(**kw):
-    case = {"writer": "compressor", "seed": 21, "ratio": 128, "state_block_size": 8, "num_reqs": 2,
-            "positions": [255, 127, 383], "reqs": [1, 0, 1], "block_size": 3, "padded": False,
-            "extra_blocks_before": 1, "spare_blocks": 1, "num_blocks": 2, "slots": [5, 0, 2], "score_scale": 4.0,
-            "weight": "normal", "eps": 1e-6, "two_stage": True, "splits": None, "specials": []}
-    case.update(kw)
-    return case
+def compressor_case(**kw) -> fw.CompressorCase:
+    base = dict(seed=21, ratio=128, state_block_size=8, num_reqs=2, positions=(255, 127, 383), reqs=(1, 0, 1),
+                block_size=3, padded=False, extra_blocks_before=1, spare_blocks=1, num_blocks=2, slots=(5, 0, 2),
+                score_scale=4.0, weight="normal", eps=1e-6, two_stage=True, splits=None, specials=())
+    return fw.CompressorCase(**{**base, **kw})
 
 
 def run_case(case, target, two_stage=None, intermediates=True):
     inp = fw.build_compressor_inputs(case, DEV)
     _, cache = fw.build_cache(case, DEV)
-    inter = torch.full((len(case["positions"]), 512), float("nan"), device=DEV) if intermediates else None
-    ts = case["two_stage"] if two_stage is None else two_stage
-    cw._run_compressor(inp, cache, case, get_target(target), ts, case["splits"], inter)
+    inter = torch.full((len(case.positions), 512), float("nan"), device=DEV) if intermediates else None
+    ts = case.two_stage if two_stage is None else two_stage
+    cw._run_compressor(inp, cache, case, get_target(target), ts, case.splits, inter)
     return inp, cache, inter
 
 
@@ -104,7 +105,7 @@ def test_inf_kv_with_underflowing_weight_is_inf_in_both_variants():
     want_nan = torch.zeros(512, dtype=torch.bool)
     want_nan[[300, 460, 461]] = True
     ref = ocomp.token_reference(inp["state"], inp["state_block_table"], 0, 127, inp["norm_weight"],
-                                inp["cos_sin_cache"], ratio=128, eps=case["eps"])
+                                inp["cos_sin_cache"], ratio=128, eps=case.eps)
     assert torch.equal(torch.isnan(ref["row"]), want_nan)
     rows = {}
     for two_stage in (True, False):
@@ -174,13 +175,13 @@ def test_unsanitized_path_emits_nan_code_and_nan_bytes(target):
 
 
 def test_sanitizing_target_stores_finite_cache_for_the_same_inputs():
-    for case in (POISON, HUGE_ROPE, dict(POISON, two_stage=True, ratio=128, state_block_size=8, positions=[127],
-                                          reqs=[0], slots=[1])):
+    for case in (POISON, HUGE_ROPE, POISON.replace(two_stage=True, ratio=128, state_block_size=8, positions=(127,),
+                                                    reqs=(0,), slots=(1,))):
         _, cache, inter = run_case(case, "gfx950")
-        for t, (p, s) in enumerate(zip(case["positions"], case["slots"])):
-            if s >= 0 and (p + 1) % case["ratio"] == 0:
+        for t, (p, s) in enumerate(zip(case.positions, case.slots)):
+            if s >= 0 and (p + 1) % case.ratio == 0:
                 tok = ocw.read_token(cache, s)
-                assert cw.cache_token_problems(tok) == [], (case["weight"], t)
+                assert cw.cache_token_problems(tok) == [], (case.weight, t)
                 assert int(tok["scale"].max()) <= 254
     # the finding (FINDINGS.md F1): the fp32 rotated lanes hold +-inf, which NaN-only clearing would store
     _, _, inter = run_case(HUGE_ROPE, "gfx950")
@@ -204,7 +205,7 @@ def test_nan_free_generator_reaches_rope_overflow_within_the_ci_profile():
         inp = fw.build_compressor_inputs(case, "cpu")
         refs = ocomp.compressor_reference(inp["state"], inp["state_block_table"], inp["token_to_req"],
                                           inp["positions"], inp["slot_mapping"], inp["norm_weight"],
-                                          inp["cos_sin_cache"], ratio=case["ratio"], eps=case["eps"])
+                                          inp["cos_sin_cache"], ratio=case.ratio, eps=case.eps)
         hits += any(bool(torch.isinf(r["row"][448:].to(torch.bfloat16)).any()) for r in refs)
     assert hits >= 5, (hits, len(seen))
 
@@ -332,3 +333,89 @@ def test_contract_passes(cid, target):
     if cid == "int64-addressing":
         # a > 2^32-byte pool, written at its far end: pages are committed only where touched, so it stays cheap
         assert time.monotonic() - start < 30
+
+
+# --- typed cases ------------------------------------------------------------------------------------------------------
+
+_FAMILIES = [
+    ("writer-oracle-exact", fw.WriterCase, fw.writer_cases()),
+    ("nan-free-cache", fw.CompressorCase, fw.nan_free_cases()),
+    ("trust-gate", fw.TrustGateCase, fw.trust_gate_cases()),
+]
+
+
+@pytest.mark.parametrize("cid,case_type,strategy", _FAMILIES, ids=[f[0] for f in _FAMILIES])
+def test_cases_round_trip_through_json_and_reject_a_missing_field(cid, case_type, strategy):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    assert CONTRACTS[cid].case_type is case_type
+
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(case=strategy, data=st.data())
+    def prop(case, data):
+        assert isinstance(case, case_type)
+        doc = json.loads(json.dumps(case.to_json()))
+        assert case_type.from_json(doc) == case
+        # drop one field, at the top or inside the nested writer case
+        holder = doc
+        if case_type is fw.WriterCase:
+            holder = doc["swa"] if doc["swa"] is not None else doc["compressor"]
+        name = data.draw(st.sampled_from(sorted(k for k in holder if k not in ("kind", "schema_version"))))
+        del holder[name]
+        with pytest.raises(CaseError, match=f"missing field {name}"):
+            case_type.from_json(doc)
+
+    prop()
+
+
+def test_int64_case_round_trips_and_rejects_unknown_probes():
+    from contracts.int64_probes import INT64_PROBES, Int64Case
+
+    assert CONTRACTS["int64-addressing"].case_type is Int64Case and CONTRACTS["int64-addressing"].numeric
+    case = Int64Case(probes=tuple(sorted(INT64_PROBES)))
+    assert Int64Case.from_json(json.loads(json.dumps(case.to_json()))) == case
+    with pytest.raises(CaseError, match="missing field probes"):
+        Int64Case.from_json({"kind": "int64-addressing", "schema_version": CASE_SCHEMA_VERSION})
+    with pytest.raises(CaseError, match="unknown"):
+        Int64Case.from_json(dict(case.to_json(), probes=["swa-insert", "nope"]))
+
+
+def test_malformed_writer_cases_are_case_errors():
+    doc = cw.INF_KV_UNDERFLOW_CASE.to_json()
+    for change, match in ((dict(ratio=8), "ratio"), (dict(slots=[1]), "one entry per token"),
+                          (dict(specials=[[0, "kv", 600, "nan"]]), "dim 0..511"),
+                          (dict(specials=[[0, "kv", 6, "nan?"]]), "expected one of"),
+                          (dict(splits=4, two_stage=False), "splits only for two_stage"),
+                          (dict(slots=[7, -1]), r"outside -1\.\.6")):
+        with pytest.raises(CaseError, match=match):
+            fw.CompressorCase.from_json(dict(doc, **change))
+    with pytest.raises(CaseError, match="exactly one"):
+        fw.WriterCase.from_json({"kind": "writer", "schema_version": CASE_SCHEMA_VERSION, "swa": None,
+                                 "compressor": None})
+    with pytest.raises(CaseError, match="one entry per token"):
+        fw.SwaCase.from_json(dict(SWA_CASE.to_json(), log_scale=[0]))
+
+
+# --- margins --------------------------------------------------------------------------------------------------------
+
+def test_writer_oracle_records_the_fp32_stage_margin_and_the_byte_stage_none():
+    check = CONTRACTS["writer-oracle-exact"].check
+    target = get_target("gfx950")
+    with collecting_margins() as margins:
+        assert check(fw.WriterCase(compressor=compressor_case()), target) == []
+    # three tokens, each against the oracle in both variants, plus the variants against each other
+    assert len(margins) == 3 * 3
+    assert all(0 < m <= 1 for m in margins), margins
+    with collecting_margins() as margins:
+        assert check(fw.WriterCase(swa=SWA_CASE), target) == []
+    assert margins == []  # the SWA insert is compared byte for byte: no tolerance, no margin
+    assert not CONTRACTS["nan-free-cache"].numeric and not CONTRACTS["trust-gate"].numeric
+    assert CONTRACTS["writer-oracle-exact"].numeric
+
+
+def test_trust_gate_case_is_read_by_attribute():
+    check = CONTRACTS["trust-gate"].check
+    for dtype in otg.CACHE_DTYPES:
+        assert check(fw.TrustGateCase(cache_dtype=dtype, has_kv_transfer=False, has_extra_cache=True),
+                     get_target("gfx950")) == []
