@@ -1,32 +1,123 @@
-"""Strategies for the sparse metadata builder: a builder configuration and sequences of scheduler steps.
+"""Case types and strategies for the sparse metadata builder: a builder configuration and sequences of scheduler steps.
 
-A step is plain JSON: ``{"q_lens", "seq_lens", "host_lens", "holes", "seed"}``. Steps are produced from the previous
-one by *ops* (also JSON, all randomness inside), through the deterministic :func:`apply_op`; the contract's case
-generator and the RuleBasedStateMachine in the tests draw the same ops and use the same function. The ops aim at the
-states where cached metadata goes stale: steady decode (hits), lengths crossing ``topk``, the same clamped lengths
-with a different query-length distribution, the last request's query length changed (same starts), batches growing
-and shrinking, empty sequences, and ``seq_lens_cpu`` missing.
+A case (:class:`MetadataCase`) is a :class:`MetadataConfig` and a tuple of concrete :class:`MetadataStep`. Steps are
+produced from the previous one by *ops* (:class:`MetadataOp`, all randomness inside), through the deterministic
+:func:`apply_op`; the contract's case generator and the RuleBasedStateMachine in the tests draw the same ops and use
+the same function. The ops aim at the states where cached metadata goes stale: steady decode (hits), lengths crossing
+``topk``, the same clamped lengths with a different query-length distribution, the last request's query length
+changed (same starts), batches growing and shrinking, empty sequences, and ``seq_lens_cpu`` missing.
 """
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 from hypothesis import strategies as st
+
+from fuzz.cases import Case
 
 MAX_TOKENS = 16
 MAX_Q = 4
 HOLE_MODES = ("prefix", "anywhere", "fewer")
 
+HoleMode = Literal["prefix", "anywhere", "fewer"]
+OpKind = Literal["fresh", "decode", "repeat", "permute_q", "retime_last", "shrink", "grow", "cross_topk"]
+#: a request's sequence length as an op names it: "empty" (0), "topk-2".."topk+3" (relative to the config's topk),
+#: or an absolute length (raised to the request's query length)
+SeqCode = int | str
+
+
+@dataclass(frozen=True)
+class MetadataConfig(Case):
+    """How the builder is constructed: top-k width, kv granularity, block size, token capacity, heads; ``seed`` is
+    part of the drawn configuration (the steps carry their own)."""
+
+    KIND: ClassVar[str] = "sparse-metadata-config"
+
+    seed: int
+    topk: int
+    granularity: int
+    block_size: int
+    num_heads: int
+    max_tokens: int = MAX_TOKENS
+
+    def __post_init__(self):
+        super().__post_init__()
+        bad = [n for n in ("topk", "granularity", "block_size", "num_heads", "max_tokens") if getattr(self, n) < 1]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class MetadataStep(Case):
+    """One scheduler step: per-request query and sequence lengths, whether ``seq_lens_cpu`` is passed, where the -1
+    holes of the top-k rows go, and the seed its tensors are made from."""
+
+    KIND: ClassVar[str] = "sparse-metadata-step"
+
+    q_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    host_lens: bool = True
+    holes: HoleMode = "prefix"
+    seed: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.q_lens or len(self.seq_lens) != len(self.q_lens):
+            raise ValueError("q_lens and seq_lens need one entry per request (at least one)")
+        bad = [r for r, (q, s) in enumerate(zip(self.q_lens, self.seq_lens)) if q < 1 or not (s == 0 or s >= q)]
+        if bad:
+            raise ValueError(f"requests {bad}: need q_len >= 1 and seq_len 0 or >= q_len")
+
+
+@dataclass(frozen=True)
+class MetadataCase(Case):
+    """A builder configuration and the steps fed to one builder, in order."""
+
+    KIND: ClassVar[str] = "sparse-metadata"
+
+    config: MetadataConfig
+    steps: tuple[MetadataStep, ...]
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.steps:
+            raise ValueError("steps: at least one step")
+        over = [i for i, s in enumerate(self.steps) if sum(s.q_lens) > self.config.max_tokens]
+        if over:
+            raise ValueError(f"steps {over}: more tokens than config.max_tokens={self.config.max_tokens}")
+
+
+@dataclass(frozen=True)
+class MetadataOp(Case):
+    """What makes the next step from the previous one (see :func:`apply_op`); the fields an op kind does not read
+    keep their defaults."""
+
+    KIND: ClassVar[str] = "sparse-metadata-op"
+
+    op: OpKind
+    host_lens: bool
+    holes: HoleMode
+    seed: int
+    #: fresh / grow: (q_len, sequence-length code) per new request
+    reqs: tuple[tuple[int, SeqCode], ...] = ()
+    perm_seed: int = 0  # permute_q
+    q: int = 1  # retime_last
+    keep: int = 1  # shrink
+    delta: int = 0  # cross_topk
+
 
 def config_strategy() -> st.SearchStrategy:
-    return st.fixed_dictionaries({
-        "seed": st.integers(0, 2**31 - 1),
-        "topk": st.sampled_from([24, 4, 7, 40]),
-        "granularity": st.sampled_from([8, 16]),
-        "block_size": st.sampled_from([1, 3]),
-        "max_tokens": st.just(MAX_TOKENS),
-        "num_heads": st.sampled_from([2, 16, 17]),
-    })
+    return st.builds(
+        MetadataConfig,
+        seed=st.integers(0, 2**31 - 1),
+        topk=st.sampled_from([24, 4, 7, 40]),
+        granularity=st.sampled_from([8, 16]),
+        block_size=st.sampled_from([1, 3]),
+        max_tokens=st.just(MAX_TOKENS),
+        num_heads=st.sampled_from([2, 16, 17]),
+    )
 
 
 def _common() -> dict:
@@ -34,20 +125,18 @@ def _common() -> dict:
 
 
 _seq_code = st.one_of(st.just("empty"), st.integers(-2, 3).map(lambda d: f"topk{d:+d}"), st.integers(1, 48))
-_req = st.tuples(st.integers(1, MAX_Q), _seq_code).map(list)
+_req = st.tuples(st.integers(1, MAX_Q), _seq_code)
+_reqs = lambda lo, hi: st.lists(_req, min_size=lo, max_size=hi).map(tuple)  # noqa: E731
 
 OP_STRATEGIES: dict[str, st.SearchStrategy] = {
-    "fresh": st.fixed_dictionaries({"op": st.just("fresh"), "reqs": st.lists(_req, min_size=2, max_size=5),
-                                    **_common()}),
-    "decode": st.fixed_dictionaries({"op": st.just("decode"), **_common()}),
-    "repeat": st.fixed_dictionaries({"op": st.just("repeat"), **_common()}),
-    "permute_q": st.fixed_dictionaries({"op": st.just("permute_q"), "perm_seed": st.integers(0, 1000),
-                                        **_common()}),
-    "retime_last": st.fixed_dictionaries({"op": st.just("retime_last"), "q": st.integers(1, MAX_Q), **_common()}),
-    "shrink": st.fixed_dictionaries({"op": st.just("shrink"), "keep": st.integers(1, 4), **_common()}),
-    "grow": st.fixed_dictionaries({"op": st.just("grow"), "reqs": st.lists(_req, min_size=1, max_size=3),
-                                   **_common()}),
-    "cross_topk": st.fixed_dictionaries({"op": st.just("cross_topk"), "delta": st.integers(-2, 3), **_common()}),
+    "fresh": st.builds(MetadataOp, op=st.just("fresh"), reqs=_reqs(2, 5), **_common()),
+    "decode": st.builds(MetadataOp, op=st.just("decode"), **_common()),
+    "repeat": st.builds(MetadataOp, op=st.just("repeat"), **_common()),
+    "permute_q": st.builds(MetadataOp, op=st.just("permute_q"), perm_seed=st.integers(0, 1000), **_common()),
+    "retime_last": st.builds(MetadataOp, op=st.just("retime_last"), q=st.integers(1, MAX_Q), **_common()),
+    "shrink": st.builds(MetadataOp, op=st.just("shrink"), keep=st.integers(1, 4), **_common()),
+    "grow": st.builds(MetadataOp, op=st.just("grow"), reqs=_reqs(1, 3), **_common()),
+    "cross_topk": st.builds(MetadataOp, op=st.just("cross_topk"), delta=st.integers(-2, 3), **_common()),
 }
 
 
@@ -55,7 +144,7 @@ def op_strategy() -> st.SearchStrategy:
     return st.one_of(*OP_STRATEGIES.values())
 
 
-def _seq_from_code(code, q: int, topk: int) -> int:
+def _seq_from_code(code: SeqCode, q: int, topk: int) -> int:
     if code == "empty":
         return 0
     if isinstance(code, str) and code.startswith("topk"):
@@ -75,50 +164,72 @@ def _fix(q_lens: list[int], seq_lens: list[int], max_tokens: int) -> tuple[list[
     return q_lens, seq_lens
 
 
-def apply_op(prev: dict | None, op: dict, cfg: dict) -> dict:
+#: the requests a first step gets when its op is not ``fresh`` and names none
+_FIRST_REQS: tuple[tuple[int, SeqCode], ...] = ((1, 5), (2, "topk+0"))
+
+
+def apply_op(prev: MetadataStep | None, op: MetadataOp, cfg: MetadataConfig) -> MetadataStep:
     """The concrete step ``op`` makes from ``prev`` (None: the first step; any op then acts as ``fresh``)."""
-    topk, max_tokens = cfg["topk"], cfg["max_tokens"]
-    kind = op["op"]
-    if prev is None and kind not in ("fresh",):
+    topk, max_tokens = cfg.topk, cfg.max_tokens
+    kind = op.op
+    reqs = op.reqs
+    if prev is None and kind != "fresh":
         kind = "fresh"
-        op = {**op, "reqs": op.get("reqs") or [[1, 5], [2, f"topk{0:+d}"]]}
+        reqs = reqs or _FIRST_REQS
     if kind == "fresh":
-        q = [r[0] for r in op["reqs"]]
-        s = [_seq_from_code(r[1], r[0], topk) for r in op["reqs"]]
+        q = [r[0] for r in reqs]
+        s = [_seq_from_code(r[1], r[0], topk) for r in reqs]
     else:
-        q, s = list(prev["q_lens"]), list(prev["seq_lens"])
+        q, s = list(prev.q_lens), list(prev.seq_lens)
         if kind == "decode":
             s = [0 if x == 0 else x + 1 for x in s]
             q = [1] * len(q)
         elif kind == "permute_q":
-            rng = random.Random(op["perm_seed"])
+            rng = random.Random(op.perm_seed)
             rng.shuffle(q)
         elif kind == "retime_last":
             # Same request starts; max_query_len kept when another request sets it (the key's other fields).
             cap = MAX_Q if len(q) == 1 else max(q[:-1])
-            shift = 1 + (op["q"] - 1) % (cap - 1) if cap > 1 else 0  # always a different length when possible
+            shift = 1 + (op.q - 1) % (cap - 1) if cap > 1 else 0  # always a different length when possible
             new_q = 1 + (q[-1] - 1 + shift) % cap
             q[-1] = new_q if s[-1] == 0 else min(new_q, s[-1])
         elif kind == "shrink":
-            q, s = q[:op["keep"]], s[:op["keep"]]
+            q, s = q[:op.keep], s[:op.keep]
         elif kind == "grow":
-            q = q + [r[0] for r in op["reqs"]]
-            s = s + [_seq_from_code(r[1], r[0], topk) for r in op["reqs"]]
+            q = q + [r[0] for r in reqs]
+            s = s + [_seq_from_code(r[1], r[0], topk) for r in reqs]
         elif kind == "cross_topk":
-            s = [0 if x == 0 else topk + op["delta"] + (qq - 1) for x, qq in zip(s, q)]
+            s = [0 if x == 0 else topk + op.delta + (qq - 1) for x, qq in zip(s, q)]
     q, s = _fix(q, s, max_tokens)
-    return {"q_lens": q, "seq_lens": s, "host_lens": bool(op["host_lens"]), "holes": op["holes"],
-            "seed": int(op["seed"])}
+    return MetadataStep(q_lens=tuple(q), seq_lens=tuple(s), host_lens=op.host_lens, holes=op.holes, seed=op.seed)
 
 
 @st.composite
-def metadata_case(draw, min_steps: int = 2, max_steps: int = 6) -> dict:
+def metadata_case(draw, min_steps: int = 2, max_steps: int = 6) -> MetadataCase:
     """A builder configuration and a sequence of concrete steps."""
     cfg = draw(config_strategy())
     n = draw(st.integers(min_steps, max_steps))
-    steps: list[dict] = []
+    steps: list[MetadataStep] = []
     prev = None
     for _ in range(n):
         prev = apply_op(prev, draw(op_strategy()), cfg)
         steps.append(prev)
-    return {"config": cfg, "steps": steps}
+    return MetadataCase(config=cfg, steps=tuple(steps))
+
+
+@st.composite
+def burst_case(draw) -> MetadataCase:
+    """A case of :func:`metadata_case`'s shape whose ops come in bursts: one op kind repeated 1..3 times (each
+    repetition draws its own ``host_lens``, holes and seed). Ops drawn one by one rarely repeat, yet runs of the same
+    op are where a cached partition is served: steady decode, decode with ``seq_lens_cpu`` missing on consecutive
+    steps, repeated re-timing of the last request."""
+    cfg = draw(config_strategy())
+    steps: list[MetadataStep] = []
+    prev = None
+    kinds = sorted(OP_STRATEGIES)
+    while len(steps) < 2 or (len(steps) < 6 and draw(st.booleans())):
+        kind = draw(st.sampled_from(kinds))
+        for _ in range(draw(st.integers(1, 3))):
+            prev = apply_op(prev, draw(OP_STRATEGIES[kind]), cfg)
+            steps.append(prev)
+    return MetadataCase(config=cfg, steps=tuple(steps))

@@ -21,7 +21,19 @@ from contracts.sparse_metadata import (
     fresh_memory_poisoned,
     single_threaded,
 )
-from fuzz.sparse_metadata import OP_STRATEGIES, apply_op, config_strategy
+from fuzz.cases import CASE_SCHEMA_VERSION, CaseError
+from fuzz.sparse_metadata import (
+    OP_STRATEGIES,
+    MetadataCase,
+    MetadataConfig,
+    MetadataOp,
+    MetadataStep,
+    apply_op,
+    burst_case,
+    config_strategy,
+    metadata_case,
+    op_strategy,
+)
 from impl.sparse_metadata import SparseMLAMetadataBuilder
 from impl.targets import AiterStatus
 from impl.work_partition import compute_work_partition, sparse_decode_from_partition
@@ -34,19 +46,17 @@ def _one_thread():
         yield
 
 
-def _cfg(**kw):
-    base = {"seed": 0, "topk": 8, "granularity": 4, "block_size": 1, "max_tokens": 16, "num_heads": 2}
-    base.update(kw)
-    return base
+def _cfg(**kw) -> MetadataConfig:
+    return MetadataConfig(**{**dict(seed=0, topk=8, granularity=4, block_size=1, max_tokens=16, num_heads=2), **kw})
 
 
-def _step(q, s, host=True, holes="prefix", seed=1):
-    return {"q_lens": q, "seq_lens": s, "host_lens": host, "holes": holes, "seed": seed}
+def _step(q, s, host=True, holes="prefix", seed=1) -> MetadataStep:
+    return MetadataStep(q_lens=tuple(q), seq_lens=tuple(s), host_lens=host, holes=holes, seed=seed)
 
 
 def _builder(cfg, target="gfx950", **kw):
-    return SparseMLAMetadataBuilder(cfg["max_tokens"], cfg["num_heads"], topk_tokens=cfg["topk"],
-                                    block_size=cfg["block_size"], target=target, kv_granularity=cfg["granularity"],
+    return SparseMLAMetadataBuilder(cfg.max_tokens, cfg.num_heads, topk_tokens=cfg.topk,
+                                    block_size=cfg.block_size, target=target, kv_granularity=cfg.granularity,
                                     use_aiter=kw.pop("use_aiter", False), **kw)
 
 
@@ -151,8 +161,8 @@ def test_missing_seq_lens_cpu_costs_one_counted_copy_and_never_serves_stale():
 # --- the finding: upstream's key is insufficient ------------------------------------------------------------------
 
 def _upstream_key(step, cfg, H=16):
-    q, s = np.array(step["q_lens"]), np.array(step["seq_lens"])
-    return (int(q.sum()), int(q.max()), H, np.minimum(s, cfg["topk"]).tobytes())
+    q, s = np.array(step.q_lens), np.array(step.seq_lens)
+    return (int(q.sum()), int(q.max()), H, np.minimum(s, cfg.topk).tobytes())
 
 
 @pytest.mark.parametrize("a,b", [
@@ -162,21 +172,21 @@ def _upstream_key(step, cfg, H=16):
 def test_upstream_key_collides_where_the_partition_differs(a, b):
     cfg = _cfg()
     assert _upstream_key(a, cfg) == _upstream_key(b, cfg)
-    assert oracle.sparse_lengths(a["q_lens"], a["seq_lens"], 8) != oracle.sparse_lengths(b["q_lens"], b["seq_lens"], 8)
+    assert oracle.sparse_lengths(a.q_lens, a.seq_lens, 8) != oracle.sparse_lengths(b.q_lens, b.seq_lens, 8)
     builder = _builder(cfg)
     _build(builder, cfg, a)
     md, inp = _build(builder, cfg, b)
     assert not md.cache_hit  # our key tells them apart
     # and serving a's partition for b would give wrong attention: the consumer executes the stale partition
     stale = {k: torch.from_numpy(np.ascontiguousarray(v)).to(torch.int32) for k, v in compute_work_partition(
-        np.concatenate([[0], np.cumsum(oracle.sparse_lengths(a["q_lens"], a["seq_lens"], 8))]), builder.num_cu,
-        cfg["granularity"]).items()}
+        np.concatenate([[0], np.cumsum(oracle.sparse_lengths(a.q_lens, a.seq_lens, 8))]), builder.num_cu,
+        cfg.granularity).items()}
     builder.fill_global_indices(md, torch.tensor(inp["topk_rows"], dtype=torch.int32))
     T = md.num_tokens
     q = torch.zeros(T, 16, HEAD_DIM, dtype=torch.bfloat16)
     q[:, :2] = inp["q"]
     ref, nat, dot = oracle.sparse_decode_reference(inp["q"], inp["kv"], inp["lists"], SOFTMAX_SCALE, KV_LORA_RANK)
-    tol = oracle.attention_tolerance(nat, dot, ref, HEAD_DIM, cfg["topk"])  # the derived fp32/bf16 bound
+    tol = oracle.attention_tolerance(nat, dot, ref, HEAD_DIM, cfg.topk)  # the derived fp32/bf16 bound
     good = sparse_decode_from_partition(q, inp["kv"], builder.paged_kv_indices, builder.partition, SOFTMAX_SCALE)
     bad = sparse_decode_from_partition(q, inp["kv"], builder.paged_kv_indices, stale, SOFTMAX_SCALE)
     good_err = (good[:, :2].double() - ref).abs()
@@ -450,3 +460,109 @@ def test_sparse_lengths_rule():
     b = SparseMLAMetadataBuilder(16, 2, topk_tokens=8, use_aiter=False)
     got = b.sparse_lengths(np.array([1, 3, 2]), np.array([0, 10, 2]))
     assert got.tolist() == oracle.sparse_lengths([1, 3, 2], [0, 10, 2], 8) == [0, 8, 8, 8, 1, 2]
+
+
+# --- typed cases ------------------------------------------------------------------------------------------------------
+
+def _drop_one(doc: dict, path: list) -> str:
+    """Delete the field at ``path`` (keys and list indices) of ``doc``; returns its name."""
+    holder = doc
+    for key in path[:-1]:
+        holder = holder[key]
+    del holder[path[-1]]
+    return path[-1]
+
+
+def test_metadata_cases_round_trip_and_reject_a_missing_field():
+    import json
+
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from contracts.core import CONTRACTS
+
+    for cid in ("cache-key-staleness", "shrink-tail-extents"):
+        assert CONTRACTS[cid].case_type is MetadataCase
+    assert CONTRACTS["cache-key-staleness"].numeric and not CONTRACTS["shrink-tail-extents"].numeric
+
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(case=st.one_of(metadata_case(), burst_case()), data=st.data())
+    def prop(case, data):
+        doc = json.loads(json.dumps(case.to_json()))
+        assert MetadataCase.from_json(doc) == case
+        where = data.draw(st.sampled_from(["case", "config", "step"]))
+        if where == "case":
+            path = [data.draw(st.sampled_from(["config", "steps"]))]
+        elif where == "config":
+            path = ["config", data.draw(st.sampled_from(sorted(doc["config"])))]
+        else:
+            i = data.draw(st.integers(0, len(doc["steps"]) - 1))
+            path = ["steps", i, data.draw(st.sampled_from(sorted(doc["steps"][i])))]
+        name = _drop_one(doc, path)
+        with pytest.raises(CaseError, match=f"missing field {name}"):
+            MetadataCase.from_json(doc)
+
+    prop()
+
+
+def test_metadata_ops_round_trip():
+    import json
+
+    from hypothesis import given
+
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(op=op_strategy())
+    def prop(op):
+        assert isinstance(op, MetadataOp)
+        assert MetadataOp.from_json(json.loads(json.dumps(op.to_json()))) == op
+
+    prop()
+
+
+def test_malformed_metadata_cases_are_case_errors():
+    good = MetadataCase(config=_cfg(), steps=(_step([1, 3], [5, 5]),)).to_json()
+    bad_docs = [
+        (dict(good, steps=[]), "at least one step"),
+        (dict(good, steps=[dict(good["steps"][0], seq_lens=[5])]), "one entry per request"),
+        (dict(good, steps=[dict(good["steps"][0], seq_lens=[5, 2])]), r"requests \[1\]"),
+        (dict(good, steps=[dict(good["steps"][0], holes="middle")]), "expected one of"),
+        (dict(good, steps=[dict(good["steps"][0], q_lens=[9, 9], seq_lens=[9, 9])]), "max_tokens=16"),
+        (dict(good, config=dict(good["config"], topk=0)), "topk: must be >= 1"),
+        (dict(good, config=dict(good["config"], topk="8")), "expected an integer"),
+        (dict(good, schema_version=CASE_SCHEMA_VERSION + 1), "schema_version"),
+    ]
+    for doc, match in bad_docs:
+        with pytest.raises(CaseError, match=match):
+            MetadataCase.from_json(doc)
+
+
+def test_staleness_check_records_the_attention_margin():
+    from contracts.core import CONTRACTS, collecting_margins
+
+    case = MetadataCase(config=_cfg(), steps=(_step([1, 3], [5, 5]), _step([3, 1], [5, 5], seed=2),
+                                              _step([1, 1], [6, 6], seed=3)))
+    with collecting_margins() as margins:
+        assert CONTRACTS["cache-key-staleness"].check(case, "gfx950") == []
+    assert len(margins) == 3 and all(0 < m <= 1 for m in margins), margins
+    with collecting_margins() as margins:
+        assert CONTRACTS["shrink-tail-extents"].check(case, "gfx950") == []
+    assert margins == []  # exact: every buffer compared element for element
+
+
+def test_attention_violation_names_the_worst_lane_the_count_and_the_cosine(monkeypatch):
+    import contracts.sparse_metadata as csm
+
+    real = csm.sparse_decode_from_partition
+
+    def off_by_a_bit(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out[0, 1, 7] += 0.5
+        out[1, 0, 3] += 4.0
+        return out
+
+    monkeypatch.setattr(csm, "sparse_decode_from_partition", off_by_a_bit)
+    replay = MetadataReplay(_cfg(), "gfx950")
+    v = replay.step(_step([1, 1], [6, 6]), extents=False)
+    assert len(v) == 1
+    assert "2 of 2048 lanes" in v[0].message and "cosine 0.9" in v[0].message, v[0].message
+    assert v[0].where.endswith("out[1, 0, 3]")
