@@ -1,14 +1,181 @@
-"""The ``smv`` command: targets, audit, zoo, repro, list."""
+"""The ``smv`` command: targets, list, show, audit, zoo, fuzz, repro."""
 from __future__ import annotations
 
 import argparse
+import difflib
+import inspect
 import json
+import math
 import os
+import re
+import shutil
 import sys
+import textwrap
 
 import impl  # noqa: F401  - decides the Triton mode before anything imports Triton
 
 SCHEMA_VERSION = 1
+#: ``smv list --json`` (DESIGN.md "Interfaces"): add fields, never remove; bump on any change of meaning
+LIST_SCHEMA_VERSION = 1
+ZOO_LIST_SCHEMA_VERSION = 1
+DIST_NAME = "sparse-mla-verify"
+
+
+class UsageError(ValueError):
+    """A bad command line or environment: one line on stderr, exit 2."""
+
+
+# --- the package version -----------------------------------------------------------------------------------------
+
+def package_version() -> str:
+    """The suite's version: a source checkout's pyproject.toml when this code runs from one (an editable
+    install's metadata keeps the version it was installed at), else the installed distribution's metadata."""
+    from importlib import metadata
+
+    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+    try:
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        with open(pyproject, "rb") as fh:
+            project = tomllib.load(fh).get("project", {})
+        if project.get("name") == DIST_NAME and project.get("version"):
+            return str(project["version"])
+    except (OSError, ValueError):
+        pass
+    try:
+        return metadata.version(DIST_NAME)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# --- docstrings as users read them -------------------------------------------------------------------------------
+
+_ROLE = re.compile(r":[A-Za-z]+(?::[A-Za-z]+)?:`(~?)([^`<]*?)(?:\s*<[^>]*>)?`")
+_LITERAL = re.compile(r"``(.+?)``", re.S)
+_INTERPRETED = re.compile(r"(?<![`\w])`([^`]+)`_?(?!`)")
+#: a period after these ends no sentence
+_ABBREVIATIONS = ("e.g", "i.e", "cf", "vs", "etc", "approx", "resp", "no", "fig", "eq")
+
+
+def plain_doc(doc: str) -> str:
+    """A docstring without RST markup: roles (``:func:`~a.b``` -> ``b``), inline literals and interpreted text lose
+    their backticks, a paragraph-ending ``::`` becomes ``:``; indentation normalised, paragraphs kept."""
+    text = inspect.cleandoc(doc or "")
+
+    def role(m):
+        target = m.group(2).strip()
+        return target.rsplit(".", 1)[-1] if m.group(1) else target
+
+    text = _ROLE.sub(role, text)
+    text = _LITERAL.sub(lambda m: m.group(1), text)
+    text = _INTERPRETED.sub(lambda m: m.group(1), text)
+    text = re.sub(r"(?<=\S)::(?=\s*$)", ":", text, flags=re.M)
+    text = re.sub(r"^\s*::\s*$\n?", "", text, flags=re.M)
+    return text.strip()
+
+
+def first_sentence(doc: str) -> str:
+    """The first sentence of a docstring's first paragraph, on one line, markup stripped (the whole paragraph
+    when it has no sentence end)."""
+    para = re.split(r"\n\s*\n", plain_doc(doc), maxsplit=1)[0]
+    para = " ".join(para.split())
+    for m in re.finditer(r"[.!?](?=\s|$)", para):
+        word = re.search(r"(\S+)$", para[: m.start()])
+        if word and word.group(1).lower().lstrip("(\"'") in _ABBREVIATIONS:
+            continue
+        rest = para[m.end():].lstrip()
+        if not rest or rest[0].isupper() or rest[0].isdigit() or rest[0] in "(\"'":
+            return para[: m.end()]
+    return para
+
+
+def close_matches(word: str, choices) -> list[str]:
+    """Ids a mistyped ``word`` may have meant: the ones containing it, then difflib's close matches."""
+    choices = sorted(choices)
+    contain = [c for c in choices if word and word.lower() in c]
+    near = difflib.get_close_matches(word, choices, n=3, cutoff=0.5)
+    return list(dict.fromkeys(contain[:3] + near))[:4]
+
+
+def unknown_message(kind: str, word: str, choices, listing: str) -> str:
+    near = close_matches(word, choices)
+    hint = f"did you mean {', '.join(near)}?" if near else f"`{listing}` shows them"
+    return f"unknown {kind} {word!r}; {hint}"
+
+
+def _wrap(text: str, indent: str) -> str:
+    width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 110))
+    return textwrap.fill(text, width=width, initial_indent=indent, subsequent_indent=indent,
+                         break_on_hyphens=False, break_long_words=False)
+
+
+# --- checks of option values that argparse cannot make itself ------------------------------------------------------
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _int_at_least(minimum: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+def _duration(text: str) -> float:
+    from contracts.campaign import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+
+def _check_contract_ids(ids) -> None:
+    from contracts.registry import load_all
+
+    known = load_all()
+    for cid in ids or ():
+        if cid not in known:
+            raise UsageError(unknown_message("contract", cid, known, "smv list"))
+
+
+def _check_output_path(option: str, path: str | None, *, folder: bool) -> None:
+    """The report folder (or file) must be creatable: every existing part of its path a folder, the nearest
+    existing one writable. Checked before the run, so a typo does not cost the whole budget."""
+    if not path:
+        return
+    full = os.path.abspath(path)
+    if os.path.exists(full):
+        if folder and not os.path.isdir(full):
+            raise UsageError(f"{option} {path}: exists and is not a folder")
+        if not folder and os.path.isdir(full):
+            raise UsageError(f"{option} {path}: is a folder, expected a file")
+        if not os.access(full if folder else os.path.dirname(full), os.W_OK):
+            raise UsageError(f"{option} {path}: not writable")
+        return
+    parent = os.path.dirname(full)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"{option} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: cannot create it, {parent} is not writable")
 
 
 def _targets_doc() -> dict:
@@ -52,11 +219,91 @@ def cmd_targets(args) -> int:
     return 0
 
 
-def cmd_list(args) -> int:
+def _zoo_by_contract() -> dict[str, list]:
+    from contracts.zoo.runner import load_catalogs
+
+    out: dict[str, list] = {}
+    for m in load_catalogs():
+        for cid in m.expect:
+            out.setdefault(cid, []).append(m)
+    return out
+
+
+def _list_doc() -> dict:
     from contracts.registry import load_all
 
-    for cid, c in sorted(load_all().items()):
-        print(f"{cid:<28} [{', '.join(c.targets)}] {c.summary}")
+    zoo = _zoo_by_contract()
+    return {"schema_version": LIST_SCHEMA_VERSION,
+            "contracts": [{"id": cid, "targets": list(c.targets), "summary": first_sentence(c.doc),
+                           "doc": plain_doc(c.doc), "zoo": [m.id for m in zoo.get(cid, [])]}
+                          for cid, c in sorted(load_all().items())]}
+
+
+def cmd_list(args) -> int:
+    doc = _list_doc()
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    for c in doc["contracts"]:
+        print(f"{c['id']}  [{', '.join(c['targets'])}]")
+        print(_wrap(c["summary"], "    "))
+    return 0
+
+
+def _source_of(c) -> str:
+    try:
+        path = inspect.getsourcefile(c.check)
+        line = inspect.getsourcelines(c.check)[1]
+    except (OSError, TypeError):
+        return c.module
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rel = os.path.relpath(path, root) if path else c.module
+    return f"{rel}:{line}"
+
+
+def _show_doc(c) -> dict:
+    from impl.targets import TARGET_NAMES
+
+    ct = c.case_type
+    return {"id": c.id, "summary": first_sentence(c.doc), "doc": plain_doc(c.doc), "targets": list(c.targets),
+            "skipped": {t: c.skip_reason for t in TARGET_NAMES if t not in c.targets},
+            "module": c.module, "source": _source_of(c),
+            "case_type": f"{ct.__module__}.{ct.__qualname__}" if ct is not None else None,
+            "numeric": bool(c.numeric), "min_cases": c.min_cases, "max_cases": c.max_cases,
+            "zoo": [{"id": m.id, "title": m.title} for m in _zoo_by_contract().get(c.id, [])]}
+
+
+def cmd_show(args) -> int:
+    from contracts.registry import load_all
+
+    contracts = load_all()
+    if args.id not in contracts:
+        raise UsageError(unknown_message("contract", args.id, contracts, "smv list"))
+    doc = _show_doc(contracts[args.id])
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(doc["id"])
+    print()
+    for para in re.split(r"\n\s*\n", doc["doc"]):
+        print(_wrap(" ".join(para.split()), "  "))
+        print()
+    print(f"targets:    {', '.join(doc['targets'])}")
+    for t, why in doc["skipped"].items():
+        print(f"skipped on: {t}: {why}")
+    print(f"module:     {doc['module']} ({doc['source']})")
+    print(f"case type:  {doc['case_type'] or 'untyped (plain JSON data)'}")
+    print("check:      " + ("numeric: agreement within a tolerance; rows report the worst error/tolerance margin"
+                            if doc["numeric"] else "exact"))
+    most = (f"at most {doc['max_cases']} a row whatever --max-cases says" if doc["max_cases"] else
+            "as many as --max-cases and the budget allow")
+    print(f"cases:      at least {doc['min_cases']} generated for a row to pass; {most}")
+    if doc["zoo"]:
+        print("zoo:")
+        for m in doc["zoo"]:
+            print(f"  {m['id']}: {m['title']}")
+    else:
+        print("zoo:        no planted bug names this contract")
     return 0
 
 
@@ -66,6 +313,10 @@ def cmd_audit(args) -> int:
 
     import signal
 
+    _check_contract_ids(args.contract)
+    _check_output_path("--report", args.report, folder=True)
+    _check_output_path("--junit", args.junit, folder=False)
+
     def _term(signum, frame):
         raise KeyboardInterrupt
 
@@ -74,9 +325,10 @@ def cmd_audit(args) -> int:
         doc, code = run_audit(args.contract, args.target, budget=args.budget,
                               profile=args.profile or default_profile(), seed=args.seed, report_dir=args.report,
                               junit=args.junit, progress=not args.no_progress, argv=["smv"] + sys.argv[1:],
-                              use_examples=not args.generator_only, max_cases=args.max_cases or None)
+                              use_examples=not args.generator_only, max_cases=args.max_cases or None,
+                              allow_empty=args.allow_empty)
     except ValueError as exc:
-        print(f"smv audit: {exc}", file=sys.stderr)
+        print(f"smv audit: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         where = f"; rows done so far are in {args.report}" if args.report else ""
@@ -90,22 +342,41 @@ def cmd_audit(args) -> int:
     return code
 
 
-def cmd_zoo(args) -> int:
-    from contracts.reports import write_json
-    from contracts.zoo.runner import load_catalogs, run_zoo
+def _select_mutants(args):
+    from contracts.zoo.runner import load_catalogs
 
     try:
         mutants = load_catalogs(args.catalog or None)
     except ValueError as exc:
-        print(f"smv zoo: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(_one_line(exc)) from None
     if args.mutant:
         known = {m.id for m in mutants}
-        unknown = [m for m in args.mutant if m not in known]
-        if unknown:
-            print(f"smv zoo: unknown mutant(s) {', '.join(unknown)}", file=sys.stderr)
-            return 2
+        for mid in args.mutant:
+            if mid not in known:
+                raise UsageError(unknown_message("mutant", mid, known, "smv zoo --list"))
         mutants = [m for m in mutants if m.id in args.mutant]
+    return mutants
+
+
+def cmd_zoo(args) -> int:
+    from contracts.reports import write_json
+    from contracts.zoo.runner import run_zoo
+
+    mutants = _select_mutants(args)
+    if args.list:
+        if args.json:
+            print(json.dumps({"schema_version": ZOO_LIST_SCHEMA_VERSION,
+                              "mutants": [{"id": m.id, "title": m.title, "expect": list(m.expect),
+                                           "targets": list(m.targets), "file": m.file, "catalog": m.catalog,
+                                           "provenance": m.provenance} for m in mutants]}, indent=1))
+            return 0
+        for m in mutants:
+            print(f"{m.id}  -> {', '.join(m.expect)}")
+            print(_wrap(m.title, "    "))
+        return 0
+    if args.json:
+        raise UsageError("--json goes with --list (a zoo run writes its JSON with --report DIR)")
+    _check_output_path("--report", args.report, folder=True)
     total = len(mutants)
     done = [0]
 
@@ -137,21 +408,16 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    from contracts.campaign import parse_duration, run_campaign
+    from contracts.campaign import run_campaign
 
+    _check_contract_ids(args.contract)
+    _check_output_path("--report", args.report, folder=True)
     try:
-        budget = parse_duration(args.budget)
-        round_s = parse_duration(args.round)
-        if args.contract:
-            from contracts.registry import get_contract
-
-            for c in args.contract:
-                get_contract(c)
+        doc, code = run_campaign(args.budget, args.report, contract_ids=args.contract, target_names=args.target,
+                                 round_seconds=args.round, seed=args.seed, profile=args.profile)
     except ValueError as exc:
-        print(f"smv fuzz: {exc}", file=sys.stderr)
+        print(f"smv fuzz: {_one_line(exc)}", file=sys.stderr)
         return 2
-    doc, code = run_campaign(budget, args.report, contract_ids=args.contract, target_names=args.target,
-                             round_seconds=round_s, seed=args.seed, profile=args.profile)
     print(f"{doc['rounds']} rounds, {sum(doc['cases'].values())} cases, {len(doc['failures'])} distinct failures "
           f"in {doc['seconds']:.0f}s; summary in {os.path.join(args.report, 'campaign.json')}")
     for f in doc["failures"]:
@@ -160,15 +426,30 @@ def cmd_fuzz(args) -> int:
     return code
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _repro_error(path: str, exc: BaseException) -> str:
+    """One line that names the file, whatever raised."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{path}: {exc.strerror}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{path}: not valid JSON: {exc}"
+    msg = _one_line(exc)
+    return msg if path in msg else f"{path}: {msg}"
+
+
 def cmd_repro(args) -> int:
     from contracts.runner import replay
 
     try:
         c, t, case, violations = replay(args.file)
-    except (OSError, ValueError, json.JSONDecodeError) as exc:
-        print(f"smv repro: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # contracts.runner.ReproError is a ValueError
+        print(f"smv repro: {_repro_error(args.file, exc)}", file=sys.stderr)
         return 2
-    print(f"{c.id} on {t.name}: case {json.dumps(case, default=repr)[:400]}")
+    shown = case.to_json() if hasattr(case, "to_json") else case
+    print(f"{c.id} on {t.name}: case {json.dumps(shown, default=repr)[:400]}")
     if not violations:
         print("no violation: the saved case passes now")
         return 0
@@ -177,50 +458,70 @@ def cmd_repro(args) -> int:
     return 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (``smv audit: error: ...``) and exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from impl.targets import TARGET_NAMES
 
-    p = argparse.ArgumentParser(prog="smv", description="sparse-MLA verification suite")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    seconds = _positive_seconds
+    p = _Parser(prog="smv", description="sparse-MLA verification suite")
+    p.add_argument("-V", "--version", action="version", version=f"smv {package_version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     t = sub.add_parser("targets", help="device, Triton mode, emulated targets, AITER, hardware markers")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_targets)
     ls = sub.add_parser("list", help="list the registered contracts")
+    ls.add_argument("--json", action="store_true", help="{schema_version, contracts: [{id, targets, summary, doc, zoo}]}")
     ls.set_defaults(func=cmd_list)
+    sh = sub.add_parser("show", help="one contract's whole promise, targets, source and planted bugs")
+    sh.add_argument("id", metavar="ID")
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=cmd_show)
     a = sub.add_parser("audit", help="run contracts on targets within a budget; exit 0 only if nothing failed")
     a.add_argument("--contract", action="append", help="contract id (repeatable; default: all)")
     a.add_argument("--target", action="append", choices=TARGET_NAMES, help="target (repeatable; default: all)")
-    a.add_argument("--budget", type=float, default=120.0, help="seconds shared by all rows (default 120)")
+    a.add_argument("--budget", type=seconds, default=120.0, help="seconds shared by all rows (default 120)")
     a.add_argument("--seed", type=int, default=None)
     a.add_argument("--profile", choices=("dev", "ci", "nightly"), default=None,
                    help="Hypothesis profile (default: ci when $CI is set, else dev)")
     a.add_argument("--report", metavar="DIR", help="write DIR/audit.json and DIR/audit.md")
     a.add_argument("--junit", metavar="FILE", help="write JUnit XML")
     a.add_argument("--no-progress", action="store_true", help="no per-row progress lines on stderr")
-    a.add_argument("--max-cases", type=int, default=100,
+    a.add_argument("--max-cases", type=_int_at_least(0, "a count >= 0"), default=100,
                    help="generated cases per row at most (default 100; 0 = the profile's count); the budget bounds "
                         "each row too")
     a.add_argument("--generator-only", action="store_true",
                    help="skip the pinned regression examples: only generated cases count")
+    a.add_argument("--allow-empty", action="store_true",
+                   help="exit 0 even when no row passed (every row skipped); by default that fails the run")
     a.set_defaults(func=cmd_audit)
     z = sub.add_parser("zoo", help="plant each catalogued bug and prove its contracts catch it")
     z.add_argument("--catalog", action="append", help="TOML catalog (repeatable; default: the built-in ones)")
     z.add_argument("--mutant", action="append", help="only this mutant id (repeatable)")
-    z.add_argument("--budget", type=float, default=None, help="seconds for the whole zoo (default: no limit)")
-    z.add_argument("--cap", type=float, default=90.0, help="time cap per mutant in seconds (default 90)")
-    z.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="mutants run at once")
+    z.add_argument("--list", action="store_true", help="list the mutants (id, expected contracts, title); run nothing")
+    z.add_argument("--json", action="store_true", help="with --list: as JSON")
+    z.add_argument("--budget", type=seconds, default=None, help="seconds for the whole zoo (default: no limit)")
+    z.add_argument("--cap", type=seconds, default=90.0, help="time cap per mutant in seconds (default 90)")
+    z.add_argument("--jobs", type=_int_at_least(1, "a count >= 1"), default=min(2, os.cpu_count() or 1),
+                   help="mutants run at once")
     z.add_argument("--report", metavar="DIR", help="write DIR/zoo.json")
     z.set_defaults(func=cmd_zoo)
     f = sub.add_parser("fuzz", help="nightly fuzz campaign: audit rounds under the nightly profile until the budget")
-    f.add_argument("--budget", default="8h", help="duration: 8h, 30m, 90s, 1h30m or seconds (default 8h)")
-    f.add_argument("--round", default="10m", help="one round's budget, shared by its rows (default 10m)")
+    f.add_argument("--budget", type=_duration, default="8h",
+                   help="duration: 8h, 30m, 90s, 1h30m or seconds (default 8h)")
+    f.add_argument("--round", type=_duration, default="10m", help="one round's budget, shared by its rows (default 10m)")
     f.add_argument("--contract", action="append", help="contract id (repeatable; default: all)")
     f.add_argument("--target", action="append", choices=TARGET_NAMES, help="target (repeatable; default: all)")
     f.add_argument("--seed", type=int, default=None, help="base seed (round i uses seed + i)")
     f.add_argument("--profile", choices=("dev", "ci", "nightly"), default="nightly")
     f.add_argument("--report", default="smv-fuzz", metavar="DIR", help="campaign.json and repro/ (default smv-fuzz)")
     f.set_defaults(func=cmd_fuzz)
-    r = sub.add_parser("repro", help="replay a saved failing case")
+    r = sub.add_parser("repro", help="replay a saved failing case (exit 1 while it fails, 2 for a bad file)")
     r.add_argument("file")
     r.set_defaults(func=cmd_repro)
     return p
@@ -228,11 +529,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    prog = f"smv {args.cmd}"
+    try:
+        from impl.targets import env_override
+
+        env_override()  # a bad SMV_TARGET stops every command before it starts
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     if not os.environ.get("SMV_TORCH_THREADS_KEEP"):
         import torch
 
         torch.set_num_threads(1)  # checks are many tiny ops: threads only contend (see pytest_plugin)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `smv list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
