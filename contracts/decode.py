@@ -1,14 +1,13 @@
-"""Sparse decode contracts: the kernels agree with the float64 oracle on every target, and the split selectors stay
-within their caps and equal an independent re-derivation of SPEC's formulas."""
+"""Sparse decode contract: the kernels agree with the float64 oracle on every target (the split selectors' own
+contract is in contracts.splits)."""
 from __future__ import annotations
 
 import math
 import warnings
 
 import torch
-from hypothesis import strategies as st
 
-from contracts.core import AMD_TARGETS, ALL_TARGETS, Violation, contract, fmt, record_margin
+from contracts.core import ALL_TARGETS, Violation, contract, record_margin
 from fuzz import decode as fz
 from impl import decode as dec
 from impl import splits as impl_splits
@@ -16,7 +15,6 @@ from impl.runtime import kernel_device, triton_mode
 from impl.targets import Target
 from oracles import compare as cmp
 from oracles import decode as ref_decode
-from oracles import splits as ref_splits
 
 # --- decode-oracle-agreement -------------------------------------------------------------------------------------
 
@@ -100,68 +98,3 @@ def decode_oracle_agreement(case: fz.DecodeCase, target: Target) -> list[Violati
              f"adaptive={plan.adaptive})")
     violations += [Violation(f"{label}: {m.detail}", m.where, m.expected, m.got) for m in res.mismatches]
     return violations
-
-
-# --- split-bounds ------------------------------------------------------------------------------------------------
-
-def _split_cases(target: Target):
-    batch = st.one_of(st.integers(1, 4), st.integers(1, 80), st.integers(1, 2048))
-    return st.fixed_dictionaries({
-        "batch": batch,
-        "heads": st.sampled_from([1, 3, 16, 17, 32, 64, 128]),
-        "avg_main": st.one_of(st.just(0), st.sampled_from([64, 128, 256]), st.integers(0, 512)),
-        "avg_extra": st.one_of(st.just(0), st.sampled_from([32, 512, 2048, 8192]), st.integers(0, 20000)),
-        "ragged_slack": st.integers(0, 63),
-        "cu_count": st.one_of(st.sampled_from([target.cu_count, 256, 304, 80, 38]), st.integers(1, 512)),
-    })
-
-
-def _split_examples(target: Target) -> list[dict]:
-    def c(b, h, a, e, cu=256):
-        return {"batch": b, "heads": h, "avg_main": a, "avg_extra": e, "ragged_slack": 0, "cu_count": cu}
-
-    # SPEC's checkpoints at CU = 256 (from upstream's tests); checked against their stated values too
-    return [c(1, 1, 128, 8192), c(17, 1, 128, 32), c(512, 1, 128, 7812), c(256, 1, 128, 8192), c(20, 16, 128, 300),
-            c(40, 1, 100, 5000, 38)]
-
-
-_CHECKPOINTS = {("gfx950", 1, 1, 128, 8192): 32, ("gfx950", 17, 1, 128, 32): 4, ("gfx950", 512, 1, 128, 7812): 1,
-                ("gfx942", 1, 1, 128, 8192): 16, ("gfx942", 256, 1, 128, 8192): 1}
-
-_REF = {"gfx942": ref_splits.ref_num_splits_gfx942, "gfx950": ref_splits.ref_num_splits_gfx950}
-
-
-@contract("split-bounds", targets=AMD_TARGETS, cases=_split_cases, examples=_split_examples, min_cases=10,
-          skip_reason="generic has no split selector (single-kernel fallback)")
-def split_bounds(case, target: Target) -> list[Violation]:
-    """Every split count the target's selector returns lies in [1, split_cap] (16 on gfx942, 32 on gfx950) and
-    equals an independent re-derivation of SPEC's formula, for any sizes and CU counts; the selector sees only
-    sizes (numel), never indptr values. On gfx950 the adaptive host plan (on iff base >= 16 and S > 4; ONE_WAVE in
-    [1, S]) matches too. Source: SPEC section 2 "Split count"; seed 004's review (the shared gfx942 selector must
-    keep its 16-split cap while gfx950 gets 32).
-    """
-    b, h, cu = int(case["batch"]), int(case["heads"]), int(case["cu_count"])
-    main_numel = b * int(case["avg_main"]) + (int(case["ragged_slack"]) if case["avg_main"] else 0)
-    extra_numel = b * int(case["avg_extra"])
-    sel = target.split_selector
-    got = impl_splits.select_num_splits(sel, b, h, main_numel, extra_numel, cu)
-    want = _REF[sel](b, h, main_numel, extra_numel, cu)
-    where = f"{sel}(batch={b}, heads={h}, main_numel={main_numel}, extra_numel={extra_numel}, cu={cu})"
-    out: list[Violation] = []
-    if not 1 <= got <= target.split_cap:
-        out.append(Violation("split count outside [1, cap]", where, f"1..{target.split_cap}", fmt(got)))
-    if got != want:
-        out.append(Violation("split count differs from the re-derived formula", where, fmt(want), fmt(got)))
-    key = (target.name, b, h, int(case["avg_main"]), int(case["avg_extra"]))
-    if cu == 256 and key in _CHECKPOINTS and got != _CHECKPOINTS[key]:
-        out.append(Violation("SPEC checkpoint", where, fmt(_CHECKPOINTS[key]), fmt(got)))
-    plan = dec.plan_decode(target, b, h, main_numel, extra_numel, cu_count=cu,
-                           adaptive_splits=target.adaptive_splits_in_capture)
-    if plan.num_splits != got:
-        out.append(Violation("plan_decode does not use the target's selector", where, fmt(got), fmt(plan.num_splits)))
-    if target.adaptive_splits_in_capture:
-        en, ow = ref_splits.ref_adaptive_host(got, b, h, cu)
-        if plan.adaptive != en or (en and plan.one_wave != ow):
-            out.append(Violation("adaptive host plan differs", where, f"enabled={en}, one_wave={ow}",
-                                 f"enabled={plan.adaptive}, one_wave={plan.one_wave}"))
-    return out

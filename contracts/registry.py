@@ -10,6 +10,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.sparse_metadata",
     "contracts.router",
     "contracts.decode",
+    "contracts.splits",
     "contracts.graph",
     "contracts.cache_writers",
     "contracts.graph_capture",

@@ -2,15 +2,22 @@
 split-bounds contract on both AMD targets (skipped on generic)."""
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import impl  # noqa: F401
-from contracts import decode as _decode_contracts  # noqa: F401  (registers the contracts)
+from contracts import splits as _split_contracts  # noqa: F401  (registers the contract)
 from contracts.core import CONTRACTS
 from contracts.runner import run_contract
+from fuzz import splits as fz
+from fuzz.cases import CaseError
+from fuzz.splits import SplitCase
 from impl import splits
+from impl.runtime import kernel_device
 from impl.targets import TARGETS
 from oracles import splits as ref
 
@@ -49,21 +56,23 @@ def test_selectors_equal_reference_and_stay_in_bounds(b, h, am, ae, slack, cu):
 
 def test_split_choice_depends_on_sizes_not_indptr():
     """Sync-free: the launch is chosen from tensor sizes only, so two batches with the same index numel but very
-    different per-row lengths (indptr) launch the same kernels on the same grids."""
+    different per-row lengths (indptr) launch the same kernels on the same grids. The inputs live where the
+    kernels run (the interpreter's CPU here, the GPU on a GPU host)."""
     import torch
 
     from impl import decode, formats
 
-    _, cache = formats.allocate_fp8_ds_mla_pool(4, 16)
-    q = torch.zeros(2, 3, 512, dtype=torch.bfloat16)
-    idx = torch.arange(40, dtype=torch.int32)
+    dev = kernel_device()
+    _, cache = formats.allocate_fp8_ds_mla_pool(4, 16, device=dev)
+    q = torch.zeros(2, 3, 512, dtype=torch.bfloat16, device=dev)
+    idx = torch.arange(40, dtype=torch.int32, device=dev)
     launches = {}
     for name, ptr in (("even", [0, 20, 40]), ("skewed", [0, 1, 40])):
         seen = []
         prev = decode.set_launch_observer(lambda rec: seen.append((rec.kernel, rec.grid)))
         try:
-            decode.sparse_attn_decode(q, cache, idx, torch.tensor(ptr, dtype=torch.int32), target="gfx950",
-                                      check_indptr=False)
+            decode.sparse_attn_decode(q, cache, idx, torch.tensor(ptr, dtype=torch.int32, device=dev),
+                                      target="gfx950", check_indptr=False)
         finally:
             decode.set_launch_observer(prev)
         launches[name] = seen
@@ -113,3 +122,24 @@ def test_split_bounds_contract(target):
         assert row.status == "skipped" and "selector" in row.reason
     else:
         assert row.status == "pass", row.violations
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(fz.split_cases(256))
+def test_split_case_round_trips_through_json(case):
+    assert SplitCase.from_json(case.to_json()) == case
+    assert SplitCase.from_json(json.loads(json.dumps(case.to_json()))) == case
+
+
+def test_split_case_rejects_a_missing_field_and_bad_sizes():
+    case = SplitCase(batch=2, heads=16, avg_main=128, avg_extra=0, ragged_slack=3, cu_count=256)
+    assert (case.main_numel, case.extra_numel) == (259, 0)
+    for f in dataclasses.fields(case):
+        doc = case.to_json()
+        del doc[f.name]
+        with pytest.raises(CaseError, match=f"missing field {f.name}"):
+            SplitCase.from_json(doc)
+    with pytest.raises(CaseError, match="cu_count: expected an int >= 1"):
+        SplitCase.from_json({**case.to_json(), "cu_count": 0})
+    with pytest.raises(CaseError, match="batch: expected an integer"):
+        SplitCase.from_json({**case.to_json(), "batch": 2.0})

@@ -1,0 +1,65 @@
+"""Split-selector contract (``impl.splits``): every split count stays within its target's cap and equals an
+independent re-derivation of SPEC's formulas."""
+from __future__ import annotations
+
+from contracts.core import AMD_TARGETS, Violation, contract, fmt
+from fuzz import splits as fz
+from fuzz.splits import SplitCase
+from impl import decode as dec
+from impl import splits as impl_splits
+from impl.targets import Target
+from oracles import splits as ref_splits
+
+
+def _split_cases(target: Target):
+    return fz.split_cases(target.cu_count)
+
+
+def _split_examples(target: Target) -> list[SplitCase]:
+    def c(b, h, a, e, cu=256):
+        return SplitCase(batch=b, heads=h, avg_main=a, avg_extra=e, ragged_slack=0, cu_count=cu)
+
+    # SPEC's checkpoints at CU = 256 (from upstream's tests); checked against their stated values too
+    return [c(1, 1, 128, 8192), c(17, 1, 128, 32), c(512, 1, 128, 7812), c(256, 1, 128, 8192), c(20, 16, 128, 300),
+            c(40, 1, 100, 5000, 38)]
+
+
+_CHECKPOINTS = {("gfx950", 1, 1, 128, 8192): 32, ("gfx950", 17, 1, 128, 32): 4, ("gfx950", 512, 1, 128, 7812): 1,
+                ("gfx942", 1, 1, 128, 8192): 16, ("gfx942", 256, 1, 128, 8192): 1}
+
+_REF = {"gfx942": ref_splits.ref_num_splits_gfx942, "gfx950": ref_splits.ref_num_splits_gfx950}
+
+
+@contract("split-bounds", targets=AMD_TARGETS, cases=_split_cases, examples=_split_examples, min_cases=10,
+          skip_reason="generic has no split selector (single-kernel fallback)", case_type=SplitCase, numeric=False)
+def split_bounds(case: SplitCase, target: Target) -> list[Violation]:
+    """Every split count the target's selector returns lies in [1, split_cap] (16 on gfx942, 32 on gfx950) and
+    equals an independent re-derivation of SPEC's formula, for any sizes and CU counts; the selector sees only
+    sizes (numel), never indptr values. On gfx950 the adaptive host plan (on iff base >= 16 and S > 4; ONE_WAVE in
+    [1, S]) matches too. Source: SPEC section 2 "Split count"; seed 004's review (the shared gfx942 selector must
+    keep its 16-split cap while gfx950 gets 32).
+    """
+    b, h, cu = case.batch, case.heads, case.cu_count
+    main_numel, extra_numel = case.main_numel, case.extra_numel
+    sel = target.split_selector
+    got = impl_splits.select_num_splits(sel, b, h, main_numel, extra_numel, cu)
+    want = _REF[sel](b, h, main_numel, extra_numel, cu)
+    where = f"{sel}(batch={b}, heads={h}, main_numel={main_numel}, extra_numel={extra_numel}, cu={cu})"
+    out: list[Violation] = []
+    if not 1 <= got <= target.split_cap:
+        out.append(Violation("split count outside [1, cap]", where, f"1..{target.split_cap}", fmt(got)))
+    if got != want:
+        out.append(Violation("split count differs from the re-derived formula", where, fmt(want), fmt(got)))
+    key = (target.name, b, h, case.avg_main, case.avg_extra)
+    if cu == 256 and key in _CHECKPOINTS and got != _CHECKPOINTS[key]:
+        out.append(Violation("SPEC checkpoint", where, fmt(_CHECKPOINTS[key]), fmt(got)))
+    plan = dec.plan_decode(target, b, h, main_numel, extra_numel, cu_count=cu,
+                           adaptive_splits=target.adaptive_splits_in_capture)
+    if plan.num_splits != got:
+        out.append(Violation("plan_decode does not use the target's selector", where, fmt(got), fmt(plan.num_splits)))
+    if target.adaptive_splits_in_capture:
+        en, ow = ref_splits.ref_adaptive_host(got, b, h, cu)
+        if plan.adaptive != en or (en and plan.one_wave != ow):
+            out.append(Violation("adaptive host plan differs", where, f"enabled={en}, one_wave={ow}",
+                                 f"enabled={plan.adaptive}, one_wave={plan.one_wave}"))
+    return out
