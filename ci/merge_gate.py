@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Merge gate: turn an ``audit.json`` into a verdict (exit 0 = mergeable).
 
-A row blocks the merge when its status is fail, error or incomplete. ``--require-contract`` / ``--require-target``
-also block when a named contract or target is missing from the report or was only skipped, so a gate cannot pass by
-running less. Standard library only: the gate runs where the suite may not be installed.
+A row blocks the merge when its status is fail, error or incomplete; so does a report in which no row passed (all
+skipped) unless ``--allow-empty``. ``--require-contract`` / ``--require-target`` also block when a named contract or
+target is missing from the report or has no passing row (only skipped), so a gate cannot pass by running less.
+Standard library only: the gate runs where the suite may not be installed.
 """
 from __future__ import annotations
 
@@ -11,15 +12,22 @@ import argparse
 import json
 import sys
 
-SUPPORTED_SCHEMA = 1
+#: audit.json versions this gate reads: 2 only adds fields to 1
+SUPPORTED_SCHEMAS = (1, 2)
 BLOCKING = ("fail", "error", "incomplete")
 
 
-def verdict(doc: dict, require_contracts=(), require_targets=()) -> tuple[bool, list[str]]:
+def _statuses(rows, limit: int = 6) -> str:
+    shown = ", ".join(f"{r['contract']} on {r['target']}: {r['status']}" for r in rows[:limit])
+    return shown + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
+
+
+def verdict(doc: dict, require_contracts=(), require_targets=(), *, allow_empty: bool = False
+            ) -> tuple[bool, list[str]]:
     problems: list[str] = []
-    if doc.get("schema_version") != SUPPORTED_SCHEMA:
+    if doc.get("schema_version") not in SUPPORTED_SCHEMAS:
         return False, [f"unsupported audit.json schema_version {doc.get('schema_version')!r} "
-                       f"(this gate reads {SUPPORTED_SCHEMA})"]
+                       f"(this gate reads {', '.join(map(str, SUPPORTED_SCHEMAS))})"]
     rows = doc.get("results", [])
     if not rows:
         problems.append("the audit ran no rows")
@@ -29,13 +37,16 @@ def verdict(doc: dict, require_contracts=(), require_targets=()) -> tuple[bool, 
             if r.get("repro"):
                 line += f" (replay: smv repro {r['repro']})"
             problems.append(line)
-    ran = {(r["contract"], r["target"]) for r in rows if r["status"] == "pass"}
-    for c in require_contracts:
-        if not any(rc == c for rc, _ in ran):
-            problems.append(f"required contract {c} did not pass on any target")
-    for t in require_targets:
-        if not any(rt == t for _, rt in ran):
-            problems.append(f"required target {t} has no passing row")
+    if rows and not allow_empty and not any(r["status"] == "pass" for r in rows):
+        problems.append(f"no row passed ({_statuses(rows)}): the audit checked nothing "
+                        f"(--allow-empty accepts that)")
+    for key, kind, wanted in (("contract", "contract", require_contracts), ("target", "target", require_targets)):
+        for name in wanted:
+            mine = [r for r in rows if r.get(key) == name]
+            if not mine:
+                problems.append(f"required {kind} {name} is not in the report")
+            elif not any(r["status"] == "pass" for r in mine):
+                problems.append(f"required {kind} {name} has no passing row ({_statuses(mine)})")
     return not problems, problems
 
 
@@ -44,6 +55,7 @@ def main(argv=None) -> int:
     p.add_argument("audit_json")
     p.add_argument("--require-contract", action="append", default=[])
     p.add_argument("--require-target", action="append", default=[])
+    p.add_argument("--allow-empty", action="store_true", help="accept a report in which no row passed")
     args = p.parse_args(argv)
     try:
         with open(args.audit_json) as fh:
@@ -51,7 +63,7 @@ def main(argv=None) -> int:
     except (OSError, json.JSONDecodeError) as exc:
         print(f"merge gate: cannot read {args.audit_json}: {exc}", file=sys.stderr)
         return 2
-    ok, problems = verdict(doc, args.require_contract, args.require_target)
+    ok, problems = verdict(doc, args.require_contract, args.require_target, allow_empty=args.allow_empty)
     counts: dict[str, int] = {}
     for r in doc.get("results", []):
         counts[r["status"]] = counts.get(r["status"], 0) + 1

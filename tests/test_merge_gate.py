@@ -42,3 +42,35 @@ def test_unknown_schema_and_unreadable_file(tmp_path):
     assert _gate(tmp_path, doc).returncode == 1
     r = subprocess.run([sys.executable, str(GATE), str(tmp_path / "missing.json")], capture_output=True, text=True)
     assert r.returncode == 2
+
+
+def test_required_contract_only_skipped_blocks_and_says_which(tmp_path):
+    r = _gate(tmp_path, _doc(("a", "gfx942", "pass"), ("b", "gfx942", "skipped"), ("b", "gfx950", "skipped")),
+              "--require-contract", "b")
+    assert r.returncode == 1
+    assert "required contract b has no passing row (b on gfx942: skipped, b on gfx950: skipped)" in r.stdout
+    r = _gate(tmp_path, _doc(("a", "gfx942", "pass")), "--require-contract", "c", "--require-target", "generic")
+    assert r.returncode == 1
+    assert "required contract c is not in the report" in r.stdout
+    assert "required target generic is not in the report" in r.stdout
+    r = _gate(tmp_path, _doc(("a", "gfx942", "pass"), ("b", "gfx942", "pass")), "--require-contract", "b",
+              "--require-target", "gfx942")
+    assert r.returncode == 0
+
+
+def test_a_report_where_nothing_passed_blocks_unless_allowed(tmp_path):
+    doc = _doc(("split-bounds", "generic", "skipped"))
+    r = _gate(tmp_path, doc)
+    assert r.returncode == 1 and "no row passed (split-bounds on generic: skipped)" in r.stdout
+    assert _gate(tmp_path, doc, "--allow-empty").returncode == 0
+
+
+def test_schema_2_reports_are_read(tmp_path):
+    doc = _doc(("a", "gfx942", "pass"), ("b", "gfx950", "fail"))
+    doc["schema_version"] = 2
+    for row in doc["results"]:
+        row.update(pinned_cases=1, generated_cases=4, stopped_by="budget", margin=None)
+    r = _gate(tmp_path, doc)
+    assert r.returncode == 1 and "b on gfx950: fail" in r.stdout and "schema_version" not in r.stdout
+    doc["results"] = doc["results"][:1]
+    assert _gate(tmp_path, doc).returncode == 0
