@@ -90,3 +90,31 @@ def test_builtin_catalog_ids_unique_and_provenanced():
     assert len(ids) == len(set(ids))
     for m in MUTANTS:
         assert m.provenance.strip() and m.title.strip()
+
+
+def test_list_shows_a_given_catalog_without_running_it(tmp_path, capsys, monkeypatch):
+    import contracts.zoo.runner as zr
+
+    monkeypatch.setattr(zr, "run_mutant", lambda *a, **k: pytest.fail("--list must not run a mutant"))
+    cat = tmp_path / "one.toml"
+    cat.write_text(textwrap.dedent('''
+        [[mutant]]
+        id = "listed-only"
+        title = "a planted bug that is only listed"
+        provenance = "test"
+        file = "impl/formats.py"
+        find = "UE8M0_NAN_CODE = 255"
+        replace = "UE8M0_NAN_CODE = 254"
+        expect = ["ue8m0-codec-exact", "fp8-codec-exact"]
+        targets = ["gfx950"]
+    '''))
+    assert smv(["zoo", "--catalog", str(cat), "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.split() == ["listed-only", "->", "ue8m0-codec-exact,", "fp8-codec-exact", "a", "planted", "bug",
+                           "that", "is", "only", "listed"]
+    assert smv(["zoo", "--catalog", str(cat), "--list", "--json"]) == 0
+    (m,) = json.loads(capsys.readouterr().out)["mutants"]
+    assert (m["id"], m["expect"], m["title"]) == ("listed-only", ["ue8m0-codec-exact", "fp8-codec-exact"],
+                                                  "a planted bug that is only listed")
+    assert smv(["zoo", "--catalog", str(cat), "--mutant", "listed"]) == 2
+    assert capsys.readouterr().err.strip() == "smv zoo: error: unknown mutant 'listed'; did you mean listed-only?"
