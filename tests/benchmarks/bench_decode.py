@@ -1,0 +1,171 @@
+"""GPU benchmarks of the sparse-MLA decode, side by side in one run: every kernel family, the split-K reduce on its
+own, the torch gather + SDPA baseline, and the two ceilings (device copy bandwidth, bf16 matmul rate).
+
+Not collected by plain ``pytest`` (the file pattern is ``bench_*.py``); run it by path or through ``smv bench``:
+
+    python -m pytest tests/benchmarks/bench_decode.py --benchmark-json bench.json
+
+DSv4 decode shapes: 64 heads, each query row attends SWA 128 main tokens plus 512 extra (compressed) tokens, batch 1,
+64 and 512. The families are portable Triton, so each runs on any GPU with its own target's semantics (split
+selector and CU count, fp8 flavour of the main cache). Every round is timed on the GPU between CUDA events
+(``contracts.bench.CudaEventClock``) after an L2 flush outside the timing; ``extra_info`` holds the figures and the
+ratios to the torch baseline and to the ceilings, all measured in this run. A benchmark asserts nothing about time.
+"""
+from __future__ import annotations
+
+import pytest
+
+from contracts import bench
+
+pytestmark = pytest.mark.gpu
+
+ROUNDS, WARMUP = 100, 10
+
+
+@pytest.fixture(scope="module")
+def device():
+    import torch
+
+    from impl.runtime import detect_device
+
+    return torch.device("cuda"), detect_device().name
+
+
+@pytest.fixture(scope="module")
+def workloads(device):
+    made = {}
+
+    def get(batch):
+        if batch not in made:
+            made[batch] = bench.DecodeWorkload(batch, device[0])
+        return made[batch]
+
+    return get
+
+
+def _copy_call(dev):
+    import torch
+
+    a = torch.empty(bench.COPY_BYTES, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    a.random_()
+    return lambda: b.copy_(a)
+
+
+def _matmul_call(dev):
+    import torch
+
+    x = torch.randn(bench.MATMUL_SIZE, bench.MATMUL_SIZE, device=dev, dtype=torch.bfloat16)
+    y = torch.randn(bench.MATMUL_SIZE, bench.MATMUL_SIZE, device=dev, dtype=torch.bfloat16)
+    return lambda: x @ y
+
+
+class _Refs:
+    """The yardsticks, each measured once per module on first use (whatever ``-k`` selected), with the same
+    protocol as the benchmarks."""
+
+    def __init__(self, dev, workloads, flush):
+        self.dev, self.workloads, self.flush = dev, workloads, flush
+        self.copy, self.matmul, self.torch = None, None, {}
+
+    def _median(self, fn, rounds=ROUNDS):
+        import torch
+
+        fn()
+        torch.cuda.synchronize()
+        times = bench.measure(fn, self.flush, bench.CudaEventClock(), rounds=rounds, warmup_rounds=WARMUP)
+        times.sort()
+        return times[len(times) // 2]
+
+    def get(self, batch=None) -> bench.References:
+        if self.copy is None:
+            self.copy = bench.copy_figures()["bytes"] / self._median(_copy_call(self.dev), 50)
+        if self.matmul is None:
+            self.matmul = bench.matmul_figures()["flops"] / self._median(_matmul_call(self.dev), 50)
+        if batch is not None and batch not in self.torch:
+            self.torch[batch] = self._median(self.workloads(batch).baseline_call())
+        return bench.References(self.copy, self.matmul, dict(self.torch))
+
+
+@pytest.fixture(scope="module")
+def flush(device):
+    return bench.L2Flush(device[0])
+
+
+@pytest.fixture(scope="module")
+def refs(device, workloads, flush):
+    return _Refs(device[0], workloads, flush)
+
+
+@pytest.fixture
+def gpu_benchmark(benchmark, flush, device):
+    """``gpu_benchmark(fn, rounds=...)``: ``fn`` warmed up (compiled) outside any timing, then pytest-benchmark's
+    pedantic mode with the GPU-event clock and an L2 flush before every round. Returns the median seconds, or None
+    when pytest-benchmark is disabled (``--benchmark-disable``, xdist)."""
+    import torch
+
+    def run(fn, rounds=ROUNDS):
+        fn()
+        torch.cuda.synchronize()
+        clock = bench.CudaEventClock()
+        bench.install_clock(benchmark, clock)
+
+        def setup():
+            flush()
+            clock.reset()
+
+        benchmark.pedantic(fn, setup=setup, rounds=rounds, warmup_rounds=WARMUP, iterations=1)
+        torch.cuda.synchronize()
+        return bench.benchmark_median(benchmark)
+
+    run.benchmark = benchmark
+    return run
+
+
+def _record(gpu_benchmark, seconds, device, **kw):
+    gpu_benchmark.benchmark.extra_info.update(bench.derived_figures(seconds=seconds, device=device[1], **kw))
+
+
+BATCH = pytest.mark.parametrize("batch", bench.BATCHES, ids=lambda b: f"b{b}")
+
+
+@BATCH
+@pytest.mark.parametrize("family", bench.FAMILIES)
+def test_decode(gpu_benchmark, workloads, refs, device, family, batch):
+    w = workloads(batch)
+    fn, plan = w.decode_call(family)
+    seconds = gpu_benchmark(fn)
+    _record(gpu_benchmark, seconds, device, kind="decode", family=family, batch=batch, refs=refs.get(batch),
+            num_splits=plan.num_splits, heads=w.heads, tokens_per_query=w.figures["tokens_per_query"],
+            bytes=w.figures["bytes"], flops=w.figures["flops"])
+
+
+@BATCH
+@pytest.mark.parametrize("family", bench.SPLIT_FAMILIES)
+def test_reduce(gpu_benchmark, workloads, refs, device, family, batch):
+    w = workloads(batch)
+    fn, plan = w.reduce_call(family)
+    seconds = gpu_benchmark(fn)
+    fig = bench.reduce_figures(batch, plan.num_splits, w.heads)
+    _record(gpu_benchmark, seconds, device, kind="reduce", family=family, batch=batch, refs=refs.get(),
+            num_splits=plan.num_splits, heads=w.heads, bytes=fig["bytes"], flops=fig["flops"])
+
+
+@BATCH
+def test_torch_baseline(gpu_benchmark, workloads, refs, device, batch):
+    w = workloads(batch)
+    seconds = gpu_benchmark(w.baseline_call())
+    _record(gpu_benchmark, seconds, device, kind="baseline", family="torch", batch=batch, refs=refs.get(batch),
+            heads=w.heads, tokens_per_query=w.figures["tokens_per_query"], bytes=w.figures["bytes"],
+            flops=w.figures["flops"])
+
+
+def test_copy_ceiling(gpu_benchmark, refs, device):
+    seconds = gpu_benchmark(_copy_call(device[0]), rounds=50)
+    _record(gpu_benchmark, seconds, device, kind="ceiling", family="copy", refs=refs.get(), **bench.copy_figures())
+
+
+def test_matmul_ceiling(gpu_benchmark, refs, device):
+    seconds = gpu_benchmark(_matmul_call(device[0]), rounds=50)
+    _record(gpu_benchmark, seconds, device, kind="ceiling", family="matmul", refs=refs.get(),
+            **bench.matmul_figures())
