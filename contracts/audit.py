@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import time
 from datetime import datetime, timezone
@@ -14,50 +15,161 @@ from impl.targets import TARGET_NAMES, get_target
 
 DEFAULT_BUDGET = 120.0
 FAILING = ("fail", "error", "incomplete")
+#: the seed of a derandomized profile (ci) when none is given: the same cases on every run, and a recorded seed
+DERANDOMIZED_SEED = 0
 
 
-class _Progress:
-    """One rewritten status line on a terminal, plain lines otherwise."""
+def _fmt_s(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
 
-    def __init__(self, stream, enabled: bool):
+
+class Progress:
+    """What the audit is doing, in every pass: a live display on a terminal (``rich`` when it is importable, one
+    rewritten line otherwise), plain lines elsewhere (a line per finished row, and a heartbeat line for a long row).
+    Counts are the row's totals so far, the same numbers the final table shows. The ETA is the smaller of the
+    budget left and the generated cases every row may still run (up to its limit) at the rate measured for that
+    row (or the mean rate of the rows measured so far)."""
+
+    HEARTBEAT_S = 30.0
+
+    def __init__(self, stream, enabled: bool, deadline: float):
         self.stream = stream
         self.enabled = enabled
+        self.deadline = deadline
         self.tty = enabled and hasattr(stream, "isatty") and stream.isatty()
-
-    def case(self, i, n, cid, target, cases):
+        self._rich = None
+        self._last_beat = time.monotonic()
+        self.pass_no = 1
+        self.cases_left: dict[tuple, int] = {}  # (contract, target) -> generated cases it may still run
+        self.rate: dict[tuple, float] = {}  # (contract, target) -> seconds per case measured
         if self.tty:
-            self.stream.write(f"\r\x1b[K[{i}/{n}] {cid} on {target}: {cases} cases")
+            try:
+                from rich.console import Console
+                from rich.live import Live
+                from rich.text import Text
+
+                self._Text = Text
+                self._rich = Live(Text(""), console=Console(file=stream), refresh_per_second=4, transient=True)
+                self._rich.start()
+            except ImportError:
+                self._rich = None
+
+    def close(self):
+        if self._rich is not None:
+            self._rich.stop()
+            self._rich = None
+
+    def _write(self, line: str) -> None:
+        if self._rich is not None:
+            self._rich.console.print(line, markup=False, highlight=False)
+        else:
+            self.stream.write(("\r\x1b[K" if self.tty else "") + line + "\n")
             self.stream.flush()
 
-    def row(self, i, n, r: RowResult):
+    def eta(self) -> str:
+        left = self.deadline - time.monotonic()
+        if self.rate:
+            mean = sum(self.rate.values()) / len(self.rate)
+            left = min(left, sum(n * self.rate.get(k, mean) for k, n in self.cases_left.items()))
+        return f"ETA {_fmt_s(left)}"
+
+    def start_pass(self, no: int, rows: int, share: str) -> None:
+        self.pass_no = no
+        if self.enabled:
+            self._write(f"pass {no}: {rows} rows, {share}; {_fmt_s(self.deadline - time.monotonic())} of budget "
+                        f"left, {self.eta()}")
+
+    def case(self, i, n, r0: RowResult | None, cid, target, pinned, generated, limit, row_started):
+        """``pinned`` / ``generated``: cases this call has run so far; ``r0`` the row's first pass, if any."""
         if not self.enabled:
             return
-        line = f"[{i}/{n}] {r.status.upper():<10} {r.contract} on {r.target} ({r.cases} cases, {r.seconds:.1f}s)"
+        now = time.monotonic()
+        key = (cid, target)
+        run_here = pinned + generated
+        if run_here and now > row_started:
+            self.rate[key] = (now - row_started) / run_here
+        if r0 is not None:
+            pinned, generated = r0.pinned_cases, r0.generated_cases + generated
+        self.cases_left[key] = max(0, limit - generated)
+        line = (f"pass {self.pass_no} [{i}/{n}] {cid} on {target}: {pinned}+{generated} of up to "
+                f"{pinned}+{limit} cases, {self.eta()}")
+        if self._rich is not None:
+            self._rich.update(self._Text(line))
+        elif self.tty:
+            self.stream.write(f"\r\x1b[K{line}")
+            self.stream.flush()
+        elif now - self._last_beat >= self.HEARTBEAT_S:
+            self._last_beat = now
+            self._write(line)
+
+    def row(self, i, n, r: RowResult):
+        key = (r.contract, r.target)
+        if self.pass_no == 1 and r.status == "pass" and r.resumable and r.limit is not None:
+            self.cases_left[key] = max(0, r.limit - r.generated_cases)  # what pass 2 may still run
+        else:
+            self.cases_left.pop(key, None)
+        if r.cases and r.seconds > 0:
+            self.rate[key] = r.seconds / r.cases
+        if not self.enabled:
+            return
+        stop = "minimum reached" if r.resumable and self.pass_no == 1 else (
+            f"stopped by {r.stopped_by}" if r.stopped_by else "")
+        line = (f"pass {self.pass_no} [{i}/{n}] {r.status.upper():<10} {r.contract} on {r.target} "
+                f"({r.pinned_cases}+{r.generated_cases} cases, {r.seconds:.1f}s" + (f", {stop}" if stop else "")
+                + (f", margin {r.margin:.3g}" if r.margin is not None else "") + f"), {self.eta()}")
         if r.status in FAILING:
             line += f": {r.reason[:200]}"
         if r.repro:
             line += f"\n    replay: smv repro {r.repro}"
-        self.stream.write(("\r\x1b[K" if self.tty else "") + line + "\n")
-        self.stream.flush()
+        self._last_beat = time.monotonic()
+        self._write(line)
 
 
 def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_BUDGET, profile: str = "ci",
               seed: int | None = None, report_dir: str | None = None, junit: str | None = None,
               progress: bool = True, stream=None, argv=None, use_examples: bool = True,
-              max_cases: int | None = None) -> tuple[dict, int]:
+              max_cases: int | None = None, allow_empty: bool = False,
+              shrink_until: float | None = None) -> tuple[dict, int]:
+    """Run the rows and write the reports; returns the audit.json document and the exit code (0 = ok).
+
+    ``max_cases``: generated cases per row in total (0 or None: the profile's count). ``allow_empty``: an audit in
+    which no row passed (all skipped) is ok; by default it is not, so a gate cannot pass with nothing run.
+    ``seed``: drawn (and recorded) when not given; a derandomized profile uses :data:`DERANDOMIZED_SEED`.
+    ``shrink_until``: a ``time.monotonic()`` instant after which no failure is shrunk further (the campaign's end)."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        raise ValueError(f"budget: expected a positive number of seconds, got {budget!r}")
+    if max_cases is not None and (isinstance(max_cases, bool) or not isinstance(max_cases, int) or max_cases < 0):
+        raise ValueError(f"max_cases: expected 0 (the profile's count) or a positive integer, got {max_cases!r}")
+    max_cases = max_cases or None
     stream = stream or sys.stderr
     contracts = load_all()
     ids = list(contract_ids) if contract_ids else sorted(contracts)
     for cid in ids:
         get_contract(cid)  # clear error for an unknown id, before any work
     targets = [get_target(t).name for t in (target_names or TARGET_NAMES)]
+    from fuzz.profiles import profile_settings
+
+    base = profile_settings(profile)
+    if seed is None:
+        seed = DERANDOMIZED_SEED if base.derandomize else secrets.randbelow(2 ** 32)
     rows_todo = [(cid, t) for cid in ids for t in targets]
     repro_dir = report_dir or os.path.join(".smv", "repro")
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
-    prog = _Progress(stream, progress)
+    deadline = t0 + budget
+    prog = Progress(stream, progress, deadline)
     results: list[RowResult] = []
     remaining = sum(get_contract(c).applies_to(t) for c, t in rows_todo)
+    provenance = reports.provenance()
+
+    def limit_of(c) -> int:
+        n = base.max_examples if max_cases is None else max_cases
+        return n if c.max_cases is None else min(n, c.max_cases)
 
     def make_doc(final: bool) -> dict:
         rows = list(results)
@@ -65,12 +177,24 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
             done = {(r.contract, r.target) for r in results}
             rows += [RowResult(c, t, "incomplete", reason="not reached: the audit was interrupted")
                      for c, t in rows_todo if (c, t) not in done]
-        ok = final and not any(r.status in FAILING for r in rows)
+        failing = [r for r in rows if r.status in FAILING]
+        passed = sum(r.status == "pass" for r in rows)
+        reason = ""
+        if failing:
+            reason = f"{len(failing)} of {len(rows)} rows " + ", ".join(
+                f"{sum(r.status == s for r in failing)} {s}" for s in FAILING if any(r.status == s for r in failing))
+        elif not passed:
+            reason = ("no row passed: every row was skipped" if rows else "no row passed: the audit had no rows")
+            reason += "; accepted (--allow-empty)" if allow_empty else " (pass --allow-empty to accept that)"
+        ok = final and not failing and (passed > 0 or allow_empty)
         return {
             "schema_version": reports.AUDIT_SCHEMA_VERSION,
             "run": {"started": started.isoformat(), "seconds": round(time.monotonic() - t0, 3), "budget": budget,
-                    "profile": profile, "seed": seed, "triton_mode": triton_mode(), "ok": ok, "finished": final,
-                    "pinned_examples": use_examples, "max_cases": max_cases, "command": " ".join(argv) if argv else None,
+                    "profile": profile, "seed": seed, "commit": provenance["commit"],
+                    "dirty": provenance["dirty"], "versions": provenance["versions"],
+                    "triton_mode": triton_mode(), "ok": ok, "reason": reason, "finished": final,
+                    "allow_empty": allow_empty, "pinned_examples": use_examples, "max_cases": max_cases,
+                    "command": " ".join(argv) if argv else None,
                     "counts": {s: sum(r.status == s for r in rows) for s in reports.STATUSES}},
             "device": detect_device().as_json(),
             "targets": targets,
@@ -87,41 +211,61 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
     try:
         # Pass 1: every row up to its minimum number of generated cases (plus its pinned examples). A row stops
         # there, so it may take up to half of what is left: an expensive row is not starved by a fair share, and
-        # only a budget too small for all the minimums together leaves rows incomplete.
+        # only a budget too small for all the minimums together leaves rows incomplete. A row the budget has
+        # already run out for is not started at all (the budget holds to within one case).
+        prog.cases_left = {(c, t): limit_of(get_contract(c)) for c, t in rows_todo if get_contract(c).applies_to(t)}
+        prog.start_pass(1, len(rows_todo), "each up to its minimum of generated cases")
         for i, (cid, tname) in enumerate(rows_todo, 1):
             c = get_contract(cid)
-            if c.applies_to(tname):
-                left = budget - (time.monotonic() - t0)
-                row_budget = max(left / max(remaining, 1), 0.5 * left, 0.5)
-                remaining -= 1
+            n = limit_of(c)
+            first = min(c.min_cases, n)
+            if not c.applies_to(tname):
+                r = run_contract(c, tname, budget=1.0)  # the skipped row, with its reason
             else:
-                row_budget = 0.0
-            first = c.min_cases if max_cases is None else min(c.min_cases, max_cases)
-            r = run_contract(c, tname, profile=profile, budget=row_budget, seed=seed, repro_dir=repro_dir,
-                             use_examples=use_examples, max_examples=first,
-                             progress=lambda n, i=i, cid=cid, tname=tname: prog.case(i, len(rows_todo), cid,
-                                                                                     tname, n))
+                remaining -= 1
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    r = RowResult(cid, tname, "incomplete", stopped_by="budget", limit=n,
+                                  reason=f"not started: the budget of {budget:.1f}s was spent by the rows before it")
+                else:
+                    row_budget = max(left / max(remaining + 1, 1), 0.5 * left)
+                    started_row = time.monotonic()
+                    r = run_contract(c, tname, profile=profile, budget=row_budget, seed=seed, repro_dir=repro_dir,
+                                     use_examples=use_examples, max_examples=n, stop_after=first,
+                                     shrink_until=shrink_until,
+                                     progress=lambda p, g, i=i, cid=cid, tname=tname, n=n, s=started_row: prog.case(
+                                         i, len(rows_todo), None, cid, tname, p, g, n, s))
+                    if r.stopped_by == "stop_after":
+                        # the row met its minimum and has more to do: only the budget can keep it from that now
+                        r.stopped_by = "budget"
+                        r.resumable = True
             results.append(r)
             prog.row(i, len(rows_todo), r)
             save(make_doc(final=False))
-        # Pass 2: the rest of the budget, shared by the rows still passing, for more generated cases.
-        more = [k for k, r in enumerate(results) if r.status == "pass"]
+        # Pass 2: the rest of the budget, shared by the rows that passed and have cases left, continues each row's
+        # generated sequence (same seed, the first pass's cases skipped) up to the row's limit.
+        more = [k for k, r in enumerate(results) if r.status == "pass" and getattr(r, "resumable", False)]
+        prog.start_pass(2, len(more), "sharing what is left for more generated cases")
         for n_left, k in zip(range(len(more), 0, -1), more):
-            left = budget - (time.monotonic() - t0)
-            if left <= 0.5:
+            left = deadline - time.monotonic()
+            if left <= 0.05:
                 break
             r0 = results[k]
             c = get_contract(r0.contract)
-            r = run_contract(c, r0.target, profile=profile, budget=left / n_left,
-                             seed=None if seed is None else seed + 1, repro_dir=repro_dir, use_examples=False,
-                             max_examples=max_cases)
+            started_row = time.monotonic()
+            r = run_contract(c, r0.target, profile=profile, budget=left / n_left, seed=seed, repro_dir=repro_dir,
+                             use_examples=False, max_examples=r0.limit, skip=r0.generated_cases,
+                             shrink_until=shrink_until,
+                             progress=lambda p, g, k=k, r0=r0, s=started_row: prog.case(
+                                 k + 1, len(rows_todo), r0, r0.contract, r0.target, p, g, r0.limit, s))
             results[k] = _merge(r0, r)
-            if results[k].status != "pass":
-                prog.row(k + 1, len(rows_todo), results[k])
+            prog.row(k + 1, len(rows_todo), results[k])
             save(make_doc(final=False))
     except KeyboardInterrupt:
+        prog.close()
         save(make_doc(final=False))
         raise
+    prog.close()
     doc = make_doc(final=True)
     save(doc)
     if junit:
@@ -132,10 +276,14 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
 
 
 def _merge(first: RowResult, second: RowResult) -> RowResult:
-    """One row from the two passes: cases and time add up; a failure or a harness error of the second pass wins;
-    the second pass running out of budget is no loss (the first already reached the minimum)."""
-    merged = RowResult(first.contract, first.target, first.status, first.reason, first.cases + second.cases,
-                       first.seconds + second.seconds, first.violations, first.repro, first.case)
+    """One row from the two passes: generated cases and time add up, the second pass says what stopped the row;
+    a failure or a harness error of the second pass wins; the second pass running out of budget is no loss (the
+    first already reached the minimum)."""
+    margins = [m for m in (first.margin, second.margin) if m is not None]
+    merged = RowResult(first.contract, first.target, first.status, first.reason, first.pinned_cases,
+                       first.generated_cases + second.generated_cases, first.seconds + second.seconds,
+                       first.violations, first.repro, first.case, second.stopped_by or first.stopped_by,
+                       max(margins) if margins else None, first.limit)
     if second.status in ("fail", "error"):
         merged.status, merged.reason = second.status, second.reason
         merged.violations, merged.repro, merged.case = second.violations, second.repro, second.case
@@ -145,12 +293,20 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
 def format_table(doc: dict) -> str:
     rows = doc["results"]
     w = max([len(r["contract"]) for r in rows] + [8])
-    out = [f"{'contract':<{w}}  {'target':<8}  {'status':<10}  {'cases':>5}  {'secs':>6}  reason",
-           "-" * (w + 50)]
+    out = [f"{'contract':<{w}}  {'target':<8}  {'status':<10}  {'cases':>5}  {'pin+gen':>9}  {'stopped by':<10}  "
+           f"{'margin':>7}  {'secs':>6}  reason", "-" * (w + 80)]
     for r in rows:
-        out.append(f"{r['contract']:<{w}}  {r['target']:<8}  {r['status']:<10}  {r['cases']:>5}  "
+        split = f"{r.get('pinned_cases', 0)}+{r.get('generated_cases', r['cases'])}"
+        m = r.get("margin")
+        out.append(f"{r['contract']:<{w}}  {r['target']:<8}  {r['status']:<10}  {r['cases']:>5}  {split:>9}  "
+                   f"{r.get('stopped_by') or '-':<10}  {'-' if m is None else f'{m:.3g}':>7}  "
                    f"{r['seconds']:>6.1f}  {r['reason'][:80]}")
-    c = doc["run"]["counts"]
+    run = doc["run"]
+    c = run["counts"]
     out.append(f"{sum(c.values())} rows: " + ", ".join(f"{v} {k}" for k, v in c.items() if v)
-               + f" in {doc['run']['seconds']:.1f}s -> {'OK' if doc['run']['ok'] else 'FAILED'}")
+               + f" in {run['seconds']:.1f}s -> {'OK' if run['ok'] else 'FAILED'}"
+               + (f": {run['reason']}" if run.get("reason") else ""))
+    out.append(f"seed {run.get('seed')}, commit {(run.get('commit') or 'none')[:12]}"
+               + (" (dirty)" if run.get("dirty") else "")
+               + (", " + ", ".join(f"{k} {v}" for k, v in run["versions"].items()) if run.get("versions") else ""))
     return "\n".join(out)

@@ -5,26 +5,36 @@ import json
 import os
 import xml.etree.ElementTree as ET
 
-AUDIT_SCHEMA_VERSION = 1
+#: 2: run.seed (always), run.commit, run.dirty, run.versions, run.reason, run.allow_empty; per row pinned_cases,
+#: generated_cases, stopped_by, margin
+AUDIT_SCHEMA_VERSION = 2
 ZOO_SCHEMA_VERSION = 1
 STATUSES = ("pass", "fail", "error", "skipped", "incomplete")
 ZOO_STATUSES = ("killed", "survived", "stale", "error")
+STOPPED_BY = ("budget", "max_cases", "exhausted")
+VERSION_KEYS = ("smv", "python", "torch", "triton", "hypothesis", "numpy")
 
 AUDIT_JSON_SCHEMA = {
     "type": "object",
     "required": ["schema_version", "run", "device", "targets", "results"],
     "properties": {
         "schema_version": {"type": "integer"},
-        "run": {"type": "object"},
+        "run": {"type": "object", "required": ["seed", "commit", "versions"], "properties": {
+            "seed": {"type": "integer"}, "commit": {"type": ["string", "null"]},
+            "versions": {"type": "object", "required": list(VERSION_KEYS),
+                         "properties": {k: {"type": ["string", "null"]} for k in VERSION_KEYS}}}},
         "device": {"type": "object", "required": ["kind", "name", "arch"]},
         "targets": {"type": "array", "items": {"type": "string"}},
         "results": {"type": "array", "items": {
             "type": "object",
-            "required": ["contract", "target", "status", "reason", "cases", "seconds", "violations", "repro"],
+            "required": ["contract", "target", "status", "reason", "cases", "pinned_cases", "generated_cases",
+                         "stopped_by", "margin", "seconds", "violations", "repro"],
             "properties": {
                 "contract": {"type": "string"}, "target": {"type": "string"},
                 "status": {"enum": list(STATUSES)}, "reason": {"type": "string"},
                 "cases": {"type": "integer"}, "seconds": {"type": "number"},
+                "pinned_cases": {"type": "integer"}, "generated_cases": {"type": "integer"},
+                "stopped_by": {"enum": list(STOPPED_BY) + [None]}, "margin": {"type": ["number", "null"]},
                 "violations": {"type": "array", "items": {
                     "type": "object", "required": ["message", "where", "expected", "got"]}},
                 "repro": {"type": ["string", "null"]},
@@ -60,6 +70,68 @@ def validate(doc, schema, path="$") -> list[str]:
     return errs
 
 
+def _dist_version(*names: str) -> str | None:
+    from importlib import metadata
+
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def versions() -> dict:
+    """The versions a result depends on (None for what is not installed). Read from the installed distributions,
+    so Triton is not imported here (importing it decides its mode)."""
+    import platform
+
+    import hypothesis
+    import numpy
+    import torch
+
+    return {"smv": _dist_version("sparse-mla-verify"), "python": platform.python_version(),
+            "torch": torch.__version__,
+            "triton": _dist_version("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-nightly"),
+            "hypothesis": hypothesis.__version__, "numpy": numpy.__version__}
+
+
+def code_root() -> str:
+    """The folder the suite's code was imported from (the parent of ``contracts/``)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def git_commit(root: str | None = None) -> tuple[str | None, bool | None]:
+    """(HEAD, dirty) of the git checkout whose top is ``root``; (None, None) when the code is not a checkout's top
+    (an installed copy, a zoo's temporary tree inside nothing) or git is missing."""
+    import subprocess
+
+    root = root or code_root()
+
+    def git(*args):
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=20)
+
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(root):
+            return None, None
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None, None
+        status = git("status", "--porcelain", "--untracked-files=no", "--", *_CODE_FOLDERS)
+        return head.stdout.strip(), (bool(status.stdout.strip()) if status.returncode == 0 else None)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+_CODE_FOLDERS = ("impl", "oracles", "contracts", "fuzz")
+
+
+def provenance() -> dict:
+    commit, dirty = git_commit()
+    return {"commit": commit, "dirty": dirty, "versions": versions()}
+
+
 def write_json(path: str, doc: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
@@ -72,6 +144,15 @@ def _md_escape(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
+def _md_provenance(run: dict) -> str:
+    commit = run.get("commit")
+    parts = [f"seed {run.get('seed')}",
+             f"commit `{commit[:12]}`" + (" (uncommitted changes)" if run.get("dirty") else "") if commit
+             else "commit: not a git checkout"]
+    parts += [f"{k} {v}" for k, v in (run.get("versions") or {}).items()]
+    return ", ".join(parts)
+
+
 def audit_markdown(doc: dict) -> str:
     rows = doc["results"]
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
@@ -80,10 +161,17 @@ def audit_markdown(doc: dict) -> str:
              f"device: {dev['kind']} {dev['name']} ({dev['arch']}), Triton {doc['run'].get('triton_mode')}, "
              f"profile {doc['run'].get('profile')}, budget {doc['run'].get('budget')}s, "
              f"{doc['run'].get('seconds', 0):.1f}s", "",
-             " · ".join(f"{k}: {v}" for k, v in counts.items() if v), "",
-             "| contract | target | status | cases | seconds | reason |", "|---|---|---|---:|---:|---|"]
+             _md_provenance(doc["run"]), "",
+             " · ".join(f"{k}: {v}" for k, v in counts.items() if v), ""]
+    if doc["run"].get("reason"):
+        lines += [f"**{_md_escape(doc['run']['reason'])}**", ""]
+    lines += ["| contract | target | status | cases | pinned+generated | stopped by | margin | seconds | reason |",
+              "|---|---|---|---:|---:|---|---:|---:|---|"]
     for r in rows:
-        lines.append(f"| {r['contract']} | {r['target']} | **{r['status']}** | {r['cases']} | {r['seconds']:.1f} | "
+        m = r.get("margin")
+        lines.append(f"| {r['contract']} | {r['target']} | **{r['status']}** | {r['cases']} | "
+                     f"{r.get('pinned_cases', 0)}+{r.get('generated_cases', r['cases'])} | "
+                     f"{r.get('stopped_by') or '-'} | {'-' if m is None else f'{m:.3g}'} | {r['seconds']:.1f} | "
                      f"{_md_escape(r['reason'])[:160]} |")
     bad = [r for r in rows if r["status"] in ("fail", "error", "incomplete")]
     for r in bad:

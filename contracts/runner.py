@@ -41,6 +41,8 @@ class RowResult:
     margin: float | None = None
     #: the generated-case limit the row ran under (None: the profile's count)
     limit: int | None = None
+    #: the audit's first pass stopped the row at its minimum; a second call (``skip``) may continue it
+    resumable: bool = False
 
     @property
     def cases(self) -> int:
@@ -107,15 +109,20 @@ def write_repro(path: str, contract: Contract, target: Target, case, violations:
 
 def run_contract(contract: Contract, target: "Target | str", *, profile: str = "ci", budget: float = 60.0,
                  seed: int | None = None, repro_dir: str | None = None, progress=None,
-                 use_examples: bool = True, max_examples: int | None = None,
-                 min_generated: int | None = None) -> RowResult:
+                 use_examples: bool = True, max_examples: int | None = None, stop_after: int | None = None,
+                 skip: int = 0, shrink_until: float | None = None) -> RowResult:
     """Check ``contract`` on ``target``: pinned examples first, then generated cases until the case limit, the
     budget or the generator's space runs out (``stopped_by`` says which), shrinking any failure within a grace
-    period. ``progress(n_cases)`` is called after each case (pinned and generated).
+    period. ``progress(pinned, generated)`` is called after each case with this call's counts so far.
     ``use_examples=False`` skips the pinned examples (the zoo uses it: kills must come from the generator).
     ``max_examples`` is the row's generated-case limit, exactly (default: the profile's count); the contract's own
-    ``max_cases`` caps it further. ``min_generated`` overrides the contract's ``min_cases`` (the audit's second
-    pass, whose first pass already met the minimum, passes 0)."""
+    ``max_cases`` caps it further.
+
+    The audit runs a row in two calls that form one generated sequence: both use the same seed and limit, the
+    first with ``stop_after`` (check that many generated cases, then stop with ``stopped_by == "stop_after"``),
+    the second with ``skip`` (the first ``skip`` generated cases are drawn again, Hypothesis being deterministic
+    for a seed, but neither checked nor counted). ``shrink_until`` (a ``time.monotonic()`` instant) ends the
+    shrinking of a failure; default: half the budget again past the deadline, at least 10 s."""
     if not budget > 0:
         raise ValueError(f"budget: expected a positive number of seconds, got {budget!r}")
     if max_examples is not None and max_examples < 0:
@@ -134,15 +141,16 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
     row.limit = n
     # a case limit set by a user or a contract is "max_cases"; the profile's own count is part of "exhausted"
     limit_is_max_cases = user_limit is not None or contract.max_cases is not None
-    minimum = contract.min_cases if min_generated is None else min_generated
-    grace = max(10.0, budget * 0.5)
-    state: dict = {"pinned": 0, "generated": 0, "failing": None, "stop": None, "margin": None}
+    if skip < 0 or (stop_after is not None and stop_after < 0):
+        raise ValueError(f"skip / stop_after: expected 0 or more, got {skip!r} / {stop_after!r}")
+    shrink_end = deadline + max(10.0, budget * 0.5) if shrink_until is None else shrink_until
+    state: dict = {"pinned": 0, "generated": 0, "skipped": 0, "failing": None, "stop": None, "margin": None}
 
     def note_margin(m):
         if m is not None and contract.numeric:
             state["margin"] = m if state["margin"] is None else max(state["margin"], m)
 
-    pinned = list(contract.examples(t)) if contract.examples and use_examples else []
+    pinned = list(contract.examples(t)) if contract.examples and use_examples and not skip else []
     try:
         for case in pinned:
             if time.monotonic() > deadline:
@@ -151,30 +159,40 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
             v, m = _checked(contract, case, t)
             state["pinned"] += 1
             if progress:
-                progress(state["pinned"])
+                progress(state["pinned"], 0)
             if v:
                 state["failing"] = (case, v)
                 break
             note_margin(m)
-        if state["failing"] is None and state["stop"] is None and n > 0:
+        if state["failing"] is None and state["stop"] is None and n > skip:
 
             @settings(base, max_examples=n)
             @given(contract.cases(t))
             def _property(case):
                 if state["failing"] is None:
-                    if state["generated"] >= n:
-                        state["stop"] = "max_cases" if limit_is_max_cases else "exhausted"
-                        raise _Stop
                     if time.monotonic() > deadline:
                         state["stop"] = "budget"
                         raise _Stop
-                elif time.monotonic() > deadline + grace:
+                    if state["skipped"] < skip:  # checked by the earlier call of this row
+                        state["skipped"] += 1
+                        return
+                    if skip + state["generated"] >= n:
+                        state["stop"] = "max_cases" if limit_is_max_cases else "exhausted"
+                        raise _Stop
+                    if stop_after is not None and state["generated"] >= stop_after:
+                        state["stop"] = "stop_after"
+                        raise _Stop
+                elif time.monotonic() > shrink_end:
                     raise _Stop  # stop shrinking; the smallest failing case so far stands
-                v, m = _checked(contract, case, t)
+                try:
+                    v, m = _checked(contract, case, t)
+                except CaseError as exc:  # a generator bug: no shrinking, no database entry
+                    state["case_error"] = exc
+                    raise _Stop from None
                 if state["failing"] is None:
                     state["generated"] += 1
                     if progress:
-                        progress(state["pinned"] + state["generated"])
+                        progress(state["pinned"], state["generated"])
                     if not v:
                         note_margin(m)
                 if v:
@@ -198,7 +216,8 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
                 with with_reporter(_reporter):
                     _property()
             except _Stop:
-                pass
+                if state.get("case_error") is not None:
+                    raise state["case_error"] from None
             except _Falsified:
                 pass
             except CaseError:
@@ -208,7 +227,7 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
                     raise exc
             if state["stop"] is None and state["failing"] is None:
                 # Hypothesis ended by itself: the limit reached, or no new distinct case left to draw
-                if state["generated"] >= n and limit_is_max_cases:
+                if skip + state["generated"] >= n and limit_is_max_cases:
                     state["stop"] = "max_cases"
                 else:
                     state["stop"] = "exhausted"
@@ -244,11 +263,11 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
         row.status = "incomplete"
         row.reason = (f"the budget of {budget:.1f}s ran out after {state['pinned']} of {len(pinned)} pinned "
                       f"examples")
-    elif state["stop"] == "budget" and state["generated"] < min(minimum, n):
+    elif state["stop"] == "budget" and skip + state["generated"] < min(contract.min_cases, n):
         # only the budget makes a row incomplete: a case limit or an exhausted space is the whole job done
         row.status = "incomplete"
-        row.reason = (f"the budget of {budget:.1f}s ran out after {state['generated']} of at least "
-                      f"{min(minimum, n)} generated cases")
+        row.reason = (f"the budget of {budget:.1f}s ran out after {skip + state['generated']} of at least "
+                      f"{min(contract.min_cases, n)} generated cases")
     return row
 
 

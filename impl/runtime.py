@@ -39,8 +39,26 @@ def detect_device() -> DeviceInfo:
         else:
             _DEVICE = DeviceInfo("cuda", props.name, f"sm_{props.major}{props.minor}")
     else:
-        _DEVICE = DeviceInfo("cpu", "cpu", "cpu")
+        import platform
+
+        _DEVICE = DeviceInfo("cpu", _cpu_name(), platform.machine() or "cpu")
     return _DEVICE
+
+
+def _cpu_name() -> str:
+    """The processor's model name (Linux /proc/cpuinfo, else what ``platform`` knows), so a report says which CPU
+    produced its timings."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Hardware", "Processor", "cpu model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 class TritonModeWarning(RuntimeWarning):

@@ -137,3 +137,204 @@ def test_interrupted_audit_keeps_the_rows_done(tmp_path):
     assert [(r["contract"], r["status"]) for r in doc["results"]] == [("ue8m0-codec-exact", "pass"),
                                                                        ("test-interrupts", "incomplete")]
     assert doc["run"]["finished"] is False and doc["run"]["ok"] is False
+
+
+# --- one budget model, reproducible reports (schema 2) -------------------------------------------------------------
+
+@pytest.fixture
+def register():
+    added = []
+
+    def add(cid, check, **kw):
+        kw.setdefault("cases", lambda t: st.integers(0, 10 ** 6))
+        core.contract(cid, **kw)(check)
+        added.append(cid)
+        return core.CONTRACTS[cid]
+
+    yield add
+    for cid in added:
+        core.CONTRACTS.pop(cid, None)
+
+
+def test_max_cases_is_the_row_total_across_both_passes(register):
+    seen = []
+
+    def records(case, target):
+        """Records every case it is handed."""
+        seen.append(case)
+        return []
+
+    register("test-records", records, examples=lambda t: [-1, -2], min_cases=5)
+    doc, code = run_audit(["test-records"], ["gfx942"], budget=60, profile="dev", seed=11, max_cases=20,
+                          progress=False)
+    (row,) = doc["results"]
+    assert code == 0 and row["status"] == "pass"
+    assert (row["pinned_cases"], row["generated_cases"], row["cases"]) == (2, 20, 22)
+    assert row["stopped_by"] == "max_cases" and len(seen) == 22
+    # the two passes are one generated sequence: the same cases a single run of 20 checks, none twice
+    from contracts.runner import run_contract
+
+    first_two_passes = list(seen)
+    seen.clear()
+    run_contract(core.CONTRACTS["test-records"], "gfx942", profile="dev", budget=60, seed=11, max_examples=20)
+    assert first_two_passes == seen
+
+
+def test_max_cases_one_is_not_the_budgets_fault(register):
+    register("test-cheap", _cheap, min_cases=5)
+    doc, code = run_audit(["test-cheap"], ["gfx942"], budget=60, profile="dev", max_cases=1, progress=False)
+    (row,) = doc["results"]
+    assert row["generated_cases"] == 1 and row["stopped_by"] == "max_cases"
+    assert "budget" not in row["reason"] and "within" not in row["reason"]
+
+
+def _cheap(case, target):
+    """Always holds."""
+    return []
+
+
+def test_seed_drawn_when_not_given_reproduces_the_run(register):
+    seen = []
+
+    def records(case, target):
+        """Records every case it is handed."""
+        seen.append(case)
+        return []
+
+    register("test-records", records)
+    doc, _ = run_audit(["test-records"], ["gfx950"], budget=60, profile="dev", max_cases=8, progress=False)
+    seed = doc["run"]["seed"]
+    assert isinstance(seed, int)
+    first = list(seen)
+    seen.clear()
+    doc2, _ = run_audit(["test-records"], ["gfx950"], budget=60, profile="dev", max_cases=8, seed=seed,
+                        progress=False)
+    assert doc2["run"]["seed"] == seed and seen == first and len(first) == 8
+
+
+def test_report_names_commit_versions_and_device(register, tmp_path):
+    register("test-cheap", _cheap)
+    doc, _ = run_audit(["test-cheap"], ["gfx942"], budget=30, profile="dev", max_cases=5, progress=False,
+                       report_dir=str(tmp_path))
+    run = doc["run"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=default_root(), capture_output=True, text=True)
+    assert run["commit"] == (head.stdout.strip() if head.returncode == 0 else None)
+    import hypothesis
+    import numpy
+    import torch
+
+    v = run["versions"]
+    assert set(v) == {"smv", "python", "torch", "triton", "hypothesis", "numpy"}
+    assert v["torch"] == torch.__version__ and v["hypothesis"] == hypothesis.__version__
+    assert v["numpy"] == numpy.__version__ and v["python"] == sys.version.split()[0]
+    dev = doc["device"]
+    assert set(dev) >= {"kind", "name", "arch"} and dev["name"] not in ("cpu", "")
+    if dev["kind"] == "cpu":
+        assert dev["arch"] != "cpu"
+    saved = json.loads((tmp_path / "audit.json").read_text())
+    assert saved["schema_version"] == reports.AUDIT_SCHEMA_VERSION == 2
+    assert reports.validate(saved, reports.AUDIT_JSON_SCHEMA) == []
+    md = (tmp_path / "audit.md").read_text()
+    assert run["commit"] is None or run["commit"][:12] in md
+    assert f"seed {run['seed']}" in md and f"torch {v['torch']}" in md
+
+
+def test_schema_2_requires_the_new_fields():
+    row = {"contract": "a", "target": "b", "status": "pass", "reason": "", "cases": 3, "pinned_cases": 1,
+           "generated_cases": 2, "stopped_by": "budget", "margin": 0.5, "seconds": 0.1, "violations": [],
+           "repro": None}
+    run = {"seed": 1, "commit": None, "versions": {k: "1" for k in ("smv", "python", "torch", "triton",
+                                                                     "hypothesis", "numpy")}}
+    doc = {"schema_version": 2, "run": run, "device": {"kind": "cpu", "name": "x", "arch": "x86_64"},
+           "targets": [], "results": [row]}
+    assert reports.validate(doc, reports.AUDIT_JSON_SCHEMA) == []
+    for bad in ({"stopped_by": "tired"}, {"margin": "big"}, {"pinned_cases": None}):
+        broken = dict(doc, results=[dict(row, **bad)])
+        assert reports.validate(broken, reports.AUDIT_JSON_SCHEMA), bad
+    for key in ("seed", "commit", "versions"):
+        broken = dict(doc, run={k: v for k, v in run.items() if k != key})
+        assert any(key in e for e in reports.validate(broken, reports.AUDIT_JSON_SCHEMA)), key
+
+
+def test_table_and_markdown_show_margin_stopped_by_and_the_split(register, tmp_path):
+    def numeric(case, target):
+        """Records a margin."""
+        core.record_margin(0.25)
+        return []
+
+    register("test-numeric", numeric, numeric=True, examples=lambda t: [0])
+    doc, _ = run_audit(["test-numeric"], ["gfx942"], budget=30, profile="dev", max_cases=6, progress=False,
+                       report_dir=str(tmp_path))
+    (row,) = doc["results"]
+    assert row["margin"] == 0.25 and row["pinned_cases"] == 1 and row["generated_cases"] == 6
+    from contracts.audit import format_table
+
+    table = format_table(doc)
+    line = next(ln for ln in table.splitlines() if ln.startswith("test-numeric"))
+    assert "1+6" in line and "max_cases" in line and "0.25" in line
+    md = (tmp_path / "audit.md").read_text()
+    assert "| 1+6 |" in md and "max_cases" in md and "0.25" in md
+
+
+def test_nothing_passed_is_not_ok_unless_allowed(tmp_path):
+    doc, code = run_audit(["split-bounds"], ["generic"], budget=30, progress=False, report_dir=str(tmp_path))
+    assert code == 1 and doc["run"]["ok"] is False
+    assert all(r["status"] == "skipped" for r in doc["results"])
+    assert "no row passed" in doc["run"]["reason"]
+    from contracts.audit import format_table
+
+    assert "no row passed" in format_table(doc) and "no row passed" in (tmp_path / "audit.md").read_text()
+    doc, code = run_audit(["split-bounds"], ["generic"], budget=30, progress=False, allow_empty=True)
+    assert code == 0 and doc["run"]["ok"] is True
+
+
+@pytest.mark.parametrize("kw,match", [({"budget": 0}, "budget"), ({"budget": -5}, "budget"),
+                                      ({"max_cases": -1}, "max_cases")])
+def test_bad_budget_and_max_cases_rejected(kw, match):
+    with pytest.raises(ValueError, match=match):
+        run_audit(["split-bounds"], ["gfx942"], progress=False, **kw)
+
+
+class _Stream:
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+
+def test_progress_in_both_passes_with_counts_that_match_the_table(register):
+    register("test-cheap", _cheap, examples=lambda t: [0])
+    register("test-cheap-2", _cheap)
+    out = _Stream()
+    doc, _ = run_audit(["test-cheap", "test-cheap-2"], ["gfx942"], budget=30, profile="dev", max_cases=12,
+                       stream=out)
+    assert "pass 1" in out.text and "pass 2" in out.text and "ETA" in out.text
+    pass2 = out.text[out.text.index("pass 2"):]
+    for r in doc["results"]:
+        assert r["cases"] == 1 + 12 or r["contract"] == "test-cheap-2"
+        line = next(ln for ln in pass2.splitlines() if f"{r['contract']} on {r['target']}" in ln)
+        assert f"{r['pinned_cases']}+{r['generated_cases']} cases" in line
+
+
+def test_rows_past_the_deadline_are_not_started(register):
+    import time
+
+    def slow(case, target):
+        """Slow per case."""
+        time.sleep(0.3)
+        return []
+
+    register("test-slow-a", slow, min_cases=1)
+    register("test-slow-b", slow, min_cases=1)
+    t0 = time.monotonic()
+    doc, code = run_audit(["test-slow-a", "test-slow-b"], ["gfx942", "gfx950"], budget=0.5, profile="dev",
+                          progress=False)
+    assert time.monotonic() - t0 < 0.5 + 0.3 + 0.6  # the budget, one case, and the harness
+    assert code == 1 and any(r["status"] == "incomplete" and r["stopped_by"] == "budget" for r in doc["results"])
