@@ -8,8 +8,7 @@ from unittest import mock
 
 import torch
 
-from contracts.core import ALL_TARGETS, Violation, fmt
-from contracts.core import contract
+from contracts.core import ALL_TARGETS, Violation, contract, fmt, record_margin
 from fuzz import prefill as fz
 from impl import prefill as pf
 from impl.runtime import triton_mode
@@ -60,8 +59,10 @@ def _compare_with_oracle(got: torch.Tensor, inp: fz.PrefillInputs, label: str) -
     ref = _reference(inp)
     # oracles.compare's model for the input dtype (fp16: its unit and underflow floor), SPEC 3's BLOCK_K
     tol = ref_prefill.prefill_tolerance(ref, fz.dtype_name(inp.q.dtype), triton_mode(), int(inp.q.shape[-1]))
-    return [Violation(f"{label}: {m.kind}", m.where, m.expected, m.got)
-            for m in cmp.compare_attention(got, ref.out, tol)]
+    res = cmp.attention_comparison(got, ref.out, tol)
+    if res.worst_ratio is not None:
+        record_margin(res.worst_ratio)
+    return [Violation(f"{label}: {m.detail}", m.where, m.expected, m.got) for m in res.mismatches]
 
 
 def _run_entry(inp: fz.PrefillInputs, target: Target) -> None:
@@ -73,25 +74,26 @@ def _run_entry(inp: fz.PrefillInputs, target: Target) -> None:
 
 # --- prefill-oracle-agreement ------------------------------------------------------------------------------------
 
-def _agreement_examples(target: Target) -> list[dict]:
-    base = {"seed": 5, "sq": 3, "heads": 3, "d": 512, "skv": 9, "mode": "dense", "width": 8, "lens": [8, 0, 3],
-            "topk_given": True, "topk_quirks": True, "dense_3d": True, "invalid_rate": 0.2, "int32_extremes": True,
-            "indptr_offset": 0, "tail_junk": 0, "scale": 0.0625, "sink": "mixed", "out_width": "full",
-            "out_padded": True, "q_layout": "heads_major", "kv_layout": "3d", "magnitude": 1.0}
+def _agreement_examples(target: Target) -> list[fz.PrefillCase]:
+    base = fz.PrefillCase(seed=5, sq=3, heads=3, d=512, skv=9, mode="dense", width=8, lens=(8, 0, 3), topk_given=True,
+                          topk_quirks=True, dense_3d=True, invalid_rate=0.2, int32_extremes=True, indptr_offset=0,
+                          tail_junk=0, scale=0.0625, sink="mixed", out_width="full", out_padded=True,
+                          q_layout="heads_major", kv_layout="3d", magnitude=1.0, dtype="bfloat16")
     return [base,
-            dict(base, seed=6, d=576, mode="ragged", lens=[2, 3, 0], indptr_offset=3, tail_junk=2, sink="large",
-                 out_width="nope", q_layout="strided", kv_layout="padded_rows"),
-            dict(base, seed=7, d=576, topk_given=False, lens=[5, 1, 0], sink="-inf", kv_layout="strided_lanes",
-                 scale=0.3),
+            base.replace(seed=6, d=576, mode="ragged", lens=(2, 3, 0), indptr_offset=3, tail_junk=2, sink="large",
+                         out_width="nope", q_layout="strided", kv_layout="padded_rows"),
+            base.replace(seed=7, d=576, topk_given=False, lens=(5, 1, 0), sink="-inf", kv_layout="strided_lanes",
+                         scale=0.3),
             # fp16 under a dominating sink (outputs below fp16's range), 17 heads (two head blocks), rows of three
             # BLOCK_K tiles
-            dict(base, seed=8, dtype="float16", sq=2, heads=17, skv=40, mode="ragged", width=36, lens=[36, 20],
-                 indptr_offset=2, tail_junk=1, sink="large", q_layout="contiguous", kv_layout="2d", scale=0.3)]
+            base.replace(seed=8, dtype="float16", sq=2, heads=17, skv=40, mode="ragged", width=36, lens=(36, 20),
+                         indptr_offset=2, tail_junk=1, sink="large", q_layout="contiguous", kv_layout="2d",
+                         scale=0.3)]
 
 
 @contract("prefill-oracle-agreement", targets=ALL_TARGETS, cases=lambda t: fz.prefill_cases(),
-          examples=_agreement_examples, min_cases=5)
-def prefill_oracle_agreement(case, target: Target) -> list[Violation]:
+          examples=_agreement_examples, min_cases=5, case_type=fz.PrefillCase, numeric=True)
+def prefill_oracle_agreement(case: fz.PrefillCase, target: Target) -> list[Violation]:
     """The sparse prefill equals the float64 oracle within the derived error model, NaN/inf masks exactly.
 
     One softmax per (row, head) over the row's valid entries plus the sink as a zero-value logit (-inf, ordinary,
@@ -104,15 +106,15 @@ def prefill_oracle_agreement(case, target: Target) -> list[Violation]:
     nope wide; q, kv and out non-contiguous; a non-default scale. Inputs are not modified and nothing is written past
     out's last dim. Tolerance: oracles.prefill.prefill_tolerance - oracles.compare's model (relative to
     sum_j p_j |v_j|, dot length d, SPEC 3's BLOCK_K, the dtype's units, interpreter truncation for bf16) plus, for
-    fp16, the underflow floor 2^-25 (1 + sum_j |v_j|); no fraction of lanes may fail. Sources: SPEC 3 (Triton
-    fallback), seed 003, upstream's prefill ragged-kernel test.
+    fp16, the underflow floor 2^-25 (1 + sum_j |v_j|); no fraction of lanes may fail; the margin is the worst
+    error-to-tolerance ratio. Sources: SPEC 3 (Triton fallback), seed 003, upstream's prefill ragged-kernel test.
     """
     inp = fz.build_prefill_inputs(case)
     before = _snapshot(inp)
     _run_entry(inp, target)
     got = inp.out.detach().cpu().clone()
     out = _unchanged(before, inp)
-    out += _compare_with_oracle(got, inp, f"prefill output vs float64 oracle (d={case['d']}, {case['mode']})")
+    out += _compare_with_oracle(got, inp, f"prefill output vs float64 oracle (d={case.d}, {case.mode})")
     return out
 
 
@@ -122,8 +124,9 @@ def prefill_oracle_agreement(case, target: Target) -> list[Violation]:
 OPUS_SENTINEL = 0.375
 
 
-def _guard_violations(gcase: dict, target: Target) -> list[Violation]:
-    configs = [[]] + [[p] for p in fz.GUARD_PERTURBATIONS] + [list(c) for c in gcase["combos"]]
+def _guard_violations(gcase: fz.GuardCase, target: Target) -> list[Violation]:
+    # the single perturbations this host can fake (a second GPU only where one exists: fz.guard_gpus)
+    configs = [[]] + [[p] for p in fz.guard_perturbations()] + [list(c) for c in gcase.combos]
     out = []
     for perts in configs:
         q, kv, sink, o = fz.guard_tensors(gcase, perts)
@@ -238,8 +241,8 @@ def _check_guard_args(rec: dict, inp: fz.PrefillInputs, target: Target, where: s
     return v
 
 
-def _routing_violations(case: dict, target: Target) -> list[Violation]:
-    inp = fz.build_prefill_inputs(case["inputs"])
+def _routing_violations(case: fz.RoutingCase, target: Target) -> list[Violation]:
+    inp = fz.build_prefill_inputs(case.inputs)
     before = _snapshot(inp)
     v: list[Violation] = []
     # routed: OPUS gets the oracle's ragged indices and an empty second segment; Triton stays idle
@@ -256,7 +259,7 @@ def _routing_violations(case: dict, target: Target) -> list[Violation]:
         v.append(Violation("the OPUS result was not returned as is", where, f"all {OPUS_SENTINEL}",
                            f"{int((got != OPUS_SENTINEL).sum())} lanes differ"))
     # not routed (guard false, no op) or OPUS reporting failure: the Triton path runs and its result stands
-    scenario = case["fallback"]
+    scenario = case.fallback
     inp.out_buffer.fill_(math.nan)
     guard_says = scenario != "guard_false"
     op_kind = None if scenario == "no_op" else ("raises" if scenario == "op_raises" else "ok")
@@ -274,21 +277,20 @@ def _routing_violations(case: dict, target: Target) -> list[Violation]:
     return v
 
 
-def _routing_examples(target: Target) -> list[dict]:
-    inputs = {"seed": 21, "sq": 3, "heads": 2, "d": 512, "skv": 8, "mode": "dense", "width": 6, "lens": [2, 6, 0],
-              "topk_given": True, "topk_quirks": True, "dense_3d": False, "invalid_rate": 0.2,
-              "int32_extremes": False, "indptr_offset": 0, "tail_junk": 0, "scale": 0.11, "sink": "ordinary",
-              "out_width": "full", "out_padded": False, "q_layout": "contiguous", "kv_layout": "3d",
-              "magnitude": 1.0}
-    guard = {"sq": 1024, "heads": 16, "d": 512, "dtype": "bfloat16", "gpu": "cuda:0", "skv": 7, "combos": []}
-    return [{"inputs": inputs, "fallback": "op_raises", "guard": guard},
-            {"inputs": dict(inputs, seed=22, mode="ragged", indptr_offset=3, tail_junk=2, d=576),
-             "fallback": "guard_false", "guard": dict(guard, sq=1023, d=576, dtype="float16")}]
+def _routing_examples(target: Target) -> list[fz.RoutingCase]:
+    inputs = fz.PrefillCase(seed=21, sq=3, heads=2, d=512, skv=8, mode="dense", width=6, lens=(2, 6, 0),
+                            topk_given=True, topk_quirks=True, dense_3d=False, invalid_rate=0.2, int32_extremes=False,
+                            indptr_offset=0, tail_junk=0, scale=0.11, sink="ordinary", out_width="full",
+                            out_padded=False, q_layout="contiguous", kv_layout="3d", magnitude=1.0, dtype="bfloat16")
+    guard = fz.GuardCase(sq=1024, heads=16, d=512, dtype="bfloat16", gpu="cuda:0", skv=7, combos=())
+    return [fz.RoutingCase(inputs=inputs, fallback="op_raises", guard=guard),
+            fz.RoutingCase(inputs=inputs.replace(seed=22, mode="ragged", indptr_offset=3, tail_junk=2, d=576),
+                           fallback="guard_false", guard=guard.replace(sq=1023, d=576, dtype="float16"))]
 
 
 @contract("opus-routing-guard", targets=ALL_TARGETS, cases=lambda t: fz.routing_cases(),
-          examples=_routing_examples, min_cases=5)
-def opus_routing_guard(case, target: Target) -> list[Violation]:
+          examples=_routing_examples, min_cases=5, case_type=fz.RoutingCase, numeric=True)
+def opus_routing_guard(case: fz.RoutingCase, target: Target) -> list[Violation]:
     """The OPUS guard equals SPEC 3's truth table, and the entry routes by it.
 
     Guard: for a drawn configuration (sq around 1023/1024, heads, d, bf16/fp16, GPU index) the guard is evaluated
@@ -296,12 +298,17 @@ def opus_routing_guard(case, target: Target) -> list[Violation]:
     eligibility (sq 1/1023/1024/1025, fp32 q, kv/out dtype, CPU or other-GPU q/kv/out/sink, heads-major and
     last-dim-strided q, strided or padded kv, out strides != q strides, nope-wide out, narrow kv, sink None,
     padded, short, 2-D, bf16, fp64) and for drawn combinations; each answer must equal
-    oracles.prefill.opus_guard_expected (false on every target but gfx950).
+    oracles.prefill.opus_guard_expected (false on every target but gfx950). A second GPU is named only where the
+    fake mode can name one: without CUDA (fakes are metadata only) and on a host with two or more CUDA devices; on a
+    host with one CUDA device the configurations on another GPU (gpu cuda:1; kv, out or sink on another GPU) are
+    left out, because a fake CUDA tensor initialises the device it names and cuda:1 fails there with "invalid
+    device ordinal" (fuzz.prefill.guard_gpus).
     Routing: on tiny real inputs, with the guard answering true and a fake OPUS op, the op is called once with
     q, kv as [skv, d], int32 ragged indices/indptr equal to the oracle's dense->ragged conversion with the masked
     entries removed (AITER requires every index it gets to be a valid row), an empty second segment (0 indices, all-zero indptr [sq+1]), attn_sink[:h], the scale and
     the caller's out, and its result stands (no Triton launch). With the guard false, no op, or the op reporting
-    failure, the Triton kernel runs once and its output agrees with the float64 oracle. Sources: SPEC 3 (OPUS
+    failure, the Triton kernel runs once and its output agrees with the float64 oracle (its margin: the worst
+    error-to-tolerance ratio). Sources: SPEC 3 (OPUS
     guard), seed 003 (strict guard, silent Triton fallback, upstream's monkeypatched routing tests).
     """
-    return _guard_violations(case["guard"], target) + _routing_violations(case, target)
+    return _guard_violations(case.guard, target) + _routing_violations(case, target)

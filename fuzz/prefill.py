@@ -12,33 +12,43 @@ at a dead row, so a stray read shows up as NaN in the output.
 
 ``guard_cases`` / ``guard_tensors``: OPUS-guard configurations (sq around 1024, heads, d, dtype, GPU index) and the
 attribute perturbations that flip one SPEC 3 condition each (or keep eligibility); tensors are made as torch fake
-tensors, so "q on the GPU" and 1024-row shapes cost no memory and need no GPU.
+tensors, so "q on the GPU" and 1024-row shapes cost no memory and need no GPU. A second GPU is named only where
+the fake mode can name one (:func:`guard_gpus`).
 
-Cases are plain JSON; builders make every tensor from the case's seed.
+Cases are :class:`PrefillCase`, :class:`GuardCase` and :class:`RoutingCase` (``to_json`` / ``from_json``);
+builders make every tensor from the case's seed.
 """
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from hypothesis import strategies as st
 
-from fuzz.decode import make_sink
+from fuzz.cases import Case, CaseError
+from fuzz.decode import SinkKind, make_sink
 from impl.runtime import kernel_device
 
 INT32_MIN = -(2 ** 31)
 INT32_MAX = 2 ** 31 - 1
 ROPE_DIM = 64
-HEAD_DIMS = (448 + ROPE_DIM, 512 + ROPE_DIM)
+HeadDim = Literal[512, 576]  # 448 + ROPE_DIM, 512 + ROPE_DIM
+HEAD_DIMS: tuple[int, ...] = typing.get_args(HeadDim)
 SCALES = (0.02, 0.0625, 0.11, 0.3)
+#: the order matters: Hypothesis starts and shrinks towards the first
 SINK_KINDS = ("ordinary", "mixed", "-inf", "large", "none")
-Q_LAYOUTS = ("contiguous", "heads_major", "strided")
-KV_LAYOUTS = ("2d", "3d", "padded_rows", "strided_lanes")
+QLayout = Literal["contiguous", "heads_major", "strided"]
+KVLayout = Literal["2d", "3d", "padded_rows", "strided_lanes"]
+Q_LAYOUTS: tuple[str, ...] = typing.get_args(QLayout)
+KV_LAYOUTS: tuple[str, ...] = typing.get_args(KVLayout)
+DTypeName = Literal["bfloat16", "float16"]
 #: rows past the kv view, all NaN: an unmasked slot >= skv reads them
 KV_TAIL_ROWS = 2
 OUT_PAD = 8
-DTYPE_NAMES = ("bfloat16", "float16")
+DTYPE_NAMES: tuple[str, ...] = typing.get_args(DTypeName)
 #: long rows: up to LONG_WIDTH entries, at least THREE_TILES - three BLOCK_K = 16 tiles (SPEC 3, d >= 256)
 LONG_WIDTH = 40
 THREE_TILES = 2 * 16 + 1
@@ -57,6 +67,61 @@ def _rotated(lo: int, hi: int, start: int):
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class PrefillCase(Case):
+    """One sparse prefill: ``sq`` query rows of ``heads`` heads, head dim ``d`` (NoPE + 64 RoPE lanes), ``dtype``;
+    ``skv`` kv rows (some dead: NaN) laid out as ``kv_layout``; per row ``lens`` entries, each invalid with
+    probability ``invalid_rate`` (``int32_extremes``: INT32_MIN/MAX among the invalid ones). ``mode`` "dense":
+    ``width`` entries per row, with ``topk_length`` when ``topk_given`` (``topk_quirks``: lengths past the width and
+    negative ones), 3-D indices when ``dense_3d``; "ragged": ``indptr_offset`` junk entries before the first row and
+    ``tail_junk`` after the last. A sink of kind ``sink``; q as ``q_layout``; out ``out_width`` wide ("nope": the
+    NoPE lanes only), inside a wider NaN buffer when ``out_padded``; q and kv values scaled by ``magnitude``."""
+
+    KIND = "prefill"
+    seed: int
+    sq: int
+    heads: int
+    d: HeadDim
+    skv: int
+    mode: Literal["dense", "ragged"]
+    width: int
+    lens: tuple[int, ...]
+    topk_given: bool
+    topk_quirks: bool
+    dense_3d: bool
+    invalid_rate: float
+    int32_extremes: bool
+    indptr_offset: int
+    tail_junk: int
+    scale: float
+    sink: SinkKind
+    out_width: Literal["full", "nope"]
+    out_padded: bool
+    q_layout: QLayout
+    kv_layout: KVLayout
+    magnitude: float = 1.0
+    dtype: DTypeName = "bfloat16"
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("sq", "heads", "skv"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
+        for name in ("seed", "width", "indptr_offset", "tail_junk"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {getattr(self, name)!r}")
+        if len(self.lens) != self.sq or any(n < 0 for n in self.lens):
+            raise ValueError(f"lens: expected {self.sq} lengths >= 0, got {list(self.lens)}")
+        if self.mode == "dense" and any(n > self.width for n in self.lens):
+            raise ValueError(f"lens: a dense row holds at most width = {self.width} entries, got {list(self.lens)}")
+        if not 0.0 <= self.invalid_rate < 1.0:
+            raise ValueError(f"invalid_rate: expected a probability in [0, 1), got {self.invalid_rate!r}")
+        for name in ("scale", "magnitude"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name}: expected a finite number > 0, got {v!r}")
 
 
 def prefill_cases(*, max_sq: int = 6, max_heads: int = 3, max_width: int = 12, max_skv: int = 20,
@@ -78,32 +143,32 @@ def prefill_cases(*, max_sq: int = 6, max_heads: int = 3, max_width: int = 12, m
             row_len = _rotated(0, width, width // 2)
             skv = draw(_rotated(2, max_skv, max_skv // 2))
         wide = draw(st.integers(0, 4)) == 4
-        return {
-            "seed": draw(st.integers(0, 2 ** 31 - 1)),
-            "sq": sq,
-            "heads": wide_heads if wide else draw(_rotated(1, max_heads, 2)),
-            "d": draw(st.sampled_from(HEAD_DIMS)),
-            "dtype": draw(st.sampled_from(DTYPE_NAMES + ("bfloat16",))),
-            "skv": skv,
-            "mode": draw(st.sampled_from(["dense", "ragged"])),
-            "width": width,
+        return PrefillCase(
+            seed=draw(st.integers(0, 2 ** 31 - 1)),
+            sq=sq,
+            heads=wide_heads if wide else draw(_rotated(1, max_heads, 2)),
+            d=draw(st.sampled_from(HEAD_DIMS)),
+            dtype=draw(st.sampled_from(DTYPE_NAMES + ("bfloat16",))),
+            skv=skv,
+            mode=draw(st.sampled_from(["dense", "ragged"])),
+            width=width,
             # mostly rows shorter than k (entries past topk_length exist), some full, some empty
-            "lens": draw(st.lists(st.one_of(row_len, st.just(0)), min_size=sq, max_size=sq)),
-            "topk_given": draw(st.integers(0, 3)) < 3,
-            "topk_quirks": draw(st.booleans()),
-            "dense_3d": draw(st.booleans()),
-            "invalid_rate": draw(st.sampled_from([0.2, 0.0, 0.5])),
-            "int32_extremes": draw(st.integers(0, 3)) == 3,
-            "indptr_offset": draw(st.sampled_from([2, 0, 0])),
-            "tail_junk": draw(_rotated(0, 3, 1)),
-            "scale": draw(st.sampled_from(SCALES)),
-            "sink": draw(st.sampled_from(SINK_KINDS)),
-            "out_width": draw(st.sampled_from(["full", "nope"])),
-            "out_padded": draw(st.booleans()),
-            "q_layout": draw(st.sampled_from(Q_LAYOUTS)),
-            "kv_layout": draw(st.sampled_from(KV_LAYOUTS)),
-            "magnitude": draw(st.sampled_from([1.0, 1.0, 4.0])),
-        }
+            lens=draw(st.lists(st.one_of(row_len, st.just(0)), min_size=sq, max_size=sq)),
+            topk_given=draw(st.integers(0, 3)) < 3,
+            topk_quirks=draw(st.booleans()),
+            dense_3d=draw(st.booleans()),
+            invalid_rate=draw(st.sampled_from([0.2, 0.0, 0.5])),
+            int32_extremes=draw(st.integers(0, 3)) == 3,
+            indptr_offset=draw(st.sampled_from([2, 0, 0])),
+            tail_junk=draw(_rotated(0, 3, 1)),
+            scale=draw(st.sampled_from(SCALES)),
+            sink=draw(st.sampled_from(SINK_KINDS)),
+            out_width=draw(st.sampled_from(["full", "nope"])),
+            out_padded=draw(st.booleans()),
+            q_layout=draw(st.sampled_from(Q_LAYOUTS)),
+            kv_layout=draw(st.sampled_from(KV_LAYOUTS)),
+            magnitude=draw(st.sampled_from([1.0, 1.0, 4.0])),
+        )
 
     return build()
 
@@ -137,21 +202,21 @@ def _coin(gen, p: float) -> bool:
     return bool(torch.rand(1, generator=gen).item() < p)
 
 
-def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs:
-    """Every tensor of a prefill case, made from ``case['seed']`` on the kernel device."""
+def build_prefill_inputs(case: PrefillCase, device: str | None = None) -> PrefillInputs:
+    """Every tensor of a prefill case, made from ``case.seed`` on the kernel device."""
     device = device or kernel_device()
-    gen = torch.Generator().manual_seed(int(case["seed"]))
-    sq, h, d, skv = int(case["sq"]), int(case["heads"]), int(case["d"]), int(case["skv"])
+    gen = torch.Generator().manual_seed(case.seed)
+    sq, h, d, skv = case.sq, case.heads, case.d, case.skv
     nope = d - ROPE_DIM
-    mag = float(case.get("magnitude", 1.0))
-    dt = _DTYPES[case.get("dtype", "bfloat16")]
+    mag = case.magnitude
+    dt = _DTYPES[case.dtype]
     # kv: live rows hold data, every other row (dead rows, the tail past skv, padding lanes) is NaN
     live = [_coin(gen, 0.7) for _ in range(skv)]
     live[_randint(gen, 0, skv - 1)] = False  # at least one dead row inside [0, skv)
     live_rows = [i for i in range(skv) if live[i]]
     dead_rows = [i for i in range(skv) if not live[i]]
     rows_total = skv + KV_TAIL_ROWS
-    layout = case["kv_layout"]
+    layout = case.kv_layout
     data = (torch.randn(rows_total, d, generator=gen) * mag).to(dt)
     data[[i for i in range(rows_total) if i >= skv or not live[i]]] = math.nan
     if layout == "2d":
@@ -169,7 +234,7 @@ def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs
         buf[:, ::2] = data
         kv = buf[:skv, ::2]
     # q
-    ql = case["q_layout"]
+    ql = case.q_layout
     if ql == "heads_major":
         q_base = (torch.randn(h, sq, d, generator=gen) * mag).to(dt)
         q = q_base.transpose(0, 1)
@@ -181,9 +246,9 @@ def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs
         q = q_base
     # entries
     invalid = [-1, -2, skv, skv + 1]
-    if case.get("int32_extremes"):
+    if case.int32_extremes:
         invalid += [INT32_MIN, INT32_MAX]
-    rate = float(case["invalid_rate"])
+    rate = case.invalid_rate
 
     def entry() -> int:
         if not live_rows or _coin(gen, rate):
@@ -193,22 +258,22 @@ def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs
     def dead() -> int:
         return dead_rows[_randint(gen, 0, len(dead_rows) - 1)]
 
-    lens = [int(x) for x in case["lens"]]
+    lens = list(case.lens)
     rows = [[entry() for _ in range(n)] for n in lens]
     dense = topk_list = ragged = indptr_list = None
     topk_t = indptr_t = None
-    if case["mode"] == "dense":
-        width = int(case["width"])
+    if case.mode == "dense":
+        width = case.width
         dense = []
-        if case["topk_given"]:
+        if case.topk_given:
             topk_list = []
             for r, row in enumerate(rows):
                 tail = [dead() if _coin(gen, 0.7) else -1 for _ in range(width - len(row))]
                 dense.append(row + tail)
                 n = len(row)
-                if case.get("topk_quirks") and n == width and _coin(gen, 0.5):
+                if case.topk_quirks and n == width and _coin(gen, 0.5):
                     n = width + _randint(gen, 1, 3)  # clamped to k
-                elif case.get("topk_quirks") and n == 0 and _coin(gen, 0.5):
+                elif case.topk_quirks and n == 0 and _coin(gen, 0.5):
                     n = -_randint(gen, 1, 3)  # clamped to 0
                 topk_list.append(n)
             topk_t = torch.tensor(topk_list, dtype=torch.int32 if _coin(gen, 0.5) else torch.int64)
@@ -225,23 +290,23 @@ def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs
                 dense.append(row + tail)
         idx = torch.tensor(dense, dtype=torch.int64).reshape(sq, width)
         idx = idx.to(torch.int32) if _coin(gen, 0.5) else idx
-        if case.get("dense_3d"):
+        if case.dense_3d:
             idx = idx.reshape(sq, 1, width)
     else:
-        off = int(case["indptr_offset"])
+        off = case.indptr_offset
         ragged = [dead() for _ in range(off)]
         indptr_list = [off]
         for row in rows:
             ragged += row
             indptr_list.append(len(ragged))
-        ragged += [dead() for _ in range(int(case["tail_junk"]))]
+        ragged += [dead() for _ in range(case.tail_junk)]
         idx = torch.tensor(ragged, dtype=torch.int32)
         indptr_t = torch.tensor(indptr_list, dtype=torch.int32)
     # sink, padded past h
-    sink = make_sink(case["sink"], h + _randint(gen, 0, 2), gen) if case["sink"] != "none" else None
+    sink = make_sink(case.sink, h + _randint(gen, 0, 2), gen) if case.sink != "none" else None
     # out: NaN-poisoned, optionally inside a wider NaN buffer
-    w = d if case["out_width"] == "full" else nope
-    pad = OUT_PAD if case.get("out_padded") else 0
+    w = d if case.out_width == "full" else nope
+    pad = OUT_PAD if case.out_padded else 0
     out_buf = torch.full((sq, h, w + pad), math.nan, dtype=dt)
     out = out_buf[..., :w]
 
@@ -257,14 +322,14 @@ def build_prefill_inputs(case: dict, device: str | None = None) -> PrefillInputs
         out_buf = ob
         qb = q_base.to(device)
         q = qb.as_strided(q.shape, q.stride(), q.storage_offset())
-    return PrefillInputs(q, kv, buf, dev(idx), dev(topk_t), dev(indptr_t), dev(sink), float(case["scale"]), out,
+    return PrefillInputs(q, kv, buf, dev(idx), dev(topk_t), dev(indptr_t), dev(sink), case.scale, out,
                          out_buf, dense, topk_list, ragged, indptr_list, nope)
 
 
 # --- OPUS guard cases -------------------------------------------------------------------------------------------
 
 #: perturbations of an eligible configuration; each flips one SPEC 3 condition unless noted "keeps"
-GUARD_PERTURBATIONS = (
+Perturbation = Literal[
     "sq=1", "sq=1023", "sq=1024", "sq=1025",      # the threshold (1024 and 1025 keep)
     "q_fp32", "all_fp16",                         # all_fp16 keeps
     "kv_dtype", "out_dtype",
@@ -273,39 +338,100 @@ GUARD_PERTURBATIONS = (
     "q_last_dim_strided", "kv_last_dim_strided", "kv_3d", "kv_row_padded",  # kv_3d and kv_row_padded keep
     "out_heads_major", "out_contiguous_of_strided_q", "out_nope_wide", "kv_narrow",
     "sink_none", "sink_padded", "sink_short", "sink_2d", "sink_bf16", "sink_fp64", "sink_cpu", "sink_other_gpu",
-)
+]
+GUARD_PERTURBATIONS: tuple[str, ...] = typing.get_args(Perturbation)
+#: the perturbations that put a tensor on a second GPU
+SECOND_GPU_PERTURBATIONS = ("kv_other_gpu", "out_other_gpu", "sink_other_gpu")
+#: why configurations naming a second GPU are left out where only one exists (the contract's doc says it too)
+NO_SECOND_GPU_REASON = ("a fake CUDA tensor initialises the device it names, so on a host with one CUDA device "
+                        "'cuda:1' fails with 'invalid device ordinal'")
+
+
+def guard_gpus() -> tuple[str, ...]:
+    """The GPUs a guard configuration may name here. Without CUDA, fake tensors are metadata only (the fake mode
+    installs a no-op device guard), so two emulated GPUs cost nothing and the guard's multi-device conditions
+    (kv, out or sink on another GPU) are exercised on every CPU run; with CUDA the fake mode initialises each
+    device a fake tensor names, so only the devices that exist (``torch.cuda.device_count()``) are named."""
+    if not torch.cuda.is_available():
+        return ("cuda:0", "cuda:1")
+    return tuple(f"cuda:{i}" for i in range(torch.cuda.device_count()))
+
+
+def guard_perturbations() -> tuple[str, ...]:
+    """The perturbations this host can build: all of them, less SECOND_GPU_PERTURBATIONS with one GPU only."""
+    if len(guard_gpus()) > 1:
+        return GUARD_PERTURBATIONS
+    return tuple(p for p in GUARD_PERTURBATIONS if p not in SECOND_GPU_PERTURBATIONS)
+
+
+@dataclass(frozen=True)
+class GuardCase(Case):
+    """An OPUS-guard configuration: an eligible base (``sq`` rows, ``heads`` heads, head dim ``d``, ``dtype``, every
+    tensor on ``gpu``, ``skv`` kv rows), checked as is, under every single perturbation and under each of
+    ``combos`` (two to four perturbations at once)."""
+
+    KIND = "opus-guard"
+    sq: int
+    heads: int
+    d: HeadDim
+    dtype: DTypeName
+    gpu: str
+    skv: int
+    combos: tuple[tuple[Perturbation, ...], ...]
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("sq", "heads", "skv"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
+        kind, _, index = self.gpu.partition(":")
+        if kind != "cuda" or not index.isdigit():
+            raise ValueError(f"gpu: expected a device like 'cuda:0', got {self.gpu!r}")
 
 
 def guard_cases():
-    return st.fixed_dictionaries({
-        "sq": st.sampled_from([1023, 1024, 1024, 1025, 2048, 1, 8]),
-        "heads": st.sampled_from([1, 3, 16, 64]),
-        "d": st.sampled_from(HEAD_DIMS),
-        "dtype": st.sampled_from(["bfloat16", "float16"]),
-        "gpu": st.sampled_from(["cuda:0", "cuda:1"]),
-        "skv": st.sampled_from([1, 7, 4096]),
+    """:class:`GuardCase` s naming only the GPUs :func:`guard_gpus` allows here."""
+    perts = guard_perturbations()
+    return st.builds(
+        GuardCase,
+        sq=st.sampled_from([1023, 1024, 1024, 1025, 2048, 1, 8]),
+        heads=st.sampled_from([1, 3, 16, 64]),
+        d=st.sampled_from(HEAD_DIMS),
+        dtype=st.sampled_from(DTYPE_NAMES),
+        gpu=st.sampled_from(guard_gpus()),
+        skv=st.sampled_from([1, 7, 4096]),
         # random combinations on top of the systematic single perturbations
-        "combos": st.lists(st.lists(st.sampled_from(GUARD_PERTURBATIONS), min_size=2, max_size=4, unique=True),
-                           max_size=4),
-    })
+        combos=st.lists(st.lists(st.sampled_from(perts), min_size=2, max_size=4, unique=True).map(tuple),
+                        max_size=4).map(tuple),
+    )
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
            "float64": torch.float64}
 
 
-def guard_tensors(case: dict, perts: list[str]):
-    """(q, kv, attn_sink, out) fake tensors for a guard configuration with ``perts`` applied."""
+def guard_tensors(case: GuardCase, perts) -> tuple:
+    """(q, kv, attn_sink, out) fake tensors for a guard configuration with ``perts`` applied. A configuration
+    naming a GPU this host cannot fake (:func:`guard_gpus`) is a :class:`~fuzz.cases.CaseError` saying so, before
+    any tensor: the generator never draws one here, and a reproducer from a bigger host cannot be replayed on it."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     p = set(perts)
-    sq, h, d, skv = int(case["sq"]), int(case["heads"]), int(case["d"]), int(case["skv"])
+    unknown = sorted(p - set(GUARD_PERTURBATIONS))
+    if unknown:
+        raise ValueError(f"perts: unknown perturbations {unknown}")
+    gpus = guard_gpus()
+    gpu = case.gpu
+    others = [g for g in gpus if g != gpu]
+    if gpu not in gpus or (p & set(SECOND_GPU_PERTURBATIONS) and not others):
+        raise CaseError(f"gpu: this configuration needs {gpu if gpu not in gpus else 'a second GPU'}, and this "
+                         f"host fakes only {', '.join(gpus)}: {NO_SECOND_GPU_REASON}")
+    other = others[0] if others else gpu
+    sq, h, d, skv = case.sq, case.heads, case.d, case.skv
     for s in ("sq=1", "sq=1023", "sq=1024", "sq=1025"):
         if s in p:
             sq = int(s.split("=")[1])
-    gpu = case["gpu"]
-    other = "cuda:1" if gpu == "cuda:0" else "cuda:0"
-    dt = _DTYPES["float16" if "all_fp16" in p else case["dtype"]]
+    dt = _DTYPES["float16" if "all_fp16" in p else case.dtype]
     q_dev = "cpu" if ("q_cpu" in p or "all_cpu" in p) else gpu
     kv_dev = "cpu" if ("kv_cpu" in p or "all_cpu" in p) else (other if "kv_other_gpu" in p else gpu)
     out_dev = "cpu" if ("out_cpu" in p or "all_cpu" in p) else (other if "out_other_gpu" in p else gpu)
@@ -376,13 +502,28 @@ def tensor_attributes(target: str, q, kv, sink, out) -> dict:
 
 # --- routing cases ----------------------------------------------------------------------------------------------
 
-FALLBACK_SCENARIOS = ("guard_false", "no_op", "op_raises")
+FallbackScenario = Literal["guard_false", "no_op", "op_raises"]
+FALLBACK_SCENARIOS: tuple[str, ...] = typing.get_args(FallbackScenario)
+
+
+@dataclass(frozen=True)
+class RoutingCase(Case):
+    """The OPUS guard checked on ``guard``'s configurations, then the entry's routing on the tiny real ``inputs``:
+    once routed to a fake OPUS op, once through the Triton fallback of ``fallback`` (guard false, no op, or the op
+    reporting failure)."""
+
+    KIND = "opus-routing"
+    inputs: PrefillCase
+    fallback: FallbackScenario
+    guard: GuardCase
 
 
 def routing_cases():
-    return st.fixed_dictionaries({
-        "inputs": prefill_cases(max_sq=4, max_heads=3, max_width=10, max_skv=14).map(
-            lambda c: dict(c, sink="ordinary" if c["sink"] == "none" else c["sink"])),
-        "fallback": st.sampled_from(FALLBACK_SCENARIOS),
-        "guard": guard_cases(),
-    })
+    return st.builds(
+        RoutingCase,
+        # the routed call hands OPUS attn_sink[:h]: the inputs always have a sink
+        inputs=prefill_cases(max_sq=4, max_heads=3, max_width=10, max_skv=14).map(
+            lambda c: c.replace(sink="ordinary") if c.sink == "none" else c),
+        fallback=st.sampled_from(FALLBACK_SCENARIOS),
+        guard=guard_cases(),
+    )

@@ -2,7 +2,9 @@
 upstream monkeypatches it), the loader, exact edge cases, and bad input rejected before anything is written."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
+import json
 import math
 import sys
 import types
@@ -15,6 +17,7 @@ from contracts import prefill as _prefill_contracts  # noqa: F401  (registers th
 from contracts.core import CONTRACTS
 from contracts.runner import run_contract
 from fuzz import prefill as fz
+from fuzz.cases import CaseError
 from impl import prefill as pf
 from impl.runtime import kernel_device, triton_mode
 from oracles import compare as cmp
@@ -123,14 +126,15 @@ def test_multi_tile_rows_and_a_second_head_block():
 
 # --- the guard (upstream's selection tests, on fake tensors: "q on the GPU" needs no GPU) ---------------------
 
-_BASE = {"sq": 1024, "heads": 16, "d": HEAD_DIM, "dtype": "bfloat16", "gpu": "cuda:0", "skv": 1024, "combos": []}
+_BASE = fz.GuardCase(sq=1024, heads=16, d=HEAD_DIM, dtype="bfloat16", gpu="cuda:0", skv=1024, combos=())
+_ONE_GPU = "needs a second GPU the fake mode can name: " + fz.NO_SECOND_GPU_REASON
 
 
 @pytest.mark.parametrize(("sq", "target", "expected"), [
     (1023, "gfx950", False), (1024, "gfx950", True), (1024, "gfx942", False), (1024, "generic", False),
     (4096, "gfx950", True), (1, "gfx950", False)])
 def test_guard_threshold(sq, target, expected):
-    q, kv, sink, out = fz.guard_tensors(dict(_BASE, sq=sq), [])
+    q, kv, sink, out = fz.guard_tensors(_BASE.replace(sq=sq), [])
     assert pf.OPUS_MIN_QUERIES == 1024
     assert pf.can_use_aiter_sparse_prefill_opus(q, kv, sink, out, target=target) is expected
     attrs = fz.tensor_attributes(target, q, kv, sink, out)
@@ -140,6 +144,8 @@ def test_guard_threshold(sq, target, expected):
 @pytest.mark.parametrize("pert", ["out_heads_major", "sink_short", "all_cpu", "sink_bf16", "sink_none",
                                   "q_last_dim_strided", "kv_other_gpu", "out_nope_wide"])
 def test_guard_rejects_incompatible_inputs(pert):
+    if pert in fz.SECOND_GPU_PERTURBATIONS and len(fz.guard_gpus()) < 2:
+        pytest.skip(_ONE_GPU)
     q, kv, sink, out = fz.guard_tensors(_BASE, [pert])
     assert not pf.can_use_aiter_sparse_prefill_opus(q, kv, sink, out, target="gfx950")
     assert ref_prefill.opus_guard_failures(fz.tensor_attributes("gfx950", q, kv, sink, out))
@@ -151,18 +157,138 @@ def test_guard_keeps_compatible_variants(pert):
     assert pf.can_use_aiter_sparse_prefill_opus(q, kv, sink, out, target="gfx950")
 
 
+_DEVICE_CONDITIONS = {"kv on q's device", "out on q's device", "sink on q's device"}
+
+
+def _index_blind_guard(real):
+    """The guard comparing device types instead of devices: True wherever the only conditions that fail are the
+    same-device ones and every tensor is on some GPU."""
+    def guard(q, kv, attn_sink, out, *, target=None):
+        if real(q, kv, attn_sink, out, target=target):
+            return True
+        name = getattr(target, "name", target)
+        fails = set(ref_prefill.opus_guard_failures(fz.tensor_attributes(name, q, kv, attn_sink, out)))
+        tensors = (q, kv, out) + ((attn_sink,) if attn_sink is not None else ())
+        return bool(fails) and fails <= _DEVICE_CONDITIONS and all(t.is_cuda for t in tensors)
+
+    return guard
+
+
+def test_guard_check_covers_kv_out_and_sink_on_another_gpu_here(monkeypatch):
+    # the emulation's fakes name two GPUs, so the contract's guard check reaches the multi-device conditions and
+    # catches a guard that compares device types rather than devices
+    from contracts import prefill as cp
+    from impl.targets import get_target
+
+    if len(fz.guard_gpus()) < 2:
+        pytest.skip(_ONE_GPU)
+    seen = []
+    real = pf.can_use_aiter_sparse_prefill_opus
+
+    def recording(q, kv, attn_sink, out, *, target=None):
+        seen.append({str(t.device) for t in (q, kv, out) + ((attn_sink,) if attn_sink is not None else ())})
+        return real(q, kv, attn_sink, out, target=target)
+
+    monkeypatch.setattr(pf, "can_use_aiter_sparse_prefill_opus", recording)
+    assert cp._guard_violations(_BASE, get_target("gfx950")) == []
+    assert any(len(devs) == 2 and all(d.startswith("cuda:") for d in devs) for devs in seen)
+    monkeypatch.setattr(pf, "can_use_aiter_sparse_prefill_opus", _index_blind_guard(real))
+    broken = cp._guard_violations(_BASE, get_target("gfx950"))
+    assert {v.where.split("perturbations=")[1] for v in broken} == {"['kv_other_gpu']", "['out_other_gpu']",
+                                                                    "['sink_other_gpu']"}
+
+
+def test_one_gpu_host_generates_no_second_gpu(monkeypatch):
+    # a one-GPU CUDA host, simulated: the fake mode there initialises every device a fake tensor names, so cuda:1
+    # ("invalid device ordinal") is never drawn and the other-GPU perturbations are left out, with the reason
+    from hypothesis import given, settings
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert fz.guard_gpus() == ("cuda:0",)
+    assert set(fz.guard_perturbations()) == set(fz.GUARD_PERTURBATIONS) - set(fz.SECOND_GPU_PERTURBATIONS)
+    drawn = []
+
+    @settings(max_examples=60, deadline=None, database=None)
+    @given(fz.routing_cases())
+    def collect(case):
+        drawn.append(case.guard)
+
+    collect()
+    assert all(g.gpu == "cuda:0" for g in drawn)
+    assert not {p for g in drawn for c in g.combos for p in c} & set(fz.SECOND_GPU_PERTURBATIONS)
+    assert any(g.combos for g in drawn)
+    # a reproducer from a bigger host is refused before any tensor, saying why
+    with pytest.raises(CaseError, match="needs a second GPU.*invalid device ordinal"):
+        fz.guard_tensors(_BASE, ["kv_other_gpu"])
+    with pytest.raises(CaseError, match="needs cuda:1"):
+        fz.guard_tensors(_BASE.replace(gpu="cuda:1"), [])
+    # and a multi-GPU host names its devices
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert fz.guard_gpus() == ("cuda:0", "cuda:1") and fz.guard_perturbations() == fz.GUARD_PERTURBATIONS
+
+
 def test_real_guard_is_false_for_cpu_tensors_even_with_an_op(monkeypatch):
-    # 1024 CPU rows on gfx950: every condition holds but "q on the GPU", so OPUS is never asked
-    q = torch.zeros(1024, 1, HEAD_DIM, dtype=torch.bfloat16, device=DEV)
-    kv = torch.zeros(4, 1, HEAD_DIM, dtype=torch.bfloat16, device=DEV)
+    # 1024 real CPU rows on gfx950: every condition holds but "q on the GPU", so OPUS is never asked
+    cpu = torch.device("cpu")
+    q = torch.zeros(1024, 1, HEAD_DIM, dtype=torch.bfloat16, device=cpu)
+    kv = torch.zeros(4, 1, HEAD_DIM, dtype=torch.bfloat16, device=cpu)
+    sink = torch.zeros(1, dtype=torch.float32, device=cpu)
+    indices = torch.zeros(1024, 1, dtype=torch.int32, device=cpu)
+    assert ref_prefill.opus_guard_failures(fz.tensor_attributes("gfx950", q, kv[:, 0], sink, torch.empty_like(q))) \
+        == ["q on the GPU"]
+    assert pf.can_use_aiter_sparse_prefill_opus(q, kv[:, 0], sink, torch.empty_like(q), target="gfx950") is False
     calls = {"op": 0, "triton": 0}
     monkeypatch.setattr(pf, "get_aiter_sparse_prefill_opus",
                         lambda: lambda *a, **k: calls.__setitem__("op", calls["op"] + 1))
     monkeypatch.setattr(pf, "sparse_attn_prefill_triton",
                         lambda *a, **k: calls.__setitem__("triton", calls["triton"] + 1))
-    pf.sparse_attn_prefill(q, kv, torch.zeros(1024, 1, dtype=torch.int32, device=DEV), 0.1,
-                           torch.zeros(1, dtype=torch.float32, device=DEV), target="gfx950")
-    assert calls == {"op": 0, "triton": 1}
+    if DEV == "cpu":
+        pf.sparse_attn_prefill(q, kv, indices, 0.1, sink, target="gfx950")
+        assert calls == {"op": 0, "triton": 1}
+    else:  # the kernels run on the GPU here: the entry refuses CPU tensors before the guard or any launch
+        with pytest.raises(ValueError, match="q: kernels run on"):
+            pf.sparse_attn_prefill(q, kv, indices, 0.1, sink, target="gfx950")
+        assert calls == {"op": 0, "triton": 0}
+
+
+# --- typed cases -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["prefill", "routing"])
+def test_cases_round_trip_and_reject_a_missing_field(name):
+    from hypothesis import given, settings
+
+    cls, strategy = {"prefill": (fz.PrefillCase, fz.prefill_cases()), "routing": (fz.RoutingCase, fz.routing_cases())}[name]
+
+    @settings(max_examples=40, deadline=None, database=None)
+    @given(strategy)
+    def round_trip(case):
+        doc = json.loads(json.dumps(case.to_json()))
+        assert cls.from_json(doc) == case
+        for f in dataclasses.fields(cls):
+            with pytest.raises(CaseError, match=f"missing field {f.name}"):
+                cls.from_json({k: v for k, v in doc.items() if k != f.name})
+        if cls is fz.RoutingCase:
+            for sub, sub_cls in (("inputs", fz.PrefillCase), ("guard", fz.GuardCase)):
+                for f in dataclasses.fields(sub_cls):
+                    broken = json.loads(json.dumps(doc))
+                    del broken[sub][f.name]
+                    with pytest.raises(CaseError, match=rf"{sub}: missing field {f.name}"):
+                        cls.from_json(broken)
+
+    round_trip()
+
+
+def test_cases_reject_bad_values():
+    doc = fz.RoutingCase(inputs=_prefill_contracts._routing_examples(None)[0].inputs, fallback="no_op",
+                         guard=_BASE.replace(combos=(("q_cpu", "kv_dtype"),))).to_json()
+    doc["guard"]["combos"][0][1] = "kv_on_mars"
+    with pytest.raises(CaseError, match=r"guard.combos\[0\]\[1\]: expected one of"):
+        fz.RoutingCase.from_json(doc)
+    with pytest.raises(ValueError, match="gpu: expected a device like 'cuda:0'"):
+        _BASE.replace(gpu="cpu")
+    with pytest.raises(ValueError, match="lens: a dense row holds at most width"):
+        _prefill_contracts._agreement_examples(None)[0].replace(lens=(9, 0, 0))
 
 
 # --- routing (upstream's monkeypatched tests) -------------------------------------------------------------------
