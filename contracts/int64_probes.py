@@ -17,7 +17,7 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.cache_writers import record_row_margin
-from contracts.core import ALL_TARGETS, Violation, contract
+from contracts.core import ALL_TARGETS, Violation, contract, record_margin
 from fuzz import cache_writers as fw
 from fuzz.cases import Case
 from fuzz.cache_writers import CompressorCase
@@ -225,8 +225,11 @@ def _decode_far_end(case, target: Target) -> list[Violation]:
     model = cmp.AttentionErrorModel.for_mode(triton_mode())
     tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
                                   plan.num_splits, 16, model)
-    return [Violation(f"decode at the far end of a >2^32-byte pool vs oracle: {m.kind}", m.where, m.expected,
-                      m.got) for m in cmp.compare_attention(got, ref.out, tol)]
+    res = cmp.attention_comparison(got, ref.out, tol)
+    if res.worst_ratio is not None:
+        record_margin(res.worst_ratio)
+    return [Violation(f"decode at the far end of a >2^32-byte pool vs oracle: {m.detail}", m.where, m.expected,
+                      m.got) for m in res.mismatches]
 
 
 @dataclass(frozen=True)
