@@ -14,7 +14,8 @@ import shutil
 import sys
 import time
 
-CAMPAIGN_SCHEMA_VERSION = 1
+#: 2: ``round_log`` (each round's seed, budget, seconds and cases) and ``seed`` on every failure
+CAMPAIGN_SCHEMA_VERSION = 2
 
 
 def parse_duration(text: "str | float | int") -> float:
@@ -38,14 +39,22 @@ def parse_duration(text: "str | float | int") -> float:
 
 def run_campaign(budget: float, report_dir: str, *, contract_ids=None, target_names=None, round_seconds: float = 600,
                  seed: int | None = None, profile: str = "nightly", stream=None) -> tuple[dict, int]:
+    """Audit rounds of ``round_seconds`` (the last one shorter) until ``budget`` seconds are spent; round ``i`` uses
+    seed ``base_seed + i``. A round ends within one case of its share and never past the campaign's end: the
+    shrinking of a failure is cut off there too."""
     from contracts.audit import run_audit
+    from contracts.registry import load_all
 
+    if not budget > 0 or not round_seconds > 0:
+        raise ValueError(f"budget / round: expected positive durations, got {budget!r} / {round_seconds!r}")
     stream = stream or sys.stderr
     os.makedirs(os.path.join(report_dir, "repro"), exist_ok=True)
+    load_all()  # importing every contract module is set-up, not a round's time
     t0 = time.monotonic()
+    end = t0 + budget
     base_seed = seed if seed is not None else int(time.time()) % (2 ** 31)
     doc = {"schema_version": CAMPAIGN_SCHEMA_VERSION, "budget": budget, "profile": profile, "base_seed": base_seed,
-           "rounds": 0, "seconds": 0.0, "cases": {}, "failures": [], "finished": False}
+           "rounds": 0, "seconds": 0.0, "cases": {}, "round_log": [], "failures": [], "finished": False}
     seen: dict[tuple, dict] = {}
 
     def save():
@@ -58,13 +67,18 @@ def run_campaign(budget: float, report_dir: str, *, contract_ids=None, target_na
     round_dir = os.path.join(report_dir, "last-round")
     try:
         while True:
-            left = budget - (time.monotonic() - t0)
-            if left < 1.0:
+            left = end - time.monotonic()
+            if left < min(1.0, round_seconds):
                 break
             r = doc["rounds"]
+            r_start = time.monotonic()
             rdoc, _ = run_audit(contract_ids, target_names, budget=min(round_seconds, left), profile=profile,
-                                seed=base_seed + r, report_dir=round_dir, progress=False)
+                                seed=base_seed + r, report_dir=round_dir, progress=False, shrink_until=end)
             doc["rounds"] = r + 1
+            doc["round_log"].append({"round": r, "seed": base_seed + r, "budget": round(min(round_seconds, left), 3),
+                                     "seconds": round(time.monotonic() - r_start, 3),
+                                     "cases": sum(row["cases"] for row in rdoc["results"]),
+                                     "counts": rdoc["run"]["counts"]})
             for row in rdoc["results"]:
                 key = f"{row['contract']}/{row['target']}"
                 doc["cases"][key] = doc["cases"].get(key, 0) + row["cases"]
@@ -89,7 +103,7 @@ def run_campaign(budget: float, report_dir: str, *, contract_ids=None, target_na
                              + (f"\n    replay: smv repro {repro}" if repro else "") + "\n")
             total = sum(doc["cases"].values())
             stream.write(f"round {r + 1}: {total} cases so far, {len(doc['failures'])} distinct failures, "
-                         f"{budget - (time.monotonic() - t0):.0f}s left\n")
+                         f"{max(0.0, end - time.monotonic()):.0f}s left\n")
             stream.flush()
             save()
     except KeyboardInterrupt:

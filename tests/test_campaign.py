@@ -45,3 +45,35 @@ def test_campaign_keeps_one_reproducer_per_distinct_failure(tmp_path):
     assert f["contract"] == "test-odd-fails" and f["occurrences"] == doc["rounds"] >= 2
     saved = json.loads(open(f["repro"]).read())
     assert saved["contract"] == "test-odd-fails" and saved["case"] % 2 == 1
+
+
+def test_rounds_end_on_time_and_left_is_never_negative(tmp_path):
+    import io
+    import time
+
+    def slow(case, target):
+        """Slow per case (stands for an expensive check)."""
+        time.sleep(0.1)
+        return []
+
+    def slow_draw(x):
+        time.sleep(0.1)  # an expensive strategy: Hypothesis pays this for every case it draws
+        return x
+
+    core.contract("test-slow-campaign", cases=lambda t: st.integers(0, 10 ** 6).map(slow_draw), min_cases=2)(slow)
+    out = io.StringIO()
+    t0 = time.monotonic()
+    try:
+        doc, code = run_campaign(2.0, str(tmp_path), contract_ids=["test-slow-campaign"],
+                                 target_names=["gfx942", "gfx950"], round_seconds=1.2, seed=5, profile="dev",
+                                 stream=out)
+    finally:
+        core.CONTRACTS.pop("test-slow-campaign")
+    wall = time.monotonic() - t0
+    assert wall < 2.0 + 0.2 + 0.5, wall  # the budget, one case (draw and check), the harness
+    assert "-" not in "".join(ln.split(",")[-1] for ln in out.getvalue().splitlines() if "left" in ln)
+    assert doc["schema_version"] == 2
+    assert [r["seed"] for r in doc["round_log"]] == [5 + i for i in range(doc["rounds"])]
+    assert all(set(r) >= {"round", "seed", "seconds", "cases", "budget"} for r in doc["round_log"])
+    assert sum(r["cases"] for r in doc["round_log"]) == sum(doc["cases"].values())
+
