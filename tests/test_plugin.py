@@ -171,3 +171,24 @@ def test_failing_contract_test_leaves_a_reproducer_that_smv_repro_replays(tmp_pa
     fixed = subprocess.run([sys.executable, "-m", "contracts.cli", "repro", path], cwd=default_root(), env=clean_env,
                            capture_output=True, text=True, timeout=120)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+def test_hardware_markers_select_every_contract_and_each_has_a_cpu_twin(pytester):
+    from contracts.registry import load_all
+    from contracts.zoo.runner import default_root
+
+    items, _ = pytester.inline_genitems(str(default_root() / "tests" / "test_hardware.py"))
+    marks = {it.name: {m for m in ("gfx942", "gfx950") if it.get_closest_marker(m)} for it in items}
+    unmarked = {name for name, m in marks.items() if not m}
+    contracts = load_all()
+    for arch in ("gfx942", "gfx950"):
+        marked = [name for name, m in marks.items() if arch in m]
+        for cid in sorted(contracts):
+            if contracts[cid].applies_to(arch):
+                assert f"test_contract_natively[{arch}-{cid}]" in marked, (arch, cid)
+        assert f"test_detection[{arch}]" in marked
+        for name in marked:  # the twin: same function name + _twin, same parameters, runs without the hardware
+            func, _, params = name.partition("[")
+            twin = f"{func}_twin" + (f"[{params}" if params else "")
+            assert twin in unmarked, f"{name} (marked {arch}) has no CPU twin {twin}"
+    assert marks["test_real_aiter_opus_route"] == {"gfx950"}
