@@ -1,13 +1,21 @@
 """Reduce epilogues: inverse GPT-J RoPE and the MXFP8 output, against the float64 references in oracles.epilogues."""
+import dataclasses
+import json
 import math
 
 import pytest
 import torch
+from hypothesis import given, settings
 
 import impl  # noqa: F401  (sets the Triton mode before anything imports triton)
-from fuzz.graph import mxfp8_boundary_groups, next_f32
+from contracts.core import collecting_margins
+from contracts.epilogues import epilogue_oracle_agreement
+from fuzz.cases import CaseError
+from fuzz.epilogues import (EpilogueCase, Mxfp8Case, Mxfp8Group, RopeCase, epilogue_cases, mxfp8_boundary_groups,
+                            next_f32)
 from impl.epilogues import MXFP8_SCALE_CODE_CAP, inverse_rope_gptj, mxfp8_quantize
 from impl.runtime import kernel_device
+from impl.targets import get_target
 from oracles import epilogues as ref
 
 DEV = kernel_device()
@@ -191,3 +199,57 @@ def test_inverse_rope_bad_input_writes_nothing():
     with pytest.raises(ValueError, match="out"):
         inverse_rope_gptj(x, cs, torch.tensor([0, 1], device=DEV), out=x[:, :, :].view(2, 1, 64)[:1])
     assert set(out.flatten().tolist()) == {7.0}
+
+
+# --- the typed case of epilogue-oracle-agreement ------------------------------------------------------------------
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(epilogue_cases())
+def test_epilogue_case_round_trips_through_json(case):
+    assert EpilogueCase.from_json(case.to_json()) == case
+    text = json.dumps(case.to_json())  # through real JSON text too (NaN != NaN, so compare the texts)
+    assert json.dumps(EpilogueCase.from_json(json.loads(text)).to_json()) == text
+
+
+_ROPE = RopeCase(seed=3, tokens=2, heads=1, width=64, max_pos=5, positions=(4, 0), scale=1.0,
+                 specials=((3, math.inf),), in_dtype="float32", out_dtype="bfloat16", cos_sin="angles")
+_MXFP8 = Mxfp8Case(seed=1, rows=1, width=64, dtype="float32", layout="strided",
+                   groups=(Mxfp8Group(kind="random", exp=-3, specials=((0, math.nan),)), Mxfp8Group(kind="zero")))
+
+
+@pytest.mark.parametrize("case", [EpilogueCase(epilogue="rope", rope=_ROPE),
+                                  EpilogueCase(epilogue="mxfp8", mxfp8=_MXFP8)], ids=["rope", "mxfp8"])
+def test_epilogue_case_rejects_a_missing_field(case):
+    inner = case.epilogue
+    for f in dataclasses.fields(case):
+        doc = case.to_json()
+        del doc[f.name]
+        with pytest.raises(CaseError, match=f"missing field {f.name}"):
+            EpilogueCase.from_json(doc)
+    for f in dataclasses.fields(getattr(case, inner)):
+        doc = case.to_json()
+        del doc[inner][f.name]
+        with pytest.raises(CaseError, match=f"{inner}: missing field {f.name}"):
+            EpilogueCase.from_json(doc)
+
+
+def test_epilogue_case_rejects_inconsistent_parameters():
+    with pytest.raises(CaseError, match="needs exactly its own parameters"):
+        EpilogueCase.from_json({**EpilogueCase(epilogue="rope", rope=_ROPE).to_json(), "epilogue": "mxfp8"})
+    with pytest.raises(ValueError, match="positions"):
+        RopeCase(seed=0, tokens=1, heads=1, width=64, max_pos=2, positions=(2,))
+    with pytest.raises(ValueError, match="groups"):
+        Mxfp8Case(seed=0, rows=2, width=32, groups=(Mxfp8Group(kind="zero"),))
+    with pytest.raises(ValueError, match="32 lanes"):
+        Mxfp8Group(kind="values", values=(1.0,) * 31)
+
+
+def test_epilogue_check_records_the_rope_margin_only():
+    """RoPE lanes are compared against a bound: the check reports how close the worst lane came (a ratio in
+    [0, 1] on a pass); MXFP8 is byte-exact and reports none."""
+    with collecting_margins() as rope_margins:
+        assert epilogue_oracle_agreement(EpilogueCase(epilogue="rope", rope=_ROPE), get_target("gfx950")) == []
+    assert len(rope_margins) == 1 and 0 <= rope_margins[0] <= 1
+    with collecting_margins() as mx_margins:
+        assert epilogue_oracle_agreement(EpilogueCase(epilogue="mxfp8", mxfp8=_MXFP8), get_target("gfx950")) == []
+    assert mx_margins == []

@@ -1,8 +1,14 @@
 """copy_ragged_to_graph_buffers: views at the persistent base pointer, the per-target view length, bad inputs."""
+import dataclasses
+import json
+
 import pytest
 import torch
+from hypothesis import given, settings
 
 import impl  # noqa: F401  (sets the Triton mode before anything imports triton)
+from fuzz.cases import CaseError
+from fuzz.graph_buffers import GraphBufferCase, graph_buffer_cases, graph_buffer_inputs
 from impl.graph_buffers import copy_ragged_to_graph_buffers, ragged_view_capacity
 from impl.runtime import kernel_device
 from oracles import graph_buffers as ref
@@ -120,3 +126,36 @@ def test_counts_must_be_ints():
         copy_ragged_to_graph_buffers(src, indptr, ibuf, pbuf, 0.0, 4, target="gfx950")
     with pytest.raises(ValueError, match="max_per_row"):
         copy_ragged_to_graph_buffers(src, indptr, ibuf, pbuf, 0, -1, target="gfx950")
+
+
+# --- the typed case of ragged-view-capacity -----------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(graph_buffer_cases())
+def test_graph_buffer_case_round_trips_through_json(case):
+    assert GraphBufferCase.from_json(case.to_json()) == case
+    assert GraphBufferCase.from_json(json.loads(json.dumps(case.to_json()))) == case
+
+
+def test_graph_buffer_case_rejects_a_missing_field_and_bad_rows():
+    case = GraphBufferCase(seed=3, num_rows=2, max_per_row=8, lens=(2, 1), source_extra=3, defect="row-too-long")
+    for f in dataclasses.fields(case):
+        doc = case.to_json()
+        del doc[f.name]
+        with pytest.raises(CaseError, match=f"missing field {f.name}"):
+            GraphBufferCase.from_json(doc)
+    with pytest.raises(CaseError, match="defect"):
+        GraphBufferCase.from_json({**case.to_json(), "defect": "row-too-short"})
+    with pytest.raises(CaseError, match="lens: expected num_rows = 2"):
+        GraphBufferCase.from_json({**case.to_json(), "lens": [1]})
+    with pytest.raises(CaseError, match=r"lens: every row length must lie in \[0, max_per_row = 8\]"):
+        GraphBufferCase.from_json({**case.to_json(), "lens": [9, 0]})
+
+
+def test_graph_buffer_inputs_apply_the_defect():
+    """The case's defect reaches the inputs: a row one longer than max_per_row, the source as wide as the NNZ."""
+    inp = graph_buffer_inputs(GraphBufferCase(seed=1, num_rows=2, max_per_row=3, lens=(1, 2), source_extra=0,
+                                              defect="row-too-long"))
+    assert inp.indptr == [0, 4, 6] and inp.source.numel() == 6
+    assert ref.rejected_argument(2, 3, inp.source.tolist(), inp.indptr, inp.indices_len, inp.indptr_len) == \
+        "ragged_indptr"

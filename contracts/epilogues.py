@@ -1,0 +1,105 @@
+"""Reduce-epilogue contract (``impl.epilogues``): inverse GPT-J RoPE and the MXFP8 output against their float64
+references. Source: SPEC section 2 ("Optional epilogues") and section 4 (the 254 cap)."""
+from __future__ import annotations
+
+import torch
+
+from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt, record_margin
+from fuzz import epilogues as fz
+from fuzz.epilogues import EpilogueCase, Mxfp8Case, Mxfp8Group, RopeCase
+from impl.epilogues import ROPE_DIM, inverse_rope_gptj, mxfp8_quantize
+from impl.runtime import kernel_device
+from impl.targets import Target
+from oracles import epilogues as ref
+
+def _check_mxfp8(case: Mxfp8Case) -> list[Violation]:
+    x = fz.mxfp8_input(case, kernel_device())
+    rows, width = case.rows, case.width
+    codes = torch.full((rows, width), 0xA5, dtype=torch.uint8, device=x.device)
+    scales = torch.full((rows, width // 32), 0xA5, dtype=torch.uint8, device=x.device)
+    got_c, got_s = mxfp8_quantize(x, codes=codes, scales=scales)
+    out: list[Violation] = []
+    if got_c.data_ptr() != codes.data_ptr() or got_s.data_ptr() != scales.data_ptr():
+        out.append(Violation("mxfp8 outputs not written into the given buffers", "codes/scales", "the same data "
+                             "pointers", "new tensors"))
+    got_c, got_s = got_c.cpu().clone(), got_s.cpu().clone()
+    want = ref.mxfp8_quantize(x.cpu())
+    out += compare_exact("mxfp8 scale codes", got_s, want["scales"])
+    if got_s.numel() and int(got_s.max()) > ref.CODE_CAP:
+        out.append(Violation("mxfp8 scale code above the cap (255 is NaN in e8m0, +inf in readers)",
+                             "scales", f"<= {ref.CODE_CAP}", str(int(got_s.max()))))
+    out += compare_exact("mxfp8 e4m3 codes", got_c, want["codes"])
+    return out
+
+
+def _check_rope(case: RopeCase) -> list[Violation]:
+    x, cos_sin, positions = fz.rope_input(case, kernel_device())
+    out_dtype = fz.DTYPES[case.out_dtype]
+    T, H, W = x.shape
+    out_buf = torch.full((T, H, W), float("nan"), dtype=out_dtype, device=x.device)
+    got = inverse_rope_gptj(x, cos_sin, positions, out=out_buf).cpu().to(torch.float64)
+    want, mag = ref.inverse_rope_gptj(x.cpu(), cos_sin.cpu(), list(case.positions))
+    out: list[Violation] = []
+    head = W - ROPE_DIM
+    # lanes before the RoPE block: copied, cast exactly as torch casts (round to nearest even)
+    out += compare_exact("copied lanes", got[:, :, :head], x.cpu()[:, :, :head].to(out_dtype).to(torch.float64))
+    g_r, w_r, m_r = got[:, :, head:], want[:, :, head:], mag[:, :, head:]
+    nan_w, nan_g = torch.isnan(w_r), torch.isnan(g_r)
+    for idx in (nan_w != nan_g).nonzero()[:3].tolist():
+        i = tuple(idx)
+        out.append(Violation("inverse RoPE NaN mask differs", f"row {i[:2]} lane {head + i[2]}",
+                             fmt(w_r[i].item()), fmt(g_r[i].item())))
+    inf_w = torch.isinf(w_r)
+    bad_inf = inf_w & ~nan_g & (g_r != w_r)
+    for idx in bad_inf.nonzero()[:3].tolist():
+        i = tuple(idx)
+        out.append(Violation("inverse RoPE inf differs", f"row {i[:2]} lane {head + i[2]}", fmt(w_r[i].item()),
+                             fmt(g_r[i].item())))
+    fin = torch.isfinite(w_r)
+    bound = ref.rope_error_bound(w_r, m_r, out_dtype)
+    err = (g_r - w_r).abs()
+    bad = fin & ~(err <= bound)  # NaN/inf in got where want is finite fails too
+    record_margin(err[fin], bound[fin])
+    for idx in bad.nonzero()[:3].tolist():
+        i = tuple(idx)
+        out.append(Violation("inverse RoPE outside the float32 error bound", f"row {i[:2]} lane {head + i[2]}",
+                             f"{w_r[i].item()!r} +- {bound[i].item():.3g}", fmt(g_r[i].item())))
+    return out
+
+
+def _epilogue_examples(target: Target) -> list[EpilogueCase]:
+    groups = fz.mxfp8_boundary_groups()
+    return [
+        EpilogueCase(epilogue="mxfp8", mxfp8=Mxfp8Case(
+            seed=1, rows=1, width=32 * len(groups), dtype="float32", layout="contiguous",
+            groups=tuple(Mxfp8Group(kind="values", values=tuple(g)) for g in groups))),
+        EpilogueCase(epilogue="mxfp8", mxfp8=Mxfp8Case(
+            seed=2, rows=1, width=512, dtype="bfloat16", layout="strided",
+            groups=tuple(Mxfp8Group(kind="random", exp=e) for e in range(-150, 128, 18)))),
+        EpilogueCase(epilogue="rope", rope=RopeCase(
+            seed=3, tokens=2, heads=2, width=512, max_pos=5, positions=(4, 0), scale=1.0, in_dtype="float32",
+            out_dtype="bfloat16", cos_sin="angles")),
+    ]
+
+
+def _epilogue_cases(target: Target):
+    return fz.epilogue_cases()
+
+
+@contract("epilogue-oracle-agreement", targets=ALL_TARGETS, cases=_epilogue_cases, examples=_epilogue_examples,
+          min_cases=5, case_type=EpilogueCase, numeric=True)
+def epilogue_oracle_agreement(case: EpilogueCase, target: Target) -> list[Violation]:
+    """The reduce epilogues agree with their float64 references.
+
+    Inverse GPT-J RoPE on the last 64 lanes (even' = a*cos + b*sin, odd' = b*cos - a*sin; cos_i in column i and
+    sin_i in column 32 + i of the position's row): NaN and inf positions exactly, finite lanes within the derived
+    float32 bound (two products and a sum, then the output cast; see oracles.epilogues.rope_error_bound), the other
+    lanes copied exactly. MXFP8 (gfx950's output format, a pure function of the rows so checked on every target):
+    one UE8M0 code per 32 lanes aligned at lane 0, clamp(ceil(log2(amax / 448)) + 127, 0, 254), and OCP e4m3 values,
+    byte-exact from the same float32 rows, with exact ties (round to even) and amax exactly 448 * 2^k included.
+    Source: SPEC 2 "Optional epilogues"; SPEC 4 (why 254: 255 is NaN in e8m0 and +inf in the readers). Margin:
+    the worst RoPE lane's error over its bound (MXFP8 is byte-exact, so it adds none).
+    """
+    if case.epilogue == "mxfp8":
+        return _check_mxfp8(case.mxfp8)
+    return _check_rope(case.rope)
