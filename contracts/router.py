@@ -1,13 +1,13 @@
-"""Contract ``router-oracle-agreement``: the biased grouped top-k router against its float64 oracle."""
+"""Contract ``router-oracle-agreement`` (``impl.router``): the biased grouped top-k router against its float64
+oracle. Cases and inputs come from :mod:`fuzz.router`."""
 from __future__ import annotations
 
 import math
 
 import torch
-from hypothesis import strategies as st
 
-from contracts.core import ALL_TARGETS, Violation, contract
-from contracts.core import single_threaded
+from contracts.core import ALL_TARGETS, Violation, contract, record_margin, single_threaded
+from fuzz.router import RouterCase, make_inputs, router_cases
 from impl.router import biased_grouped_topk, correction_bias_for_gate, gate_out_dtype
 from impl.targets import Target
 from oracles import router as oracle
@@ -16,52 +16,18 @@ U32 = 2.0 ** -24
 U_IN = {"fp32": 0.0, "bf16": 2.0 ** -8}  # unit roundoff of the gate output dtype (fp32 logits are the reference)
 
 
-@st.composite
-def router_case(draw) -> dict:
-    E = draw(st.sampled_from([8, 10, 12, 16, 32]))
-    n_group = draw(st.sampled_from([1, 2, 3, 4, 8]))
-    grouped = E > n_group and E % n_group == 0
-    if grouped:
-        topk_group = draw(st.integers(1, n_group))
-        topk = draw(st.integers(1, min(8, topk_group * (E // n_group))))
-    else:
-        topk_group = draw(st.integers(1, n_group))
-        topk = draw(st.integers(1, min(8, E)))
-    return {
-        "seed": draw(st.integers(0, 2**31 - 1)),
-        "tokens": draw(st.integers(1, 8)),
-        "experts": E, "n_group": n_group, "topk_group": topk_group, "topk": topk,
-        "renormalize": draw(st.booleans()),
-        "routed_scaling_factor": draw(st.sampled_from([1.0, 2.5])),
-        "gate_dtype": draw(st.sampled_from(["fp32", "bf16"])),
-        "ties": draw(st.booleans()),
-        "logit_scale": draw(st.sampled_from([0.5, 3.0])),
-        "bias_scale": draw(st.sampled_from([0.0, 0.05, 1.0])),
-    }
-
-
-def make_inputs(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 gate logits and the fp32 correction bias of a case (coarse grids when ``ties`` asks for exact ties)."""
-    g = torch.Generator().manual_seed(int(case["seed"]))
-    logits = torch.randn(case["tokens"], case["experts"], generator=g) * case["logit_scale"]
-    bias = torch.randn(case["experts"], generator=g) * case["bias_scale"]
-    if case["ties"]:
-        logits = torch.round(logits * 2) / 2
-        bias = torch.round(bias * 4) / 4
-    return logits.to(torch.float32), bias.to(torch.float32)
-
-
-def compare(case: dict, weights: torch.Tensor, ids: torch.Tensor, ref: list[dict], logits: torch.Tensor,
+def compare(case: RouterCase, weights: torch.Tensor, ids: torch.Tensor, ref: list[dict], logits: torch.Tensor,
             bias: torch.Tensor) -> tuple[list[Violation], int]:
-    """Violations, and how many tokens had a different set excused by the rounding bound."""
+    """Violations, and how many tokens had a different set excused by the rounding bound. Every bounded
+    comparison (a boundary gap that excuses a set difference, each weight) reports its error-to-bound ratio."""
     v: list[Violation] = []
-    T, k = case["tokens"], case["topk"]
+    T, k = case.tokens, case.topk
     if tuple(ids.shape) != (T, k) or ids.dtype != torch.int32 or weights.dtype != torch.float32 or \
             tuple(weights.shape) != (T, k):
         return [Violation("router output shape/dtype", "", f"[{T}, {k}] float32 weights, int32 ids",
                           f"{list(weights.shape)} {weights.dtype}, {list(ids.shape)} {ids.dtype}")], 0
-    u_in = U_IN[case["gate_dtype"]]
-    E, n_group = case["experts"], case["n_group"]
+    u_in = U_IN[case.gate_dtype]
+    E, n_group = case.experts, case.n_group
     per = E // n_group if ref[0]["grouped"] else E
     excused = 0
     for t in range(T):
@@ -84,9 +50,11 @@ def compare(case: dict, weights: torch.Tensor, ids: torch.Tensor, ref: list[dict
                 if r["grouped"] and ge not in r["kept_groups"]:
                     gap = gmin - r["group_scores"][ge]
                     ok &= 0 < gap <= tol_g
+                    record_margin(gap / tol_g)
                 else:
                     gap = kth - r["biased"][e]
                     ok &= 0 < gap <= tol_e
+                    record_margin(gap / tol_e)
             if not ok:
                 v.append(Violation("expert set differs from the oracle beyond the tie rule and the rounding bound",
                                    f"token {t}", str(sorted(ref_set)), str(sorted(got_set))))
@@ -103,10 +71,10 @@ def compare(case: dict, weights: torch.Tensor, ids: torch.Tensor, ref: list[dict
             d = u_in * float(lg[e])
             ds.append(d * min(0.25, r["scores"][e] * math.exp(d)) + 4 * U32)
         S, dS = sum(sel_scores), sum(ds)
-        rsf = case["routed_scaling_factor"]
+        rsf = case.routed_scaling_factor
         for j, e in enumerate(got_ids):
             i = r["ids"].index(e)
-            if case["renormalize"]:
+            if case.renormalize:
                 s_e = sel_scores[i]
                 if S - dS > 0:
                     tol = rsf * (ds[i] / (S - dS) + s_e * dS / (S - dS) ** 2 + (k + 4) * U32 * s_e / S)
@@ -115,6 +83,7 @@ def compare(case: dict, weights: torch.Tensor, ids: torch.Tensor, ref: list[dict
             else:
                 tol = rsf * (ds[i] + 2 * U32 * sel_scores[i])
             got_w = float(weights[t, j])
+            record_margin(abs(got_w - w_ref[e]) / tol)
             if not abs(got_w - w_ref[e]) <= tol:
                 v.append(Violation("router weight differs from the oracle beyond the derived bound",
                                    f"token {t}, expert {e}", f"{w_ref[e]:.9g} +- {tol:.3g}", f"{got_w:.9g}"))
@@ -122,35 +91,34 @@ def compare(case: dict, weights: torch.Tensor, ids: torch.Tensor, ref: list[dict
     return v, excused
 
 
-def _examples(target: Target) -> list[dict]:
-    base = {"tokens": 4, "experts": 16, "n_group": 4, "topk_group": 2, "topk": 4, "renormalize": True,
-            "routed_scaling_factor": 2.5, "logit_scale": 3.0, "bias_scale": 1.0}
-    return [{**base, "seed": 7, "gate_dtype": "fp32", "ties": True},
-            {**base, "seed": 8, "gate_dtype": "bf16", "ties": False, "renormalize": False}]
+def _examples(target: Target) -> list[RouterCase]:
+    base = RouterCase(seed=7, tokens=4, experts=16, n_group=4, topk_group=2, topk=4, renormalize=True,
+                      routed_scaling_factor=2.5, gate_dtype="fp32", ties=True, logit_scale=3.0, bias_scale=1.0)
+    return [base, base.replace(seed=8, gate_dtype="bf16", ties=False, renormalize=False)]
 
 
-@contract("router-oracle-agreement", targets=ALL_TARGETS, cases=lambda target: router_case(), examples=_examples)
-def router_oracle_agreement(case: dict, target: Target) -> list[Violation]:
+@contract("router-oracle-agreement", targets=ALL_TARGETS, cases=lambda target: router_cases(), examples=_examples,
+          case_type=RouterCase, numeric=True)
+def router_oracle_agreement(case: RouterCase, target: Target) -> list[Violation]:
     """The biased grouped top-k router (sigmoid scores + correction bias for selection, top-2 group sums, -inf
     masking, weights from the unbiased scores, optional renormalisation, routed scaling) picks the same expert set as
     a float64 oracle under the documented tie rule (lower group id, then lower expert id). With the gate emitting
     bf16 (seed 000's policy: the gate weight's dtype when AITER MoE has a bias; the bias is cast to it too), or from
     fp32 rounding, a set may differ only where the oracle's top-k (or top-group) boundary gap is positive and within
-    the derived rounding bound of the inputs; weights agree within a derived bound. SPEC section 7."""
+    the derived rounding bound of the inputs; weights agree within a derived bound. SPEC section 7. Margin: the worst
+    weight error, or excused boundary gap, over its bound."""
     with single_threaded():
         return _check(case)
 
 
-def _check(case: dict) -> list[Violation]:
+def _check(case: RouterCase) -> list[Violation]:
     logits, bias = make_inputs(case)
-    policy = "weight" if case["gate_dtype"] == "bf16" else "fp32"
+    policy = "weight" if case.gate_dtype == "bf16" else "fp32"
     out_dtype = gate_out_dtype(torch.bfloat16, has_correction_bias=True, aiter_moe_enabled=True, policy=policy)
     weights, ids = biased_grouped_topk(logits.to(out_dtype), correction_bias_for_gate(bias, out_dtype),
-                                       case["topk"], n_group=case["n_group"], topk_group=case["topk_group"],
-                                       renormalize=case["renormalize"],
-                                       routed_scaling_factor=case["routed_scaling_factor"])
-    ref = oracle.biased_grouped_topk(logits.double().tolist(), bias.double().tolist(), case["topk"],
-                                     n_group=case["n_group"], topk_group=case["topk_group"],
-                                     renormalize=case["renormalize"],
-                                     routed_scaling_factor=case["routed_scaling_factor"])
+                                       case.topk, n_group=case.n_group, topk_group=case.topk_group,
+                                       renormalize=case.renormalize, routed_scaling_factor=case.routed_scaling_factor)
+    ref = oracle.biased_grouped_topk(logits.double().tolist(), bias.double().tolist(), case.topk,
+                                     n_group=case.n_group, topk_group=case.topk_group,
+                                     renormalize=case.renormalize, routed_scaling_factor=case.routed_scaling_factor)
     return compare(case, weights, ids, ref, logits, bias)[0]

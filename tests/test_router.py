@@ -1,9 +1,17 @@
 """The biased grouped top-k router, its gate dtype policy, and the float64 oracle (two mask values)."""
+import dataclasses
+import json
+
 import pytest
 import torch
+from hypothesis import given, settings
 
 import impl  # noqa: F401
-from contracts.router import compare, make_inputs
+from contracts.core import collecting_margins
+from contracts.router import compare, router_oracle_agreement
+from fuzz.cases import CaseError
+from fuzz.router import RouterCase, make_inputs, router_cases
+from impl.targets import get_target
 from impl.router import biased_grouped_topk, correction_bias_for_gate, gate_out_dtype
 from oracles import router as oracle
 
@@ -13,8 +21,8 @@ def _route(logits, bias, topk, **kw):
 
 
 def test_matches_oracle_fp32():
-    case = {"seed": 3, "tokens": 6, "experts": 32, "n_group": 8, "topk_group": 3, "topk": 6, "renormalize": True,
-            "routed_scaling_factor": 2.5, "gate_dtype": "fp32", "ties": False, "logit_scale": 3.0, "bias_scale": 1.0}
+    case = RouterCase(seed=3, tokens=6, experts=32, n_group=8, topk_group=3, topk=6, renormalize=True,
+                      routed_scaling_factor=2.5, gate_dtype="fp32", ties=False, logit_scale=3.0, bias_scale=1.0)
     logits, bias = make_inputs(case)
     w, ids = _route(logits, bias, 6, n_group=8, topk_group=3, renormalize=True, routed_scaling_factor=2.5)
     ref = oracle.biased_grouped_topk(logits.double().tolist(), bias.double().tolist(), 6, n_group=8, topk_group=3,
@@ -93,16 +101,19 @@ def test_bf16_gate_set_difference_excused_only_within_rounding():
     logits[0, 1] = 1.0
     logits[0, 3] = 1.0 + 2.0 ** -10
     bias = torch.zeros(8)
-    case = {"tokens": 1, "experts": 8, "n_group": 1, "topk_group": 1, "topk": 1, "renormalize": False,
-            "routed_scaling_factor": 1.0, "gate_dtype": "bf16"}
+    case = RouterCase(seed=0, tokens=1, experts=8, n_group=1, topk_group=1, topk=1, renormalize=False,
+                      routed_scaling_factor=1.0, gate_dtype="bf16", ties=False, logit_scale=1.0, bias_scale=0.0)
     w, ids = _route(logits.to(torch.bfloat16), bias.to(torch.bfloat16), 1, n_group=1, topk_group=1,
                     renormalize=False)
     ref = oracle.biased_grouped_topk(logits.double().tolist(), bias.tolist(), 1, n_group=1, topk_group=1,
                                      renormalize=False)
     assert ids.tolist() == [[1]] and ref[0]["ids"] == [3]
-    assert compare(case, w, ids, ref, logits, bias) == ([], 1)
+    with collecting_margins() as margins:
+        assert compare(case, w, ids, ref, logits, bias) == ([], 1)
+    # the excused gap (2^-10 in fp32 logits, about 2^-12 in scores) is reported against its bound
+    assert margins and 0 < margins[0] <= 1
     # the same difference with fp32 gate output is not excused
-    violations, _ = compare({**case, "gate_dtype": "fp32"}, w, ids, ref, logits, bias)
+    violations, _ = compare(case.replace(gate_dtype="fp32"), w, ids, ref, logits, bias)
     assert violations and "expert set differs" in violations[0].message
     # nor is a pick far below the boundary
     violations, _ = compare(case, w, torch.tensor([[0]], dtype=torch.int32), ref, logits, bias)
@@ -159,3 +170,35 @@ def test_integral_arguments_of_other_int_types_route_as_ints():
     ref = oracle.biased_grouped_topk(logits.double().tolist(), bias.double().tolist(), 4, n_group=4, topk_group=2,
                                      renormalize=True, routed_scaling_factor=2.5)
     assert [r["ids"] for r in ref] == ids.tolist()
+
+
+# --- the typed case of router-oracle-agreement --------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(router_cases())
+def test_router_case_round_trips_through_json(case):
+    assert RouterCase.from_json(case.to_json()) == case
+    assert RouterCase.from_json(json.loads(json.dumps(case.to_json()))) == case
+
+
+def test_router_case_rejects_a_missing_field():
+    case = RouterCase(seed=1, tokens=2, experts=8, n_group=2, topk_group=1, topk=2, renormalize=True,
+                      routed_scaling_factor=2.5, gate_dtype="bf16", ties=True, logit_scale=3.0, bias_scale=0.05)
+    for f in dataclasses.fields(case):
+        doc = case.to_json()
+        del doc[f.name]
+        with pytest.raises(CaseError, match=f"missing field {f.name}"):
+            RouterCase.from_json(doc)
+    with pytest.raises(CaseError, match="gate_dtype"):
+        RouterCase.from_json({**case.to_json(), "gate_dtype": "fp16"})
+    with pytest.raises(CaseError, match="topk: expected a positive int"):
+        RouterCase.from_json({**case.to_json(), "topk": 0})
+
+
+def test_router_check_records_a_margin_per_case():
+    """A passing case reports its worst weight error over the derived bound: a ratio in [0, 1]."""
+    case = RouterCase(seed=8, tokens=4, experts=16, n_group=4, topk_group=2, topk=4, renormalize=True,
+                      routed_scaling_factor=2.5, gate_dtype="bf16", ties=False, logit_scale=3.0, bias_scale=1.0)
+    with collecting_margins() as margins:
+        assert router_oracle_agreement(case, get_target("gfx950")) == []
+    assert len(margins) >= case.tokens * case.topk and 0 <= max(margins) <= 1
