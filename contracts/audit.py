@@ -265,7 +265,8 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
         prog.close()
         save(make_doc(final=False))
         raise
-    prog.close()
+    finally:
+        prog.close()  # a live display must not outlive the audit, whatever ends it
     doc = make_doc(final=True)
     save(doc)
     if junit:

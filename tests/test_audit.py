@@ -338,3 +338,24 @@ def test_rows_past_the_deadline_are_not_started(register):
                           progress=False)
     assert time.monotonic() - t0 < 0.5 + 0.3 + 0.6  # the budget, one case, and the harness
     assert code == 1 and any(r["status"] == "incomplete" and r["stopped_by"] == "budget" for r in doc["results"])
+
+
+class _Tty(_Stream):
+    def isatty(self):
+        return True
+
+
+def test_progress_on_a_terminal_with_and_without_rich(register, monkeypatch):
+    register("test-cheap", _cheap)
+    for with_rich in (True, False):
+        if with_rich:
+            pytest.importorskip("rich")
+        else:
+            monkeypatch.setitem(sys.modules, "rich", None)  # import rich -> ImportError: the plain live line
+            monkeypatch.setitem(sys.modules, "rich.console", None)
+        out = _Tty()
+        doc, code = run_audit(["test-cheap"], ["gfx942"], budget=30, profile="dev", max_cases=8, stream=out)
+        assert code == 0
+        assert "pass 2" in out.text and "0+8 cases" in out.text and "ETA" in out.text
+        if not with_rich:
+            assert "\r\x1b[K" in out.text
