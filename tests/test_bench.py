@@ -1,0 +1,497 @@
+"""``smv bench`` and ``contracts.bench``: everything that does not need a GPU.
+
+The JSON the table and the plot read is written by pytest-benchmark itself (through ``pytester``), from a bench module
+that times a fake GPU through the same ``CudaEventClock`` and ``install_clock`` the GPU benchmarks use: each call
+advances the fake GPU's clock by a chosen time, so every figure in the JSON and the table follows from those times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from contracts import bench
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: chosen GPU times in seconds: torch baseline per batch, and each family's time as a fraction of it
+TORCH_S = {1: 40e-6, 64: 200e-6, 512: 1200e-6}
+FAMILY_FRACTION = {"generic": 0.5, "gfx942": 0.25, "gfx950": 0.2}
+REDUCE_S = {1: 6e-6, 64: 40e-6, 512: 250e-6}
+COPY_BPS, MATMUL_FPS = 4.0e12, 8.0e14
+NUM_SPLITS = 4
+
+FAKE_BENCH = '''
+import pytest
+from contracts import bench
+
+class FakeGpu:
+    now_ms = 0.0
+
+class FakeEvent:
+    def record(self):
+        self.t = FakeGpu.now_ms
+    def synchronize(self):
+        pass
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+SCALE = {scale!r}
+TORCH_S = {torch_s!r}
+FRACTION = {fraction!r}
+REFS = bench.References({copy!r}, {matmul!r}, dict(TORCH_S))
+
+def gpu_call(seconds):
+    def run():
+        FakeGpu.now_ms += seconds * SCALE * 1e3
+    return run
+
+def timed(benchmark, seconds):
+    clock = bench.CudaEventClock(FakeEvent)
+    bench.install_clock(benchmark, clock)
+    # a stray start in a previous round must not shift this one: setup resets, as in bench_decode.py
+    clock()
+    benchmark.pedantic(gpu_call(seconds), setup=clock.reset, rounds=5, warmup_rounds=1, iterations=1)
+    return bench.benchmark_median(benchmark)
+
+def record(benchmark, seconds, **kw):
+    benchmark.extra_info.update(bench.derived_figures(seconds=seconds, device="Fake H200", **kw))
+
+@pytest.mark.parametrize("batch", bench.BATCHES, ids=lambda b: f"b{{b}}")
+@pytest.mark.parametrize("family", bench.FAMILIES)
+def test_decode(benchmark, family, batch):
+    fig = bench.decode_figures(batch)
+    s = timed(benchmark, TORCH_S[batch] * FRACTION[family])
+    record(benchmark, s, kind="decode", family=family, batch=batch, refs=REFS, bytes=fig["bytes"],
+           flops=fig["flops"], num_splits=None if family == "generic" else {splits})
+
+@pytest.mark.parametrize("batch", bench.BATCHES, ids=lambda b: f"b{{b}}")
+@pytest.mark.parametrize("family", bench.SPLIT_FAMILIES)
+def test_reduce(benchmark, family, batch):
+    fig = bench.reduce_figures(batch, {splits})
+    record(benchmark, timed(benchmark, {reduce_s!r}[batch]), kind="reduce", family=family, batch=batch, refs=REFS,
+           num_splits={splits}, **fig)
+
+@pytest.mark.parametrize("batch", bench.BATCHES, ids=lambda b: f"b{{b}}")
+def test_torch_baseline(benchmark, batch):
+    fig = bench.decode_figures(batch)
+    record(benchmark, timed(benchmark, TORCH_S[batch]), kind="baseline", family="torch", batch=batch, refs=REFS,
+           bytes=fig["bytes"], flops=fig["flops"])
+
+def test_copy_ceiling(benchmark):
+    fig = bench.copy_figures()
+    record(benchmark, timed(benchmark, fig["bytes"] / {copy!r}), kind="ceiling", family="copy", refs=REFS, **fig)
+
+def test_matmul_ceiling(benchmark):
+    fig = bench.matmul_figures()
+    record(benchmark, timed(benchmark, fig["flops"] / {matmul!r}), kind="ceiling", family="matmul", refs=REFS,
+           **fig)
+
+@pytest.mark.parametrize("tokens", (64, 512))
+@pytest.mark.parametrize("variant", ("hit", "miss"))
+def test_metadata_build(benchmark, variant, tokens):
+    s = timed(benchmark, (100e-6 if variant == "hit" else 400e-6) * tokens / 64)
+    benchmark.extra_info.update(bench.derived_figures(kind="metadata", family="metadata", seconds=s, bytes=0,
+                                flops=0, refs=bench.References(), variant=variant, tokens=tokens, target="gfx950"))
+'''
+
+
+def _fixture_json(pytester, name="bench.json", scale=1.0) -> Path:
+    """Run the fake-GPU bench module under pytest-benchmark and return the JSON it wrote."""
+    pytester.makepyfile(bench_fake=FAKE_BENCH.format(scale=scale, torch_s=TORCH_S, fraction=FAMILY_FRACTION,
+                                                     copy=COPY_BPS, matmul=MATMUL_FPS, splits=NUM_SPLITS,
+                                                     reduce_s=REDUCE_S))
+    out = pytester.path / name
+    res = pytester.runpytest_inprocess(str(pytester.path / "bench_fake.py"), f"--benchmark-json={out}",
+                                       "-p", "no:cacheprovider", "-q")
+    res.assert_outcomes(passed=9 + 6 + 3 + 2 + 4)
+    return out
+
+
+# --- figures ----------------------------------------------------------------------------------------------------
+
+def test_decode_figures_count_each_cache_row_once_and_q_and_out():
+    from impl import formats
+
+    # a row's bytes from the layout itself: one block's used bytes over its tokens
+    row = formats.Fp8DsMlaLayout(64).used_block_bytes // 64
+    for batch in bench.BATCHES:
+        f = bench.decode_figures(batch)
+        tokens = bench.SWA + bench.EXTRA
+        assert f["tokens_per_query"] == tokens == 640
+        q_and_out = 2 * batch * bench.HEADS * formats.DSV4_HEAD_DIM * torch_bf16_bytes()
+        assert f["bytes"] == batch * tokens * row + q_and_out
+        # QK^T and PV: a multiply-add (2 FLOPs) per head, token and dimension, twice
+        assert f["flops"] == 2 * 2 * batch * bench.HEADS * tokens * formats.DSV4_HEAD_DIM
+
+
+def torch_bf16_bytes() -> int:
+    import torch
+
+    return torch.tensor([], dtype=torch.bfloat16).element_size()
+
+
+def test_reduce_figures_match_the_workspace_it_reads():
+    import torch
+
+    from impl.decode import DecodeWorkspace
+
+    ws = DecodeWorkspace.allocate(3, 5, 7, "cpu")
+    read = sum(t.numel() * t.element_size() for t in (ws.part_m, ws.part_l, ws.part_acc))
+    written = torch.empty(3, 7, 512, dtype=torch.bfloat16).numel() * 2
+    assert bench.reduce_figures(3, 5, 7)["bytes"] == read + written
+
+
+def test_derived_figures_divide_by_the_references():
+    refs = bench.References(copy_bytes_per_s=2e12, matmul_flops_per_s=1e15, torch_seconds={64: 3e-4})
+    info = bench.derived_figures(kind="decode", family="gfx950", seconds=1e-4, bytes=10 ** 8, flops=4 * 10 ** 11,
+                                 refs=refs, batch=64, num_splits=8)
+    assert info["smv_bench"] == bench.EXTRA_INFO_VERSION and info["num_splits"] == 8
+    assert info["bytes_per_s"] == pytest.approx(1e12) and info["gb_per_s"] == pytest.approx(1000)
+    assert info["tflop_per_s"] == pytest.approx(4000)
+    assert info["fraction_of_copy_ceiling"] == pytest.approx(0.5)
+    assert info["fraction_of_matmul_ceiling"] == pytest.approx(4.0)
+    assert info["ratio_to_torch"] == pytest.approx(3.0) and info["torch_seconds"] == 3e-4
+    json.dumps(info)  # extra_info must survive pytest-benchmark's JSON
+    # not timed (benchmark disabled): figures kept, nothing derived, nothing invented
+    off = bench.derived_figures(kind="decode", family="gfx950", seconds=None, bytes=1, flops=1, refs=refs, batch=64)
+    assert off["seconds"] is None and off["ratio_to_torch"] is None and off["bytes"] == 1
+    # the reduce has no torch counterpart
+    red = bench.derived_figures(kind="reduce", family="gfx950", seconds=1e-5, bytes=1, flops=1, refs=refs, batch=64)
+    assert red["ratio_to_torch"] is None
+
+
+# --- the workloads: the same calls the GPU benchmarks time, run once under the interpreter ----------------------
+
+def test_workload_calls_compute_the_decode_the_baseline_computes():
+    """Every callable a GPU benchmark times computes attention over the same rows as the torch baseline (bf16
+    rounding apart), and the reduce alone reproduces the full decode's output: the benchmarks time the right work.
+    Tiny shapes and one CU keep the interpreter quick; the shapes a GPU times differ only in size."""
+    import torch
+
+    from impl.runtime import kernel_device
+
+    w = bench.DecodeWorkload(2, kernel_device(), heads=3, swa=8, extra=16, cu_count=1)
+    base = w.baseline_call()().float().cpu()
+    assert base.shape == (2, 3, 512) and torch.isfinite(base).all()
+    tol = 2 ** -7 * base.abs().amax() + 1e-3  # a few bf16 ulps of the largest output
+    for family in bench.FAMILIES:
+        fn, plan = w.decode_call(family)
+        out = fn().float().cpu()
+        err = (out - base).abs().max().item()
+        assert err <= tol, f"{family}: max |decode - baseline| = {err} > {tol}"
+        if family in bench.SPLIT_FAMILIES:
+            red, rplan = w.reduce_call(family)
+            assert rplan == plan
+            assert torch.equal(red().float().cpu(), out), f"{family}: the reduce alone differs from the decode"
+    with pytest.raises(ValueError, match="family"):
+        w.reduce_call("generic")
+
+
+def test_workload_cache_slots_hold_the_rows_the_baseline_dequantizes():
+    """The device cache repeats its host blocks; slot s must hold host slot s % (host slots), which is what the
+    baseline's dequantized copy assumes."""
+    from impl import formats
+
+    view, host = bench._rand_cache(5 * 16 + 3, 16, "ocp", __import__("torch").Generator().manual_seed(1), "cpu")
+    assert view.shape[0] == 6 and host.shape[0] == 6  # fewer blocks than DISTINCT_BLOCKS: all distinct
+    big, small = bench._rand_cache(70 * 4, 4, "ocp", __import__("torch").Generator().manual_seed(2), "cpu")
+    assert small.shape[0] == bench.DISTINCT_BLOCKS and big.shape[0] == 70
+    m = small.shape[0] * small.shape[1]
+    for s in (0, 3, m - 1, m, m + 5, 70 * 4 - 1):
+        got = formats.unpack_fp8_ds_mla(big, [s])
+        want = formats.unpack_fp8_ds_mla(small, [s % m])
+        for k in want:
+            assert bool((got[k] == want[k]).all()), f"slot {s}: {k} differs from host slot {s % m}"
+
+
+# --- timing ------------------------------------------------------------------------------------------------------
+
+class _Ev:
+    log: list = []
+
+    def __init__(self, clock_ms):
+        self.clock_ms = clock_ms
+
+    def record(self):
+        self.t = self.clock_ms[0]
+        _Ev.log.append(("record", self.t))
+
+    def synchronize(self):
+        _Ev.log.append(("sync", self.t))
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+def test_cuda_event_clock_times_between_events_and_waits_only_at_the_end():
+    now = [0.0]
+    _Ev.log = []
+    clock = bench.CudaEventClock(lambda: _Ev(now))
+    assert clock() == 0.0
+    assert _Ev.log == [("record", 0.0)]  # the start does not synchronise: the GPU keeps the host's lead
+    now[0] = 2.5
+    assert clock() == pytest.approx(2.5e-3)
+    assert _Ev.log[-1] == ("sync", 2.5)
+    clock()  # a stray start
+    clock.reset()
+    now[0] = 3.0
+    assert clock() == 0.0 and (now.__setitem__(0, 4.0) or clock()) == pytest.approx(1e-3)
+
+
+def test_measure_runs_the_pedantic_protocol():
+    now, calls = [0.0], []
+    clock = bench.CudaEventClock(lambda: _Ev(now))
+
+    def fn():
+        calls.append("fn")
+        now[0] += calls.count("fn")  # call n takes n ms on the fake GPU
+
+    times = bench.measure(fn, lambda: calls.append("flush"), clock, rounds=3, warmup_rounds=2)
+    assert calls == ["flush", "fn"] * 5
+    assert times == pytest.approx([3e-3, 4e-3, 5e-3])  # calls 3, 4 and 5: the two warm-up rounds are dropped
+
+
+def test_install_clock_refuses_a_fixture_without_a_timer():
+    with pytest.raises(RuntimeError, match="_timer"):
+        bench.install_clock(object(), bench.CudaEventClock(lambda: None))
+
+
+def test_pytest_benchmark_records_the_gpu_clock_time(pytester):
+    """pytest-benchmark's pedantic runner, timed by the installed clock, stores exactly the fake GPU's times: the
+    stats are GPU time, not host time, and the extra_info ratios land in its JSON."""
+    doc = bench.load_results(_fixture_json(pytester))
+    by = {b["name"]: b for b in doc["benchmarks"]}
+    for batch, t in TORCH_S.items():
+        st = by[f"test_decode[gfx950-b{batch}]"]
+        assert st["stats"]["median"] == pytest.approx(t * FAMILY_FRACTION["gfx950"])
+        assert st["stats"]["rounds"] == 5 and st["options"]["timer"] == "cuda_event_clock"
+        assert st["extra_info"]["ratio_to_torch"] == pytest.approx(1 / FAMILY_FRACTION["gfx950"])
+        assert by[f"test_torch_baseline[b{batch}]"]["stats"]["median"] == pytest.approx(t)
+    copy = by["test_copy_ceiling"]["extra_info"]
+    assert copy["fraction_of_copy_ceiling"] == pytest.approx(1.0)
+    assert copy["copy_ceiling_bytes_per_s"] == COPY_BPS
+
+
+# --- table and plot from the JSON --------------------------------------------------------------------------------
+
+def _line(table: str, *needles: str) -> str:
+    hits = [ln for ln in table.splitlines() if all(n in ln for n in needles)]
+    assert len(hits) == 1, f"expected one line with {needles} in:\n{table}"
+    return hits[0]
+
+
+def test_table_shows_each_family_beside_torch_and_the_ceilings(pytester):
+    doc = bench.load_results(_fixture_json(pytester))
+    table = bench.format_table(doc)
+    head = table.splitlines()[0]
+    assert "Fake H200" in head and f"copy {COPY_BPS / 1e12:.2f} TB/s" in head and f"{MATMUL_FPS / 1e12:.0f}" in head
+    for batch, t_torch in TORCH_S.items():
+        fig = bench.decode_figures(batch)
+        for family, frac in FAMILY_FRACTION.items():
+            t = t_torch * frac
+            cells = _line(table, f"triton {family}", f"{batch:>5}  ").split()
+            assert f"{t * 1e6:.1f}" in cells, cells
+            assert f"{1 / frac:.2f}x" in cells  # speed-up over torch
+            assert f"{100 * fig['bytes'] / t / COPY_BPS:.1f}%" in cells
+        base = _line(table, "torch gather + SDPA", f"{batch:>5}  ").split()
+        assert f"{t_torch * 1e6:.1f}" in base and "1.00x" in base
+        red = _line(table, "reduce gfx942", f"{batch:>5}  ").split()
+        assert f"{REDUCE_S[batch] * 1e6:.1f}" in red and red[-1] == "-"  # no torch counterpart
+    assert _line(table, "triton gfx950 (S=4)", "    1  ")
+    rows = [ln.split() for ln in table.splitlines()]
+    assert ["64", "100.0", "400.0", "4.00"] in rows  # metadata, tokens 64: hit 100 us, miss 400 us
+    assert ["512", "800.0", "3200.0", "4.00"] in rows
+
+
+def test_table_compares_against_a_previous_run(pytester):
+    now = bench.load_results(_fixture_json(pytester, "now.json"))
+    before = bench.load_results(_fixture_json(pytester, "before.json", scale=0.5))
+    table = bench.format_table(now, before, "before.json")
+    assert "vs before.json" in table.splitlines()[1]
+    assert _line(table, "triton gfx942", "   64  ").split()[-1] == "2.00x"  # twice as slow as before
+
+
+def test_plot_writes_a_roofline_png(pytester, tmp_path):
+    pytest.importorskip("matplotlib", reason="the roofline needs the optional extra: pip install "
+                                             "'sparse-mla-verify[plot]'")
+    src = _fixture_json(pytester)
+    out = tmp_path / "roofline.png"
+    rc = bench.main(_args(["--plot", str(src), "--out", str(out)]))
+    assert rc == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_plot_without_matplotlib_names_the_extra(pytester, tmp_path, monkeypatch, capsys):
+    src = _fixture_json(pytester)
+    capsys.readouterr()  # the inner pytest run's output
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as when it is not installed
+    rc = bench.main(_args(["--plot", str(src), "--out", str(tmp_path / "r.png")]))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "pip install 'sparse-mla-verify[plot]'" in err
+    assert not (tmp_path / "r.png").exists()
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+def _args(argv):
+    p = argparse.ArgumentParser(prog="smv")
+    bench.add_parser(p.add_subparsers(dest="cmd", required=True))
+    return p.parse_args(["bench", *argv])
+
+
+def test_add_parser_registers_bench_with_main():
+    a = _args(["--json", "o.json", "--compare", "old.json", "-k", "gfx950 and b64"])
+    assert a.func is bench.main
+    assert (a.json, a.compare, a.keyword, a.plot, a.out, a.require_gpu) == ("o.json", "old.json", "gfx950 and b64",
+                                                                           None, None, False)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--plot", "x.json", "-k", "gfx950"], "--plot renders an existing JSON"),
+    (["--plot", "x.json", "--json", "y.json"], "takes only --out, got --json"),
+    (["--out", "r.png"], "--out: only with --plot"),
+    (["--json", " "], "--json: expected a file name"),
+    (["-k", ""], "-k: expected an expression"),
+    (["--plot", "missing.json"], "missing.json: no such file"),
+])
+def test_usage_errors_are_one_line_and_exit_2(argv, needle, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    rc = bench.main(_args(argv))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and needle in err, err
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{not json", "not JSON (line 1"),
+    ('{"benchmarks": 3}', "not a pytest-benchmark JSON"),
+    ('{"benchmarks": [{"name": "x", "stats": {}}]}', "benchmarks[0] has no stats.median"),
+])
+def test_a_malformed_json_names_the_file(content, needle, tmp_path, capsys):
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    for argv in (["--plot", str(f)], ["--compare", str(f)]):
+        rc = bench.main(_args(argv))
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and str(f) in err and needle in err, err
+
+
+class _FakeRun:
+    """Stands in for the pytest subprocess: records the command and writes the JSON a real run would."""
+
+    def __init__(self, rc, src=None):
+        self.rc, self.src, self.cmd, self.cwd = rc, src, None, None
+
+    def __call__(self, cmd, cwd):
+        self.cmd, self.cwd = cmd, cwd
+        out = next(Path(c.split("=", 1)[1]) for c in cmd if c.startswith("--benchmark-json="))
+        if self.src is not None:
+            out.write_text(Path(self.src).read_text())
+        return self.rc
+
+
+def test_run_builds_the_pytest_command_and_prints_the_table(pytester, monkeypatch, capsys, tmp_path):
+    src = _fixture_json(pytester)
+    capsys.readouterr()
+    fake = _FakeRun(0, src)
+    monkeypatch.setattr(bench, "_spawn", fake)
+    monkeypatch.setattr("contracts.markers.marker_status", lambda m, *a, **k: (True, "found cuda device"))
+    out = tmp_path / "deep" / "b.json"
+    rc = bench.main(_args(["--json", str(out), "--compare", str(src), "-k", "decode"]))
+    text = capsys.readouterr().out
+    assert rc == 0
+    cmd = fake.cmd
+    assert cmd[:3] == [sys.executable, "-m", "pytest"]
+    files = [Path(c) for c in cmd if c.endswith(".py") and not c.startswith("-")]
+    assert {f.name for f in files} == {"bench_decode.py", "bench_metadata.py"} and all(f.is_file() for f in files)
+    assert f"--benchmark-json={out.resolve()}" in cmd and f"--benchmark-compare={Path(src).resolve()}" in cmd
+    assert cmd[cmd.index("-k") + 1] == "decode" and Path(fake.cwd) == ROOT
+    assert out.is_file() and "vs bench.json" in text and "torch gather + SDPA" in text
+    assert f"pytest-benchmark JSON in {out.resolve()}" in text
+
+
+@pytest.mark.parametrize("rc, expect, needle", [(5, 2, "no benchmark matches it"), (4, 2, "refused the options"),
+                                               (1, 1, None)])
+def test_run_maps_pytest_exit_codes(rc, expect, needle, pytester, monkeypatch, capsys):
+    src = _fixture_json(pytester) if rc == 1 else None
+    capsys.readouterr()
+    monkeypatch.setattr(bench, "_spawn", _FakeRun(rc, src))
+    monkeypatch.setattr("contracts.markers.marker_status", lambda m, *a, **k: (True, "found cuda device"))
+    got = bench.main(_args(["-k", "nothing"]))
+    cap = capsys.readouterr()
+    assert got == expect
+    if needle:
+        assert needle in cap.err and len(cap.err.strip().splitlines()) == 1
+    else:
+        assert "torch gather + SDPA" in cap.out  # a failed benchmark still shows what did run
+
+
+def test_require_gpu_on_a_cpu_host_exits_1_before_running(monkeypatch, capsys):
+    fake = _FakeRun(0)
+    monkeypatch.setattr(bench, "_spawn", fake)
+    monkeypatch.setattr("contracts.markers.marker_status", lambda m, *a, **k: (False, "needs a GPU: found none"))
+    assert bench.main(_args(["--require-gpu"])) == 1
+    assert fake.cmd is None and "--require-gpu" in capsys.readouterr().err
+
+
+def test_plain_pytest_does_not_collect_the_benchmarks(pytester):
+    res = pytester.runpytest_inprocess("--collect-only", "-q", str(ROOT / "tests" / "benchmarks"),
+                                       "-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+
+
+class _InProcessRun:
+    """Runs the command ``smv bench`` builds through pytester, in this process: the real pytest, plugin and
+    pytest-benchmark, without a second interpreter's start-up."""
+
+    def __init__(self, pytester):
+        self.pytester, self.result = pytester, None
+
+    def __call__(self, cmd, cwd):
+        assert cmd[:3] == [sys.executable, "-m", "pytest"]
+        self.result = self.pytester.runpytest_inprocess(*cmd[3:])
+        return int(self.result.ret)
+
+
+def _on_cpu() -> bool:
+    from impl.runtime import detect_device
+
+    return detect_device().kind == "cpu"
+
+
+@pytest.mark.skipif(not _on_cpu(), reason="checks a CPU host's behaviour: this machine has a GPU")
+def test_smv_bench_on_a_cpu_host_skips_the_gpu_benchmarks_and_exits_0(pytester, monkeypatch, capsys, tmp_path):
+    """The GPU benchmarks are skipped with the marker's reason, one line says so, nothing is timed, exit 0, and
+    ``--json`` still leaves a pytest-benchmark-shaped file (with no benchmarks) for a CI to pick up."""
+    run = _InProcessRun(pytester)
+    monkeypatch.setattr(bench, "_spawn", run)
+    out = tmp_path / "b.json"
+    rc = bench.main(_args(["--json", str(out), "-k", "bench_decode"]))
+    cap = capsys.readouterr()
+    text = cap.out
+    assert rc == 0, "\n".join(run.result.outlines + run.result.errlines) + cap.err
+    run.result.assert_outcomes(skipped=9 + 6 + 3 + 2)
+    reasons = [ln for ln in run.result.outlines if ln.startswith("SKIPPED")]
+    assert reasons and all("[gpu] needs a real GPU (CUDA or ROCm): found no GPU" in ln for ln in reasons), reasons
+    first = [ln for ln in text.splitlines() if ln.startswith("smv bench:")][0]
+    assert first.startswith("smv bench: no GPU here") and "nothing on a GPU is timed" in first
+    assert bench.load_results(out)["benchmarks"] == []
+    assert "no benchmark results" in text
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _on_cpu(), reason="checks a CPU host's behaviour: this machine has a GPU")
+def test_python_m_contracts_bench_on_a_cpu_host_exits_0(tmp_path):
+    """The same through a real subprocess, as CI calls it (slow: a second interpreter imports torch)."""
+    out = tmp_path / "b.json"
+    res = subprocess.run([sys.executable, "-m", "contracts.bench", "--json", str(out), "-k", "bench_decode"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.splitlines()[0].startswith("smv bench: no GPU here")
+    assert "20 skipped" in res.stdout and json.loads(out.read_text())["benchmarks"] == []
