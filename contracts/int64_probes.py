@@ -158,19 +158,18 @@ def int64_decode_probe(target: Target) -> list[Violation]:
     a cache pool larger than 2^32 bytes through the main and the extra segment of the target's kernel family."""
     out: list[Violation] = []
     for seed, bs in ((3, 3), (4, 1), (5, 64)):
-        out += _decode_far_end({"seed": seed, "block_size": bs}, target)
+        out += _decode_far_end(seed, bs, target)
     return out
 
 
-def _decode_far_end(case, target: Target) -> list[Violation]:
+def _decode_far_end(seed: int, bs: int, target: Target) -> list[Violation]:
     """The decode addresses its caches in int64 (SPEC 1.2, ``block * stride(0)``): tokens at the far end of a
     cache pool larger than 2^32 bytes give the oracle's output; the pool's start, where a 32-bit block offset would
     wrap to, is poisoned so a wrapped read cannot agree by accident. The oracle reads a small copy of the far-end
     blocks (same tokens, slots shifted) so it never walks the big pool. Also an invalid entry one past the last
     slot stays masked."""
     dev = kernel_device()
-    bs = int(case["block_size"])
-    gen = torch.Generator().manual_seed(int(case["seed"]))
+    gen = torch.Generator().manual_seed(seed)
     flat, view, last_slot, wrapped = far_end_pool(bs, dev)
     first_far = last_slot + 1 - FAR_BLOCKS * bs
     try:
