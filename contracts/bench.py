@@ -455,13 +455,19 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
     meta = [r for r in rows if r["kind"] == "metadata"]
     if meta:
         lines.append(f"metadata build() on the host, target {meta[0].get('target', '?')}, steady decode, topk 2048")
-        lines.append(f"{'tokens':>7} {'hit us':>10} {'miss us':>10} {'miss/hit':>9}")
+        head = f"{'tokens':>7} {'hit us':>10} {'miss us':>10} {'miss/hit':>9}"
+        lines.append(head + (f" {'hit vs ' + compare_name:>16} {'miss vs ' + compare_name:>16}" if compare else ""))
         for n in sorted({r["tokens"] for r in meta}):
-            hit = next((r["seconds"] for r in meta if r["tokens"] == n and r["variant"] == "hit"), None)
-            miss = next((r["seconds"] for r in meta if r["tokens"] == n and r["variant"] == "miss"), None)
+            got = {v: next((r for r in meta if r["tokens"] == n and r["variant"] == v), None) for v in ("hit", "miss")}
+            hit, miss = (got[v]["seconds"] if got[v] else None for v in ("hit", "miss"))
             ratio = f"{miss / hit:>9.2f}" if hit and miss else f"{'-':>9}"
-            lines.append(f"{n:>7} {hit * 1e6 if hit else float('nan'):>10.1f} "
-                         f"{miss * 1e6 if miss else float('nan'):>10.1f} {ratio}")
+            line = (f"{n:>7} {hit * 1e6 if hit else float('nan'):>10.1f} "
+                    f"{miss * 1e6 if miss else float('nan'):>10.1f} {ratio}")
+            if compare:
+                for v in ("hit", "miss"):
+                    b = before.get(got[v]["fullname"]) if got[v] else None
+                    line += f" {got[v]['seconds'] / b:>15.2f}x" if b else f" {'-':>16}"
+            lines.append(line)
     if not lines:
         lines.append("no benchmark results (every selected benchmark was skipped)")
     return "\n".join(lines)

@@ -314,6 +314,8 @@ def test_table_compares_against_a_previous_run(pytester):
     table = bench.format_table(now, before, "before.json")
     assert "vs before.json" in table.splitlines()[1]
     assert _line(table, "triton gfx942", "   64  ").split()[-1] == "2.00x"  # twice as slow as before
+    assert "hit vs before.json" in table
+    assert ["512", "800.0", "3200.0", "4.00", "2.00x", "2.00x"] in [ln.split() for ln in table.splitlines()]
 
 
 def test_plot_writes_a_roofline_png(pytester, tmp_path):
