@@ -330,6 +330,22 @@ def measure(fn, flush, clock, *, rounds: int, warmup_rounds: int) -> list[float]
     return times
 
 
+def host_seconds(fn, sync, calls: int = 5) -> float:
+    """Median host time of queuing one call of ``fn`` (``sync`` drains the device between calls, outside the
+    timing). A timed round is GPU time only when this is shorter than the flush before it."""
+    import time
+
+    times = []
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    sync()
+    times.sort()
+    return times[len(times) // 2]
+
+
 def install_clock(benchmark, clock) -> None:
     """Make ``benchmark`` (pytest-benchmark's fixture) time with ``clock``. The fixture reads its timer from
     ``_timer`` when a run starts; ``--benchmark-timer`` cannot be used because it would apply to the host-side
@@ -433,6 +449,7 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
                      f"device {_device_name(doc)}: copy ceiling not measured")
         lines[-1] += (f", bf16 matmul {fl / 1e12:.0f} TFLOP/s (measured in this run)" if fl else
                       ", matmul ceiling not measured")
+    host_bound = False
     gpu = sorted((r for r in rows if r["kind"] in _KIND_ORDER),
                  key=lambda r: (r["batch"], _KIND_ORDER[r["kind"]], r["family"]))
     if gpu:
@@ -443,8 +460,10 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
         lines.append(head)
         for r in gpu:
             t = r["seconds"]
+            host_bound = host_bound or bool(r.get("host_bound"))
             vs = f"{r['ratio_to_torch']:>7.2f}x" if r.get("ratio_to_torch") else f"{'-':>8}"
-            line = (f"{r['batch']:>5}  {_impl_label(r):<28} {t * 1e6:>9.1f} {r['bytes'] / t / 1e9:>8.0f} "
+            line = (f"{r['batch']:>5}  {_impl_label(r):<28} {t * 1e6:>8.1f}{'!' if r.get('host_bound') else ' '}"
+                    f"{r['bytes'] / t / 1e9:>8.0f} "
                     f"{r['flops'] / t / 1e12:>8.2f} {_pct(r.get('fraction_of_copy_ceiling'))} "
                     f"{_pct(r.get('fraction_of_matmul_ceiling'))} {vs}")
             if compare:
@@ -452,6 +471,9 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
                 # > 1: this run is slower than the compared one
                 line += f" {t / b:>13.2f}x" if b else f" {'(not in it)':>14}"
             lines.append(line)
+        if host_bound:
+            lines.append("! the host took longer to queue the call than the L2 flush before it ran on the GPU: that "
+                         "time includes launch overhead (host_launch_seconds in the JSON)")
     meta = [r for r in rows if r["kind"] == "metadata"]
     if meta:
         lines.append(f"metadata build() on the host, target {meta[0].get('target', '?')}, steady decode, topk 2048")

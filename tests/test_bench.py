@@ -497,3 +497,28 @@ def test_python_m_contracts_bench_on_a_cpu_host_exits_0(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.splitlines()[0].startswith("smv bench: no GPU here")
     assert "20 skipped" in res.stdout and json.loads(out.read_text())["benchmarks"] == []
+
+
+def test_host_seconds_times_the_queueing_between_drains(monkeypatch):
+    import time
+
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    events = []
+
+    def fn():
+        events.append("fn")
+        now[0] += 0.5 if events.count("fn") % 2 else 0.25  # calls 1 and 3 take 0.5 s, call 2 0.25 s
+
+    assert bench.host_seconds(fn, lambda: events.append("sync"), calls=3) == 0.5
+    assert events == ["sync", "fn"] * 3 + ["sync"]
+
+
+def test_table_flags_a_host_bound_time(pytester):
+    doc = bench.load_results(_fixture_json(pytester))
+    assert "!" not in bench.format_table(doc)
+    b = next(b for b in doc["benchmarks"] if b["name"] == "test_decode[gfx942-b1]")
+    b["extra_info"]["host_bound"] = True
+    table = bench.format_table(doc)
+    assert f"{TORCH_S[1] * FAMILY_FRACTION['gfx942'] * 1e6:.1f}!" in _line(table, "triton gfx942", "    1  ")
+    assert sum("includes launch overhead" in ln for ln in table.splitlines()) == 1
