@@ -664,8 +664,10 @@ def _empty_results() -> dict:
 
 
 def _spawn(cmd: list[str], cwd: Path) -> int:
-    """The pytest subprocess (its output goes straight to the terminal); its exit status."""
-    return subprocess.run(cmd, cwd=cwd).returncode
+    """The pytest subprocess (its output goes straight to the terminal); its exit status. An xdist worker's
+    variables are not passed on: pytest-benchmark would take the run for a worker's and time nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    return subprocess.run(cmd, cwd=cwd, env=env).returncode
 
 
 def _plot(args) -> int:

@@ -106,8 +106,10 @@ def _fixture_json(pytester, name="bench.json", scale=1.0) -> Path:
                                                      copy=COPY_BPS, matmul=MATMUL_FPS, splits=NUM_SPLITS,
                                                      reduce_s=REDUCE_S))
     out = pytester.path / name
-    res = pytester.runpytest_inprocess(str(pytester.path / "bench_fake.py"), f"--benchmark-json={out}",
-                                       "-p", "no:cacheprovider", "-q")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("PYTEST_XDIST_WORKER", raising=False)  # under xdist pytest-benchmark would time nothing
+        res = pytester.runpytest_inprocess(str(pytester.path / "bench_fake.py"), f"--benchmark-json={out}",
+                                           "-p", "no:cacheprovider", "-q")
     res.assert_outcomes(passed=9 + 6 + 3 + 2 + 4)
     return out
 
@@ -522,3 +524,17 @@ def test_table_flags_a_host_bound_time(pytester):
     table = bench.format_table(doc)
     assert f"{TORCH_S[1] * FAMILY_FRACTION['gfx942'] * 1e6:.1f}!" in _line(table, "triton gfx942", "    1  ")
     assert sum("includes launch overhead" in ln for ln in table.splitlines()) == 1
+
+
+def test_spawn_does_not_pass_on_an_xdist_workers_variables(monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, cwd=None, env=None):
+        seen.update(env=env, cwd=cwd)
+        return subprocess.CompletedProcess(cmd, 3)
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    monkeypatch.setenv("SMV_KEEP_ME", "1")
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    assert bench._spawn(["pytest"], ROOT) == 3
+    assert "PYTEST_XDIST_WORKER" not in seen["env"] and seen["env"]["SMV_KEEP_ME"] == "1" and seen["cwd"] == ROOT
