@@ -603,6 +603,11 @@ def bench_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "tests" / "benchmarks"
 
 
+_DESCRIPTION = ("Run the benchmarks (tests/benchmarks/bench_*.py) through pytest-benchmark and print the side-by-side "
+                "table, or render a roofline PNG from a JSON. Exit 0: ran, or no GPU here (GPU benchmarks skipped); "
+                "1: a benchmark failed, or --require-gpu without a GPU; 2: usage error.")
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="keep pytest-benchmark's JSON here (default: a temporary file)")
     p.add_argument("--compare", metavar="FILE",
@@ -617,8 +622,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``bench`` on an argparse subparsers object; the parsed args go to ``main``."""
     p = subparsers.add_parser("bench", help="decode benchmarks through pytest-benchmark: table, JSON, roofline",
-                              description="Run the benchmarks (tests/benchmarks/bench_*.py) through pytest-benchmark "
-                                          "and print the side-by-side table, or render a roofline from a JSON.")
+                              description=_DESCRIPTION)
     _add_arguments(p)
     p.set_defaults(func=main)
     return p
@@ -667,6 +671,7 @@ def _spawn(cmd: list[str], cwd: Path) -> int:
     """The pytest subprocess (its output goes straight to the terminal); its exit status. An xdist worker's
     variables are not passed on: pytest-benchmark would take the run for a worker's and time nothing."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    sys.stdout.flush()  # our lines before pytest's, also through a pipe
     return subprocess.run(cmd, cwd=cwd, env=env).returncode
 
 
@@ -706,7 +711,10 @@ def _run(args) -> int:
     tmp = None
     if args.json:
         json_path = Path(args.json).resolve()
-        json_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BenchUsageError(f"--json {args.json}: cannot create its folder ({e.strerror or e})") from None
     else:
         fd, name = tempfile.mkstemp(prefix="smv-bench-", suffix=".json")
         os.close(fd)
@@ -751,7 +759,7 @@ def main(args) -> int:
 
 def cli(argv=None) -> int:
     """``python -m contracts.bench [options]``: the same as ``smv bench``."""
-    p = argparse.ArgumentParser(prog="smv bench", description=add_parser.__doc__)
+    p = argparse.ArgumentParser(prog="smv bench", description=_DESCRIPTION)
     _add_arguments(p)
     return main(p.parse_args(argv))
 
