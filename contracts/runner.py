@@ -264,10 +264,15 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
         row.reason = (f"the budget of {budget:.1f}s ran out after {state['pinned']} of {len(pinned)} pinned "
                       f"examples")
     elif state["stop"] == "budget" and skip + state["generated"] < min(contract.min_cases, n):
-        # only the budget makes a row incomplete: a case limit or an exhausted space is the whole job done
         row.status = "incomplete"
         row.reason = (f"the budget of {budget:.1f}s ran out after {skip + state['generated']} of at least "
                       f"{min(contract.min_cases, n)} generated cases")
+    elif state["stop"] == "max_cases" and skip + state["generated"] < contract.min_cases:
+        # a case limit below the contract's minimum is not evidence either; the row says the limit did it, not
+        # the clock (an exhausted space, by contrast, means every distinct case was checked)
+        row.status = "incomplete"
+        row.reason = (f"the case limit stopped the row at {skip + state['generated']} generated cases, below the "
+                      f"contract's minimum of {contract.min_cases}")
     return row
 
 

@@ -185,6 +185,7 @@ def test_max_cases_one_is_not_the_budgets_fault(register):
     doc, code = run_audit(["test-cheap"], ["gfx942"], budget=60, profile="dev", max_cases=1, progress=False)
     (row,) = doc["results"]
     assert row["generated_cases"] == 1 and row["stopped_by"] == "max_cases"
+    assert row["status"] == "incomplete" and code == 1 and "case limit" in row["reason"]
     assert "budget" not in row["reason"] and "within" not in row["reason"]
 
 

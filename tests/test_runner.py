@@ -69,7 +69,9 @@ def test_a_case_limit_below_the_minimum_is_not_blamed_on_the_budget(register):
     c = register("test-limit-one", _passes, min_cases=5)
     row = run_contract(c, "gfx942", profile="dev", budget=30, max_examples=1, seed=3)
     assert row.generated_cases == 1 and row.stopped_by == "max_cases"
-    assert row.status == "pass" and "budget" not in row.reason and "within" not in row.reason
+    # fewer cases than the contract's minimum are no evidence: incomplete, and the case limit is named as the cause
+    assert row.status == "incomplete" and "case limit" in row.reason and "minimum of 5" in row.reason
+    assert "budget" not in row.reason and "within" not in row.reason
 
 
 def test_an_exhausted_space_is_complete(register):
