@@ -38,6 +38,8 @@ BATCHES = (1, 64, 512)
 FAMILIES = ("generic", "gfx942", "gfx950")
 #: families whose reduce is a separate launch (split-K partials, then the reduce over splits)
 SPLIT_FAMILIES = ("gfx942", "gfx950")
+#: timed rounds per GPU benchmark (each after an L2 flush), warm-up rounds before them, rounds of a ceiling
+GPU_ROUNDS, GPU_WARMUP_ROUNDS, CEILING_ROUNDS = 100, 10, 50
 COPY_BYTES = 1 << 30  # one copy direction; the copy ceiling counts read + write
 MATMUL_SIZE = 8192
 #: zeroed before every timed round: larger than any GPU's L2, and long enough on the GPU (~0.2 ms at 5 TB/s) that

@@ -538,3 +538,60 @@ def test_spawn_does_not_pass_on_an_xdist_workers_variables(monkeypatch):
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     assert bench._spawn(["pytest"], ROOT) == 3
     assert "PYTEST_XDIST_WORKER" not in seen["env"] and seen["env"]["SMV_KEEP_ME"] == "1" and seen["cwd"] == ROOT
+
+
+def test_the_gpu_benchmark_module_runs_end_to_end_on_fakes(pytester, monkeypatch):
+    """A dry run of tests/benchmarks/bench_decode.py itself, here: its fixtures, its calls and its records, with
+    fake CUDA events (host clock), the hardware marker lifted, tiny shapes and batch 1, under the interpreter. It
+    times nothing meaningful; it proves the module the GPU host runs has no error this machine could have shown."""
+    import time
+
+    import torch
+
+    import contracts.pytest_plugin as plugin
+
+    class HostEvent:
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    class TinyWorkload(bench.DecodeWorkload):
+        def __init__(self, batch, device):
+            super().__init__(batch, device, heads=2, swa=8, extra=16, cu_count=1)
+
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=True: HostEvent())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(plugin, "marker_status", lambda m, **k: (True, "dry run"))
+    monkeypatch.setattr(bench, "DecodeWorkload", TinyWorkload)
+    monkeypatch.setattr(bench, "BATCHES", (1,))
+    monkeypatch.setattr(bench, "GPU_ROUNDS", 2)
+    monkeypatch.setattr(bench, "GPU_WARMUP_ROUNDS", 0)
+    monkeypatch.setattr(bench, "CEILING_ROUNDS", 2)
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 12)
+    monkeypatch.setattr(bench, "MATMUL_SIZE", 16)
+    monkeypatch.setattr(bench, "FLUSH_BYTES", 1 << 12)
+    monkeypatch.setattr(bench.L2Flush.__init__, "__defaults__", (1 << 12,))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    out = pytester.path / "dry.json"
+    res = pytester.runpytest_inprocess(str(ROOT / "tests" / "benchmarks" / "bench_decode.py"), "-p",
+                                       "no:cacheprovider", "-q", f"--benchmark-json={out}")
+    res.assert_outcomes(passed=3 + 2 + 1 + 2)
+    doc = bench.load_results(out)
+    infos = {b["name"]: b["extra_info"] for b in doc["benchmarks"]}
+    assert set(infos) == {"test_decode[generic-b1]", "test_decode[gfx942-b1]", "test_decode[gfx950-b1]",
+                          "test_reduce[gfx942-b1]", "test_reduce[gfx950-b1]", "test_torch_baseline[b1]",
+                          "test_copy_ceiling", "test_matmul_ceiling"}
+    for name, info in infos.items():
+        assert info["smv_bench"] == bench.EXTRA_INFO_VERSION and info["seconds"] > 0, name
+        assert info["copy_ceiling_bytes_per_s"] > 0 and info["matmul_ceiling_flops_per_s"] > 0, name
+        assert isinstance(info["host_bound"], bool) and info["host_launch_seconds"] > 0, name
+    assert infos["test_decode[gfx950-b1]"]["ratio_to_torch"] > 0
+    assert infos["test_decode[gfx950-b1]"]["bytes"] == bench.decode_figures(1, 2, 8, 16)["bytes"]
+    table = bench.format_table(doc)
+    for label in ("triton generic", "triton gfx942", "triton gfx950", "torch gather + SDPA", "reduce gfx950"):
+        assert label in table

@@ -19,16 +19,15 @@ from contracts import bench
 
 pytestmark = pytest.mark.gpu
 
-ROUNDS, WARMUP = 100, 10
-
 
 @pytest.fixture(scope="module")
 def device():
     import torch
 
-    from impl.runtime import detect_device
+    from impl.runtime import detect_device, kernel_device
 
-    return torch.device("cuda"), detect_device().name
+    # 'cuda' wherever these run for real (CUDA and ROCm alike); the CPU only in the suite's own dry run
+    return torch.device(kernel_device()), detect_device().name
 
 
 @pytest.fixture(scope="module")
@@ -68,20 +67,22 @@ class _Refs:
         self.dev, self.workloads, self.flush = dev, workloads, flush
         self.copy, self.matmul, self.torch = None, None, {}
 
-    def _median(self, fn, rounds=ROUNDS):
+    def _median(self, fn, rounds=None):
         import torch
 
         fn()
         torch.cuda.synchronize()
-        times = bench.measure(fn, self.flush, bench.CudaEventClock(), rounds=rounds, warmup_rounds=WARMUP)
+        times = bench.measure(fn, self.flush, bench.CudaEventClock(), rounds=rounds or bench.GPU_ROUNDS,
+                              warmup_rounds=bench.GPU_WARMUP_ROUNDS)
         times.sort()
         return times[len(times) // 2]
 
     def get(self, batch=None) -> bench.References:
         if self.copy is None:
-            self.copy = bench.copy_figures()["bytes"] / self._median(_copy_call(self.dev), 50)
+            self.copy = bench.copy_figures()["bytes"] / self._median(_copy_call(self.dev), bench.CEILING_ROUNDS)
         if self.matmul is None:
-            self.matmul = bench.matmul_figures()["flops"] / self._median(_matmul_call(self.dev), 50)
+            self.matmul = bench.matmul_figures()["flops"] / self._median(_matmul_call(self.dev),
+                                                                         bench.CEILING_ROUNDS)
         if batch is not None and batch not in self.torch:
             self.torch[batch] = self._median(self.workloads(batch).baseline_call())
         return bench.References(self.copy, self.matmul, dict(self.torch))
@@ -112,7 +113,7 @@ def gpu_benchmark(benchmark, flush, device):
     when pytest-benchmark is disabled (``--benchmark-disable``, xdist)."""
     import torch
 
-    def run(fn, rounds=ROUNDS):
+    def run(fn, rounds=None):
         fn()
         torch.cuda.synchronize()
         # a call whose host side outlasts the flush leaves the GPU idle inside the events: say so in the JSON
@@ -126,7 +127,8 @@ def gpu_benchmark(benchmark, flush, device):
             flush()
             clock.reset()
 
-        benchmark.pedantic(fn, setup=setup, rounds=rounds, warmup_rounds=WARMUP, iterations=1)
+        benchmark.pedantic(fn, setup=setup, rounds=rounds or bench.GPU_ROUNDS,
+                           warmup_rounds=bench.GPU_WARMUP_ROUNDS, iterations=1)
         torch.cuda.synchronize()
         return bench.benchmark_median(benchmark)
 
@@ -173,11 +175,11 @@ def test_torch_baseline(gpu_benchmark, workloads, refs, device, batch):
 
 
 def test_copy_ceiling(gpu_benchmark, refs, device):
-    seconds = gpu_benchmark(_copy_call(device[0]), rounds=50)
+    seconds = gpu_benchmark(_copy_call(device[0]), rounds=bench.CEILING_ROUNDS)
     _record(gpu_benchmark, seconds, device, kind="ceiling", family="copy", refs=refs.get(), **bench.copy_figures())
 
 
 def test_matmul_ceiling(gpu_benchmark, refs, device):
-    seconds = gpu_benchmark(_matmul_call(device[0]), rounds=50)
+    seconds = gpu_benchmark(_matmul_call(device[0]), rounds=bench.CEILING_ROUNDS)
     _record(gpu_benchmark, seconds, device, kind="ceiling", family="matmul", refs=refs.get(),
             **bench.matmul_figures())
