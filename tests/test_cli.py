@@ -192,6 +192,19 @@ def test_version(flag, capsys):
 
 # --- bad option values: one line on stderr, exit 2 ------------------------------------------------------------
 
+def _no_runs(monkeypatch):
+    """A usage error must stop the command before it runs anything (and a regression must not run an audit,
+    a campaign or the zoo for real)."""
+    import contracts.audit
+    import contracts.campaign
+    import contracts.runner
+    import contracts.zoo.runner
+
+    for mod, name in ((contracts.audit, "run_audit"), (contracts.campaign, "run_campaign"),
+                      (contracts.zoo.runner, "run_zoo"), (contracts.runner, "replay")):
+        monkeypatch.setattr(mod, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran despite a usage error"))
+
+
 BAD = [
     (["audit", "--budget", "-5"], "smv audit", "--budget"),
     (["audit", "--budget", "0"], "smv audit", "--budget"),
@@ -219,11 +232,7 @@ BAD = [
 
 @pytest.mark.parametrize("argv,prog,needle", BAD, ids=[" ".join(a) or "(none)" for a, _, _ in BAD])
 def test_bad_option_value_is_one_line_and_exit_2(argv, prog, needle, capsys, monkeypatch):
-    import contracts.audit
-    import contracts.campaign
-
-    monkeypatch.setattr(contracts.audit, "run_audit", lambda *a, **k: pytest.fail("ran with a bad option"))
-    monkeypatch.setattr(contracts.campaign, "run_campaign", lambda *a, **k: pytest.fail("ran with a bad option"))
+    _no_runs(monkeypatch)
     code, out, err = smv(argv, capsys)
     assert_usage_error(code, err, prog, needle)
     assert "usage:" not in " ".join(err) and out == ""
@@ -231,11 +240,7 @@ def test_bad_option_value_is_one_line_and_exit_2(argv, prog, needle, capsys, mon
 
 @pytest.mark.parametrize("cmd", ["audit", "zoo", "fuzz"])
 def test_report_folder_that_cannot_be_created_is_rejected_before_the_run(cmd, tmp_path, capsys, monkeypatch):
-    import contracts.audit
-    import contracts.campaign
-
-    monkeypatch.setattr(contracts.audit, "run_audit", lambda *a, **k: pytest.fail("ran with a bad --report"))
-    monkeypatch.setattr(contracts.campaign, "run_campaign", lambda *a, **k: pytest.fail("ran with a bad --report"))
+    _no_runs(monkeypatch)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     code, _, err = smv([cmd, "--report", str(blocker / "rep")], capsys)
@@ -264,6 +269,7 @@ SMV_TARGET_COMMANDS = [["targets"], ["targets", "--json"], ["list"], ["show", "s
 
 @pytest.mark.parametrize("argv", SMV_TARGET_COMMANDS, ids=[" ".join(a) for a in SMV_TARGET_COMMANDS])
 def test_bad_smv_target_is_one_line_and_exit_2_for_every_command(argv, capsys, monkeypatch):
+    _no_runs(monkeypatch)
     monkeypatch.setenv("SMV_TARGET", "gfx999")
     code, out, err = smv(argv, capsys)
     assert_usage_error(code, err, f"smv {argv[0]}", "SMV_TARGET='gfx999'", "gfx942, gfx950, generic")
