@@ -476,7 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_targets)
     ls = sub.add_parser("list", help="list the registered contracts")
-    ls.add_argument("--json", action="store_true", help="{schema_version, contracts: [{id, targets, summary, doc, zoo}]}")
+    ls.add_argument("--json", action="store_true",
+                    help="{schema_version, contracts: [{id, targets, summary, doc, zoo}]}")
     ls.set_defaults(func=cmd_list)
     sh = sub.add_parser("show", help="one contract's whole promise, targets, source and planted bugs")
     sh.add_argument("id", metavar="ID")
@@ -514,7 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fuzz", help="nightly fuzz campaign: audit rounds under the nightly profile until the budget")
     f.add_argument("--budget", type=_duration, default="8h",
                    help="duration: 8h, 30m, 90s, 1h30m or seconds (default 8h)")
-    f.add_argument("--round", type=_duration, default="10m", help="one round's budget, shared by its rows (default 10m)")
+    f.add_argument("--round", type=_duration, default="10m",
+                   help="one round's budget, shared by its rows (default 10m)")
     f.add_argument("--contract", action="append", help="contract id (repeatable; default: all)")
     f.add_argument("--target", action="append", choices=TARGET_NAMES, help="target (repeatable; default: all)")
     f.add_argument("--seed", type=int, default=None, help="base seed (round i uses seed + i)")
