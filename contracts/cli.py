@@ -526,6 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("repro", help="replay a saved failing case (exit 1 while it fails, 2 for a bad file)")
     r.add_argument("file")
     r.set_defaults(func=cmd_repro)
+    from contracts import bench
+
+    bench.add_parser(sub)
     return p
 
 

@@ -367,3 +367,12 @@ def test_repro_exit_codes_follow_the_case(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(c, "check", lambda case, target: [Violation("planted", "x", "1", "2")])
     code, out, _ = smv(["repro", path], capsys)
     assert code == 1 and "VIOLATION planted" in out
+
+
+def test_bench_is_a_subcommand_of_smv(capsys):
+    """``smv bench`` reaches contracts.bench: its own usage check answers (nothing is run for --out alone)."""
+    from contracts.cli import main
+
+    assert main(["bench", "--out", "x.png"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out" in err[0] and "--plot" in err[0]

@@ -31,3 +31,16 @@ def test_every_contract_is_documented_and_has_a_planted_bug():
     for cid, c in CONTRACTS.items():
         assert c.doc.strip(), cid
         assert cid in expected, f"contract {cid} has no zoo entry proving it can fail"
+
+
+def test_every_contract_has_a_typed_case_family():
+    """Reproducers are read back through the case type: a contract without one could not be replayed strictly."""
+    from fuzz.cases import Case
+    from impl.targets import TARGETS
+
+    for cid, c in CONTRACTS.items():
+        assert isinstance(c.case_type, type) and issubclass(c.case_type, Case) and c.case_type.KIND, cid
+        for t in c.targets:
+            for ex in (c.examples(TARGETS[t]) if c.examples else []):
+                assert isinstance(ex, c.case_type), (cid, t, type(ex))
+                assert c.case_type.from_json(ex.to_json()).to_json() == ex.to_json(), (cid, t)

@@ -2,6 +2,11 @@
 import pytest
 
 from contracts.markers import MARKERS
+from contracts.registry import load_all
+
+# pytester's in-process runs drop the modules first imported inside them; Triton's native extension cannot be
+# imported twice in one process (nanobind aborts on a duplicate key), so every kernel module is imported up front
+load_all()
 
 
 def test_markers_listed(pytester):
