@@ -14,7 +14,8 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.core import AMD_TARGETS, Violation, contract, fmt, record_margin, single_threaded
-from fuzz.sparse_metadata import MetadataCase, MetadataConfig, MetadataStep, burst_case, metadata_case
+from fuzz.sparse_metadata import (MetadataCase, MetadataConfig, MetadataStep, burst_case, key_pair_case,
+                                  metadata_case)
 from impl.sparse_metadata import CommonMetadata, SparseMLAMetadataBuilder
 from impl.targets import Target, effective_cu_count
 from impl.work_partition import sparse_decode_from_partition
@@ -256,7 +257,8 @@ def _extents_examples(target: Target) -> list[MetadataCase]:
     ]
 
 
-@contract("cache-key-staleness", targets=AMD_TARGETS, cases=lambda target: st.one_of(metadata_case(), burst_case()),
+@contract("cache-key-staleness", targets=AMD_TARGETS,
+          cases=lambda target: st.one_of(metadata_case(), burst_case(), key_pair_case()),
           examples=_staleness_examples, skip_reason=_SKIP, case_type=MetadataCase, numeric=True)
 def cache_key_staleness(case: MetadataCase, target: Target) -> list[Violation]:
     """Whenever the sparse metadata builder reuses its cached work partition, the partition equals a fresh

@@ -233,3 +233,36 @@ def burst_case(draw) -> MetadataCase:
             prev = apply_op(prev, draw(OP_STRATEGIES[kind]), cfg)
             steps.append(prev)
     return MetadataCase(config=cfg, steps=tuple(steps))
+
+
+#: the ops that keep every input of a weaker cache key but one: the order of the query lengths (permute_q), the last
+#: request's query length with the starts unchanged (retime_last), lengths moved across topk (cross_topk), a
+#: decode step after a decode step (same query lengths, every length one longer); each one is a distinct input a
+#: correct key must see
+KEY_PROBE_OPS = ("permute_q", "retime_last", "cross_topk", "decode")
+
+
+@st.composite
+def key_pair_case(draw) -> MetadataCase:
+    """A multi-request step followed by a step that differs from it in one input a cache key must include (one of
+    :data:`KEY_PROBE_OPS`), then possibly a repeat, which a stale cache serves again. The first step's requests have
+    distinct query lengths and sequence lengths around topk, where the clamped lengths and the partition move.
+    Sequences of random ops reach such a pair only by luck; each key field dropped from the key needs exactly this
+    pair to show, with ``seq_lens_cpu`` present or missing on the probing step."""
+    cfg = draw(config_strategy())
+    kind = draw(st.sampled_from(KEY_PROBE_OPS))
+    n = draw(st.integers(2, 4))
+    qs = draw(st.permutations(range(1, MAX_Q + 1)))[:n]
+    if kind == "retime_last":  # another request sets max_query_len, so re-timing the last one keeps it
+        qs = sorted(qs, reverse=True)
+    codes = draw(st.lists(st.integers(-2, 3).map(lambda d: f"topk{d:+d}"), min_size=n, max_size=n))
+    common = dict(host_lens=True, holes=draw(st.sampled_from(HOLE_MODES)), seed=draw(st.integers(0, 2**31 - 1)))
+    first = apply_op(None, MetadataOp(op="fresh", reqs=tuple(zip(qs, codes)), **common), cfg)
+    steps = [first]
+    if kind == "decode":  # decode after decode: the query lengths stay 1, only the lengths move
+        steps.append(apply_op(first, MetadataOp(op="decode", **common), cfg))
+    probe = draw(OP_STRATEGIES[kind])
+    steps.append(apply_op(steps[-1], probe, cfg))
+    if draw(st.booleans()):
+        steps.append(apply_op(steps[-1], draw(OP_STRATEGIES["repeat"]), cfg))
+    return MetadataCase(config=cfg, steps=tuple(steps))

@@ -566,3 +566,30 @@ def test_attention_violation_names_the_worst_lane_the_count_and_the_cosine(monke
     assert len(v) == 1
     assert "2 of 2048 lanes" in v[0].message and "cosine 0.9" in v[0].message, v[0].message
     assert v[0].where.endswith("out[1, 0, 3]")
+
+
+def test_key_pair_cases_reach_every_pair_a_weaker_key_would_miss():
+    """Key-pair cases hold consecutive steps that agree on everything a weaker key sees but one input: the last
+    request re-timed with the same starts and max_query_len (num_tokens), a permutation of the query lengths
+    (their distribution), the same query lengths with other sequence lengths (the lengths)."""
+    from hypothesis import given, settings
+
+    from fuzz.sparse_metadata import key_pair_case
+
+    seen = set()
+
+    @settings(max_examples=200, database=None, deadline=None)
+    @given(key_pair_case())
+    def check(case):
+        first = case.steps[0]
+        assert len(first.q_lens) >= 2 and len(set(first.q_lens)) == len(first.q_lens)
+        for a, b in zip(case.steps, case.steps[1:]):
+            if a.q_lens[:-1] == b.q_lens[:-1] and a.q_lens[-1] != b.q_lens[-1] and max(a.q_lens) == max(b.q_lens):
+                seen.add("num_tokens")
+            elif a.q_lens != b.q_lens and sorted(a.q_lens) == sorted(b.q_lens):
+                seen.add("distribution")
+            elif a.q_lens == b.q_lens and a.seq_lens != b.seq_lens:
+                seen.add("lengths" + ("-without-host-copy" if not b.host_lens else ""))
+
+    check()
+    assert {"num_tokens", "distribution", "lengths", "lengths-without-host-copy"} <= seen, seen
