@@ -88,13 +88,20 @@ def decode_oracle_agreement(case: fz.DecodeCase, target: Target) -> list[Violati
         inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache, inp.extra_indices,
         inp.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
         main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=not case.trust)
+    label = (f"decode output vs float64 oracle ({target.decode_family} family, S={plan.num_splits}, "
+             f"adaptive={plan.adaptive})")
+    return violations + oracle_violations(label, got, ref, plan.num_splits)
+
+
+def oracle_violations(label: str, got: torch.Tensor, ref, num_splits: int) -> list[Violation]:
+    """A decode output against the float64 oracle's result ``ref`` under the derived error model of
+    :mod:`oracles.compare` for this Triton mode and split count; the worst error-to-tolerance ratio is recorded as
+    the case's margin. Every contract that reads the decode's output (agreement, graph replay, int64 probes) uses
+    this one comparison."""
     model = cmp.AttentionErrorModel.for_mode(triton_mode())
     tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
-                                  plan.num_splits, 16, model)
+                                  num_splits, 16, model)
     res = cmp.attention_comparison(got, ref.out, tol)
     if res.worst_ratio is not None:
         record_margin(res.worst_ratio)
-    label = (f"decode output vs float64 oracle ({target.decode_family} family, S={plan.num_splits}, "
-             f"adaptive={plan.adaptive})")
-    violations += [Violation(f"{label}: {m.detail}", m.where, m.expected, m.got) for m in res.mismatches]
-    return violations
+    return [Violation(f"{label}: {m.detail}", m.where, m.expected, m.got) for m in res.mismatches]

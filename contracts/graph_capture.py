@@ -15,14 +15,14 @@ import warnings
 
 import torch
 
-from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt, record_margin
+from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
+from contracts.decode import oracle_violations
 from fuzz import graph_capture as fzg
 from impl import decode as dec
 from impl import formats
 from impl.graph_capture import DecodeGraph, GraphReplayError
-from impl.runtime import kernel_device, triton_mode
+from impl.runtime import kernel_device
 from impl.targets import Target
-from oracles import compare as cmp
 from oracles import decode as ref_decode
 from oracles.dispatch import expected_dispatch
 from oracles.splits import ref_adaptive_host
@@ -33,14 +33,8 @@ def _oracle_violations(label: str, got: torch.Tensor, step, inp, target: Target,
         step.q, inp.main_view, step.main_indices, step.main_indptr, inp.extra_view, step.extra_indices,
         step.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
         main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=not trust)
-    model = cmp.AttentionErrorModel.for_mode(triton_mode())
-    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
-                                  plan.num_splits, 16, model)
-    res = cmp.attention_comparison(got, ref.out, tol)
-    if res.worst_ratio is not None:
-        record_margin(res.worst_ratio)
-    return [Violation(f"{label} vs float64 oracle (S={plan.num_splits}, adaptive={plan.adaptive}): {m.detail}",
-                      m.where, m.expected, m.got) for m in res.mismatches]
+    return oracle_violations(f"{label} vs float64 oracle (S={plan.num_splits}, adaptive={plan.adaptive})", got, ref,
+                             plan.num_splits)
 
 
 class _Views:

@@ -17,7 +17,8 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.cache_writers import record_row_margin
-from contracts.core import ALL_TARGETS, Violation, contract, record_margin
+from contracts.core import ALL_TARGETS, Violation, contract
+from contracts.decode import oracle_violations
 from fuzz import cache_writers as fw
 from fuzz.cases import Case
 from fuzz.cache_writers import CompressorCase
@@ -25,10 +26,9 @@ from impl import decode as dec
 from impl import formats
 from impl.cache_writers import quantize_and_insert_k_cache
 from impl.compressor import compress_norm_rope_store
-from impl.runtime import kernel_device, triton_mode
+from impl.runtime import kernel_device
 from impl.targets import Target
 from oracles import cache_writers as ocw
-from oracles import compare as cmp
 from oracles import compressor as ocomp
 from oracles import decode as ref_decode
 
@@ -221,14 +221,7 @@ def _decode_far_end(seed: int, bs: int, target: Target) -> list[Violation]:
     ref = ref_decode.ref_sparse_attn_decode(q, small, smi, mp, small, sei, ep, attn_sink=sink, softmax_scale=0.09,
                                             main_flavour=target.main_cache_fp8,
                                             extra_flavour=target.extra_cache_fp8, scrub_extra=True)
-    model = cmp.AttentionErrorModel.for_mode(triton_mode())
-    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
-                                  plan.num_splits, 16, model)
-    res = cmp.attention_comparison(got, ref.out, tol)
-    if res.worst_ratio is not None:
-        record_margin(res.worst_ratio)
-    return [Violation(f"decode at the far end of a >2^32-byte pool vs oracle: {m.detail}", m.where, m.expected,
-                      m.got) for m in res.mismatches]
+    return oracle_violations("decode at the far end of a >2^32-byte pool vs oracle", got, ref, plan.num_splits)
 
 
 @dataclass(frozen=True)

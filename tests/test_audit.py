@@ -141,19 +141,6 @@ def test_interrupted_audit_keeps_the_rows_done(tmp_path):
 
 # --- one budget model, reproducible reports (schema 2) -------------------------------------------------------------
 
-@pytest.fixture
-def register():
-    added = []
-
-    def add(cid, check, **kw):
-        kw.setdefault("cases", lambda t: st.integers(0, 10 ** 6))
-        core.contract(cid, **kw)(check)
-        added.append(cid)
-        return core.CONTRACTS[cid]
-
-    yield add
-    for cid in added:
-        core.CONTRACTS.pop(cid, None)
 
 
 def test_max_cases_is_the_row_total_across_both_passes(register):

@@ -13,20 +13,6 @@ from fuzz.cases import Case, CaseError
 from impl.targets import get_target
 
 
-@pytest.fixture
-def register():
-    """Register test-only contracts and drop them afterwards."""
-    added = []
-
-    def add(cid, check, **kw):
-        kw.setdefault("cases", lambda t: st.integers(0, 10 ** 6))
-        core.contract(cid, **kw)(check)
-        added.append(cid)
-        return core.CONTRACTS[cid]
-
-    yield add
-    for cid in added:
-        core.CONTRACTS.pop(cid, None)
 
 
 def _passes(case, target):
