@@ -13,41 +13,16 @@ import sys
 import textwrap
 
 import impl  # noqa: F401  - decides the Triton mode before anything imports Triton
+from contracts.reports import package_version
 
 SCHEMA_VERSION = 1
 #: ``smv list --json`` (DESIGN.md "Interfaces"): add fields, never remove; bump on any change of meaning
 LIST_SCHEMA_VERSION = 1
 ZOO_LIST_SCHEMA_VERSION = 1
-DIST_NAME = "sparse-mla-verify"
 
 
 class UsageError(ValueError):
     """A bad command line or environment: one line on stderr, exit 2."""
-
-
-# --- the package version -----------------------------------------------------------------------------------------
-
-def package_version() -> str:
-    """The suite's version: a source checkout's pyproject.toml when this code runs from one (an editable
-    install's metadata keeps the version it was installed at), else the installed distribution's metadata."""
-    from importlib import metadata
-
-    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
-    try:
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib
-        with open(pyproject, "rb") as fh:
-            project = tomllib.load(fh).get("project", {})
-        if project.get("name") == DIST_NAME and project.get("version"):
-            return str(project["version"])
-    except (OSError, ValueError):
-        pass
-    try:
-        return metadata.version(DIST_NAME)
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 # --- docstrings as users read them -------------------------------------------------------------------------------

@@ -81,6 +81,32 @@ def _dist_version(*names: str) -> str | None:
     return None
 
 
+DIST_NAME = "sparse-mla-verify"
+
+
+def package_version() -> str:
+    """The suite's version: a source checkout's pyproject.toml when this code runs from one (an editable
+    install's metadata keeps the version it was installed at), else the installed distribution's metadata."""
+    from importlib import metadata
+
+    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+    try:
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        with open(pyproject, "rb") as fh:
+            project = tomllib.load(fh).get("project", {})
+        if project.get("name") == DIST_NAME and project.get("version"):
+            return str(project["version"])
+    except (OSError, ValueError):
+        pass
+    try:
+        return metadata.version(DIST_NAME)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def versions() -> dict:
     """The versions a result depends on (None for what is not installed). Read from the installed distributions,
     so Triton is not imported here (importing it decides its mode)."""
@@ -90,7 +116,7 @@ def versions() -> dict:
     import numpy
     import torch
 
-    return {"smv": _dist_version("sparse-mla-verify"), "python": platform.python_version(),
+    return {"smv": package_version(), "python": platform.python_version(),
             "torch": torch.__version__,
             "triton": _dist_version("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-nightly"),
             "hypothesis": hypothesis.__version__, "numpy": numpy.__version__}

@@ -376,3 +376,13 @@ def test_bench_is_a_subcommand_of_smv(capsys):
     assert main(["bench", "--out", "x.png"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--out" in err[0] and "--plot" in err[0]
+
+
+def test_reports_record_the_version_smv_prints(capsys):
+    """audit.json's versions.smv is what ``smv --version`` says (an editable install's metadata may lag)."""
+    from contracts.cli import main
+    from contracts.reports import versions
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"smv {versions()['smv']}"
