@@ -231,7 +231,7 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
                     row_budget = max(left / max(remaining + 1, 1), 0.5 * left)
                     started_row = time.monotonic()
                     r = run_contract(c, tname, profile=profile, budget=row_budget, seed=seed, repro_dir=repro_dir,
-                                     use_examples=use_examples, max_examples=n, stop_after=first,
+                                     use_examples=use_examples, max_examples=max_cases, stop_after=first,
                                      shrink_until=shrink_until,
                                      progress=lambda p, g, i=i, cid=cid, tname=tname, n=n, s=started_row: prog.case(
                                          i, len(rows_todo), None, cid, tname, p, g, n, s))
@@ -254,7 +254,7 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
             c = get_contract(r0.contract)
             started_row = time.monotonic()
             r = run_contract(c, r0.target, profile=profile, budget=left / n_left, seed=seed, repro_dir=repro_dir,
-                             use_examples=False, max_examples=r0.limit, skip=r0.generated_cases,
+                             use_examples=False, max_examples=max_cases, skip=r0.generated_cases,
                              shrink_until=shrink_until,
                              progress=lambda p, g, k=k, r0=r0, s=started_row: prog.case(
                                  k + 1, len(rows_todo), r0, r0.contract, r0.target, p, g, r0.limit, s))

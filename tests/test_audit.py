@@ -347,3 +347,13 @@ def test_progress_on_a_terminal_with_and_without_rich(register, monkeypatch):
         assert "pass 2" in out.text and "0+8 cases" in out.text and "ETA" in out.text
         if not with_rich:
             assert "\r\x1b[K" in out.text
+
+
+def test_the_profiles_own_count_is_exhausted_not_a_case_limit(register):
+    """Without --max-cases a row that reaches the profile's count says "exhausted": no user limit stopped it."""
+    register("test-cheap", _cheap, min_cases=2)
+    doc, code = run_audit(["test-cheap"], ["gfx942"], budget=60, profile="ci", max_cases=None, progress=False)
+    (row,) = doc["results"]
+    assert code == 0 and row["generated_cases"] == 25 and row["stopped_by"] == "exhausted"
+    doc, _ = run_audit(["test-cheap"], ["gfx942"], budget=60, profile="ci", max_cases=7, progress=False)
+    assert doc["results"][0]["stopped_by"] == "max_cases" and doc["results"][0]["generated_cases"] == 7
