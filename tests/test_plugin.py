@@ -159,9 +159,11 @@ def test_failing_contract_test_leaves_a_reproducer_that_smv_repro_replays(tmp_pa
                           cwd=planted, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
-    found = re.findall(r"replay: smv repro (\S+)", out)
+    # one reproducer; its line shows in the failure and again in the short summary where pytest does not cut the
+    # summary to the terminal's width (it does not when CI is set)
+    found = set(re.findall(r"replay: smv repro (\S+)", out))
     assert len(found) == 1, out[-3000:]
-    path = found[0]
+    (path,) = found
     # absolute and under the rootdir's .smv/, so it can be replayed from anywhere after pytest (and its tmp) is gone
     assert os.path.isabs(path) and os.path.dirname(path) == str(planted / ".smv" / "pytest-repro"), path
     doc = json.loads(open(path).read())
