@@ -324,15 +324,14 @@ def test_two_stage_split_count():
 
 # --- the contracts under the ci profile -----------------------------------------------------------------------------
 
+# every contract passing on every target under the ci profile is tests/test_contracts.py's job; here only what it
+# does not check: the > 2^32-byte int64 pools stay cheap (pages are committed only where touched)
 @pytest.mark.parametrize("target", ["gfx942", "gfx950"])
-@pytest.mark.parametrize("cid", ["writer-oracle-exact", "nan-free-cache", "trust-gate", "int64-addressing"])
-def test_contract_passes(cid, target):
+def test_int64_probes_stay_cheap(target):
     start = time.monotonic()
-    row = run_contract(CONTRACTS[cid], target, profile="ci", budget=60)
+    row = run_contract(CONTRACTS["int64-addressing"], target, profile="ci", budget=60)
     assert row.status == "pass", (row.reason, row.case)
-    if cid == "int64-addressing":
-        # a > 2^32-byte pool, written at its far end: pages are committed only where touched, so it stays cheap
-        assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 30
 
 
 # --- typed cases ------------------------------------------------------------------------------------------------------
