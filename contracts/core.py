@@ -70,10 +70,6 @@ class Contract:
     #: error-to-tolerance ratio over passing cases (exact checks report ``null``)
     numeric: bool = False
 
-    @property
-    def summary(self) -> str:
-        return self.doc.strip().splitlines()[0] if self.doc.strip() else self.id
-
     def applies_to(self, target: "Target | str") -> bool:
         name = target if isinstance(target, str) else target.name
         return name in self.targets
