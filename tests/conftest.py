@@ -1,3 +1,7 @@
+import importlib.machinery
+import sys
+import types
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -21,3 +25,18 @@ def register():
     yield add
     for cid in added:
         core.CONTRACTS.pop(cid, None)
+
+
+@pytest.fixture
+def fake_module(monkeypatch):
+    """``fake_module(name, **attrs)`` puts an importable stand-in module (a package, so submodules resolve) into
+    ``sys.modules`` for this test: the fakes of AMD AITER are built from it."""
+    def make(name, **attrs):
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        for k, v in attrs.items():
+            setattr(mod, k, v)
+        monkeypatch.setitem(sys.modules, name, mod)
+        return mod
+
+    return make

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.machinery
 import math
-import sys
-import types
 
 import pytest
 import torch
@@ -239,16 +236,9 @@ def _fake_opus(q, kv, indices, indptr, ext_kv, ext_indices, ext_indptr, attn_sin
 
 
 @pytest.fixture
-def fake_aiter(monkeypatch):
+def fake_aiter(fake_module):
     """AMD AITER as the suite finds it: ``aiter`` with ``aiter.ops`` and ``aiter.ops.pa_sparse_prefill_opus``."""
-    def module(name, **attrs):
-        mod = types.ModuleType(name)
-        mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        for k, v in attrs.items():
-            setattr(mod, k, v)
-        monkeypatch.setitem(sys.modules, name, mod)
-        return mod
-
+    module = fake_module
     leaf = module(pf.AITER_OPUS_MODULE, **{pf.AITER_OPUS_NAME: _fake_opus})
     module("aiter", ops=module("aiter.ops", pa_sparse_prefill_opus=leaf))
     pf.get_aiter_sparse_prefill_opus.cache_clear()

@@ -3,11 +3,9 @@ upstream monkeypatches it), the loader, exact edge cases, and bad input rejected
 from __future__ import annotations
 
 import dataclasses
-import importlib.machinery
 import json
 import math
 import sys
-import types
 
 import pytest
 import torch
@@ -354,34 +352,25 @@ def fresh_loader():
     pf.get_aiter_sparse_prefill_opus.cache_clear()
 
 
-def _fake_module(monkeypatch, name, **attrs):
-    mod = types.ModuleType(name)
-    mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-    for k, v in attrs.items():
-        setattr(mod, k, v)
-    monkeypatch.setitem(sys.modules, name, mod)
-    return mod
-
-
-def test_loader_finds_the_op_in_a_fake_aiter(monkeypatch, fresh_loader):
+def test_loader_finds_the_op_in_a_fake_aiter(fake_module, fresh_loader):
     def op(*args, out=None):
         return out
 
-    leaf = _fake_module(monkeypatch, "aiter.ops.pa_sparse_prefill_opus", pa_sparse_prefill_opus=op)
-    ops = _fake_module(monkeypatch, "aiter.ops", pa_sparse_prefill_opus=leaf)
-    _fake_module(monkeypatch, "aiter", ops=ops)
+    leaf = fake_module("aiter.ops.pa_sparse_prefill_opus", pa_sparse_prefill_opus=op)
+    ops = fake_module("aiter.ops", pa_sparse_prefill_opus=leaf)
+    fake_module("aiter", ops=ops)
     assert fresh_loader() is op
 
 
-def test_loader_is_none_without_the_op(monkeypatch, fresh_loader):
-    ops = _fake_module(monkeypatch, "aiter.ops")
-    _fake_module(monkeypatch, "aiter", ops=ops)
+def test_loader_is_none_without_the_op(monkeypatch, fake_module, fresh_loader):
+    ops = fake_module("aiter.ops")
+    fake_module("aiter", ops=ops)
     monkeypatch.setitem(sys.modules, "aiter.ops.pa_sparse_prefill_opus", None)  # import fails
     assert fresh_loader() is None
 
 
-def test_loader_is_none_for_the_unrelated_pypi_aiter(monkeypatch, fresh_loader):
-    _fake_module(monkeypatch, "aiter")  # no aiter.ops: PyPI's async-iterator package
+def test_loader_is_none_for_the_unrelated_pypi_aiter(monkeypatch, fake_module, fresh_loader):
+    fake_module("aiter")  # no aiter.ops: PyPI's async-iterator package
     monkeypatch.setitem(sys.modules, "aiter.ops", None)
     assert fresh_loader() is None
 

@@ -202,19 +202,6 @@ def test_version_1_file_says_which_version_is_supported(register, tmp_path):
         replay(str(p))
 
 
-def test_dict_case_missing_a_key_is_a_usage_error_not_a_violation(register, tmp_path):
-    def needs_heads(case, target):
-        """Reads the case's keys."""
-        return [] if case["heads"] > 0 else [core.Violation("no heads")]
-
-    register("test-dict-case", needs_heads, cases=lambda t: st.fixed_dictionaries({"heads": st.integers(1, 4)}))
-    p = tmp_path / "dict.json"
-    p.write_text(json.dumps({"schema_version": REPRO_SCHEMA_VERSION, "contract": "test-dict-case",
-                             "target": "gfx942", "case": {"head": 2}}))
-    with pytest.raises(ReproError, match="heads"):
-        replay(str(p))
-
-
 def test_a_malformed_generated_case_is_a_harness_error_not_a_violation(register):
     def strict(case, target):
         """Rejects a malformed case."""
