@@ -101,7 +101,13 @@ def oracle_violations(label: str, got: torch.Tensor, ref, num_splits: int) -> li
     model = cmp.AttentionErrorModel.for_mode(triton_mode())
     tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
                                   num_splits, 16, model)
-    res = cmp.attention_comparison(got, ref.out, tol)
+    return attention_violations(label, got, ref.out, tol)
+
+
+def attention_violations(label: str, got: torch.Tensor, ref_out: torch.Tensor, tol: torch.Tensor) -> list[Violation]:
+    """An attention output against its oracle within per-lane ``tol`` (:func:`oracles.compare.attention_comparison`):
+    the mismatches as violations, and the worst error-to-tolerance ratio recorded as the case's margin."""
+    res = cmp.attention_comparison(got, ref_out, tol)
     if res.worst_ratio is not None:
         record_margin(res.worst_ratio)
     return [Violation(f"{label}: {m.detail}", m.where, m.expected, m.got) for m in res.mismatches]

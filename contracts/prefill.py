@@ -8,12 +8,12 @@ from unittest import mock
 
 import torch
 
-from contracts.core import ALL_TARGETS, Violation, contract, fmt, record_margin
+from contracts.core import ALL_TARGETS, Violation, contract, fmt
+from contracts.decode import attention_violations
 from fuzz import prefill as fz
 from impl import prefill as pf
 from impl.runtime import triton_mode
 from impl.targets import Target
-from oracles import compare as cmp
 from oracles import prefill as ref_prefill
 
 
@@ -59,10 +59,7 @@ def _compare_with_oracle(got: torch.Tensor, inp: fz.PrefillInputs, label: str) -
     ref = _reference(inp)
     # oracles.compare's model for the input dtype (fp16: its unit and underflow floor), SPEC 3's BLOCK_K
     tol = ref_prefill.prefill_tolerance(ref, fz.dtype_name(inp.q.dtype), triton_mode(), int(inp.q.shape[-1]))
-    res = cmp.attention_comparison(got, ref.out, tol)
-    if res.worst_ratio is not None:
-        record_margin(res.worst_ratio)
-    return [Violation(f"{label}: {m.detail}", m.where, m.expected, m.got) for m in res.mismatches]
+    return attention_violations(label, got, ref.out, tol)
 
 
 def _run_entry(inp: fz.PrefillInputs, target: Target) -> None:
