@@ -1,0 +1,179 @@
+"""Subjects: the code under audit.
+
+A subject is a set of entry points in the shape of our own API (``impl/``), grouped in families named after impl's
+modules (``decode``, ``splits``, ``cache_writers``, ...). ``ours`` is impl itself; ``vllm`` is upstream vLLM's real
+ROCm modules behind adapters (:mod:`contracts.subjects.vllm`). Contracts never call ``impl`` directly for the code
+they judge: they ask :func:`bound` for the current subject's entry points on their target::
+
+    sub = bound(target)
+    got = sub.splits.select_num_splits(...)
+
+The runner sets the subject for each row (:func:`using`); with none set it is ``ours``, so a check called directly
+(tests, ``smv repro``) judges impl/. An entry point the subject lacks raises :class:`EntryMissing`, which the runner
+turns into a ``skipped`` row naming it; :class:`SubjectUnavailable` (the subject cannot run that row on this host,
+e.g. FNUZ fp8 on NVIDIA) is ``skipped`` with its reason; :class:`FidelityError` (the interpreter's corrections are
+not known good for this Triton) is ``error``. None of them is a verdict about the subject's code.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+import os
+from dataclasses import dataclass, field
+
+from impl.targets import Target, get_target
+
+
+class SubjectSpecError(ValueError):
+    """A ``--subject`` value that names no usable subject; the message is one line (the CLI exits 2)."""
+
+
+class SubjectSkip(Exception):
+    """Base of the exceptions that end a row without a verdict about the subject's code."""
+
+
+class EntryMissing(SubjectSkip):
+    """The subject has no such entry point (``family.name``)."""
+
+    def __init__(self, entry: str, why: str = ""):
+        self.entry = entry
+        self.why = why
+        super().__init__(entry)
+
+    def reason(self, label: str) -> str:
+        return f"subject {label} has no entry point {self.entry}" + (f" ({self.why})" if self.why else "")
+
+
+class SubjectUnavailable(SubjectSkip):
+    """The subject cannot run this row on this host (the message says why)."""
+
+    def reason(self, label: str) -> str:
+        return f"subject {label}: {self}"
+
+
+class FidelityError(RuntimeError):
+    """The interpreter cannot be trusted to compute what a GPU computes for this subject's kernels."""
+
+
+class Family:
+    """A subject's entry points of one family; any name it lacks is :class:`EntryMissing`, never AttributeError
+    (so a contract asking for it gets a ``skipped`` row naming the entry point)."""
+
+    def __init__(self, name: str, **entries):
+        self._name = name
+        self.__dict__.update(entries)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise EntryMissing(f"{self._name}.{name}")
+
+
+@dataclass
+class Subject:
+    """What is under audit. ``name`` is ``ours`` or ``vllm``; ``version`` the code's version; ``source`` where it
+    came from (a path, a wheel, the installed package); ``modules`` maps each loaded module's path to its sha256;
+    ``rewrites`` lists every named rewrite the loader applied to the subject's source."""
+
+    name: str
+    version: str
+    source: str = ""
+    modules: dict = field(default_factory=dict)
+    rewrites: list = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name == "ours" else f"{self.name}=={self.version}"
+
+    def bind(self, target: Target):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"name": self.name, "version": self.version, "source": self.source,
+                "modules": dict(sorted(self.modules.items())), "rewrites": list(self.rewrites)}
+
+    def as_row(self) -> dict:
+        return {"name": self.name, "version": self.version}
+
+
+class _OursBound:
+    """impl/'s modules as families: ``sub.decode`` is ``impl.decode``."""
+
+    def __init__(self, target: Target):
+        self.target = target
+
+    def __getattr__(self, family: str):
+        if family.startswith("__"):
+            raise AttributeError(family)
+        try:
+            return importlib.import_module(f"impl.{family}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"impl.{family}":
+                raise EntryMissing(family) from None
+            raise
+
+
+class OursSubject(Subject):
+    def __init__(self):
+        from contracts.reports import package_version
+
+        super().__init__("ours", package_version(), os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))))
+        self._bound: dict = {}
+
+    def bind(self, target: Target):
+        t = get_target(target)
+        if t.name not in self._bound:
+            self._bound[t.name] = _OursBound(t)
+        return self._bound[t.name]
+
+
+_OURS: OursSubject | None = None
+
+
+def ours() -> OursSubject:
+    global _OURS
+    if _OURS is None:
+        _OURS = OursSubject()
+    return _OURS
+
+
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("smv_subject", default=None)
+
+
+def current() -> Subject:
+    """The subject the running row judges (``ours`` when none is set)."""
+    return _CURRENT.get() or ours()
+
+
+@contextlib.contextmanager
+def using(subject: Subject | None):
+    token = _CURRENT.set(subject)
+    try:
+        yield subject or ours()
+    finally:
+        _CURRENT.reset(token)
+
+
+def bound(target: "Target | str"):
+    """The current subject's entry points on ``target`` (families as attributes)."""
+    return current().bind(get_target(target))
+
+
+def is_ours() -> bool:
+    return current().name == "ours"
+
+
+def parse_subject(spec: str) -> Subject:
+    """``ours``; ``vllm==X`` (downloaded once into the user cache); ``vllm@PATH`` (a checkout or a fetched tree);
+    ``vllm`` (the installed package). Anything else, or a spec that cannot be resolved, is a
+    :class:`SubjectSpecError` with one line saying why."""
+    s = (spec or "").strip()
+    if s in ("", "ours"):
+        return ours()
+    if s == "vllm" or s.startswith("vllm==") or s.startswith("vllm@"):
+        from contracts.subjects.vllm import vllm_subject
+
+        return vllm_subject(s)
+    raise SubjectSpecError(f"unknown subject {spec!r}: expected ours, vllm==VERSION, vllm@PATH or vllm")

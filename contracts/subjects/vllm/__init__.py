@@ -1,0 +1,118 @@
+"""The ``vllm`` subject: upstream vLLM's real ROCm modules (:mod:`.loader`), loaded with stand-ins
+(:mod:`.standins`), behind adapters to our API (:mod:`.adapters`, one module per family named after impl's).
+
+``sub = VllmSubject(tree).bind(target)`` imports the audited modules afresh for that target (arch flags, fp8
+dtype and CU count as the target says) and gives families whose entry points take our arguments and call
+upstream's code. Under the Triton interpreter every call runs with the interpreter-fidelity corrections
+(:mod:`contracts.subjects.fidelity`) and the host-wrapper rewrites; natively, only the rewrites that host needs.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from contracts.subjects import EntryMissing, Subject, SubjectSpecError
+from impl.targets import Target, get_target
+
+#: adapter modules, one per family (``contracts/subjects/vllm/adapters/<family>.py``); each defines
+#: ``build(ctx) -> Family``
+def adapter_families() -> list[str]:
+    from contracts.subjects.vllm import adapters
+
+    return sorted(m.name for m in pkgutil.iter_modules(adapters.__path__) if not m.name.startswith("_"))
+
+
+class BoundContext:
+    """What an adapter gets: the target, its fresh import of upstream's modules, and :meth:`call`."""
+
+    def __init__(self, subject: "VllmSubject", target: Target, loaded):
+        self.subject = subject
+        self.target = target
+        self.loaded = loaded
+
+    def __getitem__(self, short: str):
+        return self.loaded[short]
+
+    def call(self, fn, *args, **kwargs):
+        """Run upstream's ``fn`` with this target's modules active (and, under the interpreter, corrected)."""
+        from contracts.subjects import fidelity
+
+        with self.loaded.active(), fidelity.corrected():
+            return fn(*args, **kwargs)
+
+
+class _VllmBound:
+    def __init__(self, ctx: BoundContext):
+        self._ctx = ctx
+        self._families: dict = {}
+
+    @property
+    def target(self):
+        return self._ctx.target
+
+    def __getattr__(self, family: str):
+        if family.startswith("__") or family.startswith("_"):
+            raise AttributeError(family)
+        if family not in self._families:
+            try:
+                mod = importlib.import_module(f"contracts.subjects.vllm.adapters.{family}")
+            except ModuleNotFoundError as exc:
+                if exc.name == f"contracts.subjects.vllm.adapters.{family}":
+                    raise EntryMissing(family, "no adapter for this family") from None
+                raise
+            self._families[family] = mod.build(self._ctx)
+        return self._families[family]
+
+
+class VllmSubject(Subject):
+    def __init__(self, tree):
+        super().__init__("vllm", tree.version, tree.source)
+        self.tree = tree
+        self.modules = {}
+        self._bound: dict = {}
+        self.wheel_sha256 = tree.wheel_sha256
+
+    def bind(self, target):
+        t = get_target(target)
+        if t.name not in self._bound:
+            from contracts.subjects import fidelity
+            from contracts.subjects.vllm import loader
+
+            import torch
+
+            fp8 = torch.float8_e4m3fnuz if t.main_cache_fp8 == "fnuz" else torch.float8_e4m3fn
+            loaded = self.tree.load(t.name, fp8, t.cu_count, rewrites=fidelity.rewrites_for_host())
+            if not self.modules:
+                self.modules = self.tree.module_hashes()
+            for rw in loaded.rewrites:
+                if all(r["id"] != rw["id"] for r in self.rewrites):
+                    self.rewrites.append(rw)
+            self._bound[t.name] = _VllmBound(BoundContext(self, t, loaded))
+            del loader
+        return self._bound[t.name]
+
+    def describe(self) -> dict:
+        if not self.modules:
+            self.modules = self.tree.module_hashes()
+        d = super().describe()
+        if self.wheel_sha256:
+            d["wheel_sha256"] = self.wheel_sha256
+        return d
+
+
+def vllm_subject(spec: str) -> VllmSubject:
+    """``vllm``, ``vllm==X`` or ``vllm@PATH`` -> the subject (see :func:`contracts.subjects.parse_subject`)."""
+    from contracts.subjects.vllm import loader
+
+    if spec == "vllm":
+        tree = loader.installed_tree()
+    elif spec.startswith("vllm=="):
+        tree = loader.fetch_tree(spec[len("vllm=="):])
+    elif spec.startswith("vllm@"):
+        path = spec[len("vllm@"):]
+        if not path:
+            raise SubjectSpecError("vllm@: give the path of a vLLM checkout or a fetched tree after the @")
+        tree = loader.tree_at(path)
+    else:  # pragma: no cover - parse_subject routes only these
+        raise SubjectSpecError(f"unknown subject {spec!r}")
+    return VllmSubject(tree)
