@@ -2,11 +2,15 @@
 # GPU validation on an NVIDIA machine (where torch and Triton are already installed): every kernel compiled
 # natively, the test suite (GPU-marked tests included; the zoo is left to CPU CI), every contract natively,
 # compute-sanitizer memcheck and racecheck on a representative decode run, and the benchmarks (smv bench).
-# Usage: ci/gpu_validate.sh OUT_DIR [tests|audit|sanitize|bench]...   (default: all four)
+# Usage: ci/gpu_validate.sh OUT_DIR [tests|audit|subject|sanitize|bench]...   (default: all five)
+# The subject step audits upstream vLLM natively from a fetched tree (the GPU host may reach no registry):
+#   smv subject fetch vllm==0.33.0 --to .smv-subject/vllm   (on a machine that can download), then carry that folder;
+# SMV_SUBJECT_TREE names another one. Without a tree the step says so and fails.
 # A cold machine compiles every kernel variant during the audit: give it SMV_GPU_AUDIT_BUDGET=900 or run it twice.
 set -uo pipefail
 out="${1:?usage: ci/gpu_validate.sh OUT_DIR [steps]}"; shift
-steps="${*:-tests audit sanitize bench}"
+steps="${*:-tests audit subject sanitize bench}"
+tree="${SMV_SUBJECT_TREE:-.smv-subject/vllm}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 2; }
@@ -21,6 +25,15 @@ for step in $steps; do
       python3 -m contracts.cli audit --profile ci --max-cases 0 --budget "${SMV_GPU_AUDIT_BUDGET:-540}" --report "$out" --no-progress \
         >"$out/audit.txt" 2>&1 || status=1
       tail -3 "$out/audit.txt" ;;
+    subject)
+      if [ -d "$tree" ]; then
+        python3 -m contracts.cli audit --profile ci --subject "vllm@$tree" --max-cases 0 \
+          --budget "${SMV_GPU_SUBJECT_BUDGET:-300}" --report "$out/subject" --no-progress \
+          >"$out/subject.txt" 2>&1 || status=1
+        tail -3 "$out/subject.txt"
+      else
+        echo "subject: no vLLM tree at $tree (fetch one with: smv subject fetch vllm==X --to $tree)"; status=1
+      fi ;;
     sanitize)
       for tool in memcheck racecheck; do
         compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize_decode.py \
@@ -31,6 +44,8 @@ for step in $steps; do
     bench)
       # pytest-benchmark's JSON (with the ratios and ceilings in each extra_info) stays in the out dir; the roofline
       # is drawn where matplotlib is installed (the `plot` extra) and skipped with a line where it is not
+      # with a vLLM tree, upstream's decode families run as columns beside ours (SMV_BENCH_SUBJECT)
+      [ -d "$tree" ] && export SMV_BENCH_SUBJECT="vllm@$tree"
       python3 -m contracts.bench --require-gpu --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || status=1
       [ -s "$out/bench.json" ] && python3 -m contracts.bench --plot "$out/bench.json" --out "$out/roofline.png" ;;
     *) echo "unknown step $step"; exit 2 ;;
