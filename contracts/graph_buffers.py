@@ -8,14 +8,18 @@ from __future__ import annotations
 import torch
 
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
+from contracts.subjects import FidelityError, SubjectSkip, bound
+from contracts.subjects.vllm.standins import StandInCalled
 from fuzz import graph_buffers as fz
 from fuzz.graph_buffers import GraphBufferCase
-from impl.graph_buffers import copy_ragged_to_graph_buffers
 from impl.runtime import kernel_device
 from impl.targets import Target
 from oracles import graph_buffers as ref_gb
 
 SENTINEL = -7777  # what the persistent buffers hold before a copy: any entry the copy should not touch keeps it
+#: exceptions that say nothing about the copy's code (no entry point, a stand-in reached, an untrusted
+#: interpreter): they end the row; every other exception from a bad input is the rejection being judged
+_NOT_A_VERDICT = (SubjectSkip, FidelityError, StandInCalled)
 
 
 # --- ragged-view-capacity ---------------------------------------------------------------------------------------
@@ -58,9 +62,12 @@ def _check_rejected(case: GraphBufferCase, target: Target, inp: fz.GraphBufferIn
     ipool, ibuf = _pool_buffer(inp.indices_len, case.pool_offset, device)
     ppool, pbuf = _pool_buffer(inp.indptr_len, case.pool_offset, device)
     indptr = torch.tensor(inp.indptr, dtype=torch.int32, device=device)
+    copy = bound(target).graph_buffers.copy_ragged_to_graph_buffers
     try:
-        res = copy_ragged_to_graph_buffers(source, indptr, ibuf, pbuf, num_rows, max_per_row, target=target)
-    except (ValueError, TypeError) as exc:
+        res = copy(source, indptr, ibuf, pbuf, num_rows, max_per_row, target=target)
+    except _NOT_A_VERDICT:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any other rejection is judged: the promise names its type
         if want_arg is None:
             out.append(Violation(f"a valid input was rejected ({defect})", "copy_ragged_to_graph_buffers",
                                  "no error", f"{type(exc).__name__}: {exc}"))
@@ -109,7 +116,8 @@ def ragged_view_capacity(case: GraphBufferCase, target: Target) -> list[Violatio
     ppool, pbuf = _pool_buffer(inp.indptr_len, case.pool_offset, device)
     ibase, pbase = ibuf.data_ptr(), pbuf.data_ptr()
     ipool_before, ppool_before = ipool.clone(), ppool.clone()
-    iview, pview = copy_ragged_to_graph_buffers(source, indptr, ibuf, pbuf, num_rows, max_per_row, target=target)
+    copy = bound(target).graph_buffers.copy_ragged_to_graph_buffers
+    iview, pview = copy(source, indptr, ibuf, pbuf, num_rows, max_per_row, target=target)
     iview_c, pview_c = iview.clone().cpu(), pview.clone().cpu()
 
     want = ref_gb.expected_after_copy(target.name, num_rows, max_per_row, inp.source.tolist(), inp.indptr,
