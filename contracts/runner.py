@@ -3,19 +3,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import traceback
 from dataclasses import dataclass, field
 
 from hypothesis import given, settings
 
+from contracts import findings as known_findings
 from contracts.core import Contract, Violation, collecting_margins
+from contracts.subjects import FidelityError, Subject, SubjectSkip, ours, using
 from fuzz.cases import Case, CaseError
 from fuzz.profiles import profile_settings
 from impl.targets import Target, get_target
 
-#: 2: a typed case is stored as its ``Case.to_json()`` (with its own ``kind`` and ``schema_version``)
-REPRO_SCHEMA_VERSION = 2
+#: 2: a typed case is stored as its ``Case.to_json()`` (with its own ``kind`` and ``schema_version``);
+#: 3: ``subject`` (the label of the subject the case ran under) and ``subject_spec`` (the spec it was named by);
+#: a version-2 file still replays, as subject ``ours``
+REPRO_SCHEMA_VERSION = 3
+REPRO_READS = (2, 3)
 STOPPED_BY = ("budget", "max_cases", "exhausted")
 
 
@@ -27,7 +33,7 @@ class ReproError(ValueError):
 class RowResult:
     contract: str
     target: str
-    status: str  # pass | fail | error | skipped | incomplete
+    status: str  # pass | fail | known | error | skipped | incomplete
     reason: str = ""
     pinned_cases: int = 0
     generated_cases: int = 0
@@ -43,6 +49,10 @@ class RowResult:
     limit: int | None = None
     #: the audit's first pass stopped the row at its minimum; a second call (``skip``) may continue it
     resumable: bool = False
+    #: the subject the row judged, ``{"name", "version"}`` (None: ours)
+    subject: dict | None = None
+    #: ids of the known findings (findings.toml) that explained failing cases of this row
+    findings: list = field(default_factory=list)
 
     @property
     def cases(self) -> int:
@@ -53,7 +63,13 @@ class RowResult:
                 "cases": self.cases, "pinned_cases": self.pinned_cases, "generated_cases": self.generated_cases,
                 "stopped_by": self.stopped_by, "margin": None if self.margin is None else round(self.margin, 6),
                 "seconds": round(self.seconds, 3), "violations": [v.as_json() for v in self.violations],
-                "repro": self.repro}
+                "repro": self.repro, "subject": dict(self.subject or _ours_row()), "findings": list(self.findings)}
+
+
+def _ours_row() -> dict:
+    from contracts.subjects import ours
+
+    return ours().as_row()
 
 
 class _Falsified(Exception):
@@ -70,7 +86,9 @@ class _Stop(KeyboardInterrupt):
 
 def checked(contract: Contract, case, target: Target) -> list[Violation]:
     """Run the check; an exception raised by the code under test is itself a violation (with its location).
-    A :class:`~fuzz.cases.CaseError` is not: it says the case itself is malformed, and propagates."""
+    A :class:`~fuzz.cases.CaseError` is not: it says the case itself is malformed, and propagates; nor are the
+    subject's :class:`~contracts.subjects.SubjectSkip` (an entry point it lacks, a row it cannot run here) and
+    :class:`~contracts.subjects.FidelityError`, which say nothing about the subject's code."""
     return _checked(contract, case, target)[0]
 
 
@@ -79,7 +97,7 @@ def _checked(contract: Contract, case, target: Target) -> tuple[list[Violation],
     with collecting_margins() as margins:
         try:
             out = contract.check(case, target)
-        except (KeyboardInterrupt, SystemExit, CaseError):
+        except (KeyboardInterrupt, SystemExit, CaseError, SubjectSkip, FidelityError):
             raise
         except BaseException as exc:  # noqa: BLE001 - a crash of the code under test is a finding
             tb = traceback.extract_tb(exc.__traceback__)
@@ -96,10 +114,46 @@ def case_to_json(case):
     return case.to_json() if isinstance(case, Case) else case
 
 
-def write_repro(path: str, contract: Contract, target: Target, case, violations: list[Violation]) -> str:
+def subject_spec(subject: "Subject | None") -> str:
+    """The spec that names ``subject`` again: the one it was parsed from (:func:`resolve_subject` records it), else
+    its label."""
+    sub = subject or ours()
+    return getattr(sub, "spec", None) or sub.label
+
+
+def resolve_subject(subject: "Subject | str | None") -> Subject:
+    """A subject from a spec (``contracts.subjects.parse_subject``; the spec is kept on it for reproducers), or the
+    subject itself; None is ours. A bad spec raises :class:`~contracts.subjects.SubjectSpecError`."""
+    if subject is None:
+        return ours()
+    if isinstance(subject, Subject):
+        return subject
+    from contracts.subjects import parse_subject
+
+    sub = parse_subject(subject)
+    if sub.name != "ours":
+        sub.spec = subject.strip()
+    return sub
+
+
+def repro_name(contract_id: str, target: str, subject: "Subject | None" = None) -> str:
+    """``repro-<contract>-<target>.json`` for ours; other subjects add their label (so one audit of several subjects
+    keeps every reproducer)."""
+    sub = subject or ours()
+    suffix = "" if sub.name == "ours" else "-" + re.sub(r"[^A-Za-z0-9.]+", "-", sub.label).strip("-")
+    return f"repro-{contract_id}-{target}{suffix}.json"
+
+
+def write_repro(path: str, contract: Contract, target: Target, case, violations: list[Violation],
+                subject: "Subject | None" = None, findings: list | None = None) -> str:
+    sub = subject or ours()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     doc = {"schema_version": REPRO_SCHEMA_VERSION, "contract": contract.id, "target": target.name,
-           "case": case_to_json(case), "violations": [v.as_json() for v in violations]}
+           "subject": sub.label, "case": case_to_json(case), "violations": [v.as_json() for v in violations]}
+    if subject_spec(sub) != sub.label:
+        doc["subject_spec"] = subject_spec(sub)
+    if findings:
+        doc["findings"] = list(findings)
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
         json.dump(doc, fh, indent=1, default=repr)
@@ -110,13 +164,24 @@ def write_repro(path: str, contract: Contract, target: Target, case, violations:
 def run_contract(contract: Contract, target: "Target | str", *, profile: str = "ci", budget: float = 60.0,
                  seed: int | None = None, repro_dir: str | None = None, progress=None,
                  use_examples: bool = True, max_examples: int | None = None, stop_after: int | None = None,
-                 skip: int = 0, shrink_until: float | None = None) -> RowResult:
+                 skip: int = 0, shrink_until: float | None = None, subject: "Subject | None" = None,
+                 findings: list | None = None, known_repro: bool = True) -> RowResult:
     """Check ``contract`` on ``target``: pinned examples first, then generated cases until the case limit, the
     budget or the generator's space runs out (``stopped_by`` says which), shrinking any failure within a grace
     period. ``progress(pinned, generated)`` is called after each case with this call's counts so far.
     ``use_examples=False`` skips the pinned examples (the zoo uses it: kills must come from the generator).
     ``max_examples`` is the row's generated-case limit, exactly (default: the profile's count); the contract's own
     ``max_cases`` caps it further.
+
+    ``subject`` is the code under audit (default: ours); the check runs inside ``contracts.subjects.using`` it.
+    An entry point the subject lacks, or a row it cannot run on this host, ends the row ``skipped`` with the
+    reason, never a violation; an interpreter the subject's kernels cannot trust ends it ``error``.
+    ``findings`` (default: the repository's findings.toml) are the known findings: a case whose every violation
+    one of them explains does not stop the row (its ids are recorded, the first such case is the reproducer, and
+    generation goes on); only a case with an unexplained violation fails the row and is shrunk. The row is
+    ``fail`` if any case failed so, else ``known`` if any case was known, else pass or incomplete.
+    ``known_repro=False`` writes no reproducer for a known row (the audit's second pass of a row whose first pass
+    already wrote one).
 
     The audit runs a row in two calls that form one generated sequence: both use the same seed and limit, the
     first with ``stop_after`` (check that many generated cases, then stop with ``stopped_by == "stop_after"``),
@@ -128,10 +193,29 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
     if max_examples is not None and max_examples < 0:
         raise ValueError(f"max_examples: expected 0 or more, got {max_examples!r}")
     t = get_target(target)
-    row = RowResult(contract.id, t.name, "pass")
+    sub = subject or ours()
+    row = RowResult(contract.id, t.name, "pass", subject=sub.as_row())
     if not contract.applies_to(t):
         row.status, row.reason = "skipped", contract.skip_reason
         return row
+    known = known_findings.load() if findings is None else findings
+    mine = known_findings.applicable(known, contract.id, sub.name, sub.version, t.name)
+
+    def classify(violations):
+        if not mine or not violations:
+            return None
+        return known_findings.classify(violations, mine, contract.id, sub.name, sub.version, t.name)
+
+    with using(subject):
+        return _run_row(contract, t, row, sub, classify, profile=profile, budget=budget, seed=seed,
+                        repro_dir=repro_dir, progress=progress, use_examples=use_examples,
+                        max_examples=max_examples, stop_after=stop_after, skip=skip, shrink_until=shrink_until,
+                        known_repro=known_repro)
+
+
+def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classify, *, profile, budget, seed,
+             repro_dir, progress, use_examples, max_examples, stop_after, skip, shrink_until,
+             known_repro) -> RowResult:
     start = time.monotonic()
     deadline = start + budget
     base = profile_settings(profile)
@@ -144,14 +228,23 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
     if skip < 0 or (stop_after is not None and stop_after < 0):
         raise ValueError(f"skip / stop_after: expected 0 or more, got {skip!r} / {stop_after!r}")
     shrink_end = deadline + max(10.0, budget * 0.5) if shrink_until is None else shrink_until
-    state: dict = {"pinned": 0, "generated": 0, "skipped": 0, "failing": None, "stop": None, "margin": None}
+    state: dict = {"pinned": 0, "generated": 0, "skipped": 0, "failing": None, "stop": None, "margin": None,
+                   "known": None, "known_ids": []}
 
     def note_margin(m):
         if m is not None and contract.numeric:
             state["margin"] = m if state["margin"] is None else max(state["margin"], m)
 
-    pinned = list(contract.examples(t)) if contract.examples and use_examples and not skip else []
+    def note_known(case, violations, ids):
+        if state["known"] is None:
+            state["known"] = (case, violations, ids)
+        state["known_ids"] += [i for i in ids if i not in state["known_ids"]]
+
     try:
+        # the subject's code for this target, loaded before any case: a subject that cannot load here is a
+        # harness error (or a skip), never a violation of the first case
+        sub.bind(t)
+        pinned = list(contract.examples(t)) if contract.examples and use_examples and not skip else []
         for case in pinned:
             if time.monotonic() > deadline:
                 state["stop"] = "budget"
@@ -161,6 +254,10 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
             if progress:
                 progress(state["pinned"], 0)
             if v:
+                ids = classify(v)
+                if ids:
+                    note_known(case, v, ids)
+                    continue
                 state["failing"] = (case, v)
                 break
             note_margin(m)
@@ -189,13 +286,22 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
                 except CaseError as exc:  # a generator bug: no shrinking, no database entry
                     state["case_error"] = exc
                     raise _Stop from None
+                except (SubjectSkip, FidelityError) as exc:
+                    if state["failing"] is not None:
+                        return  # while shrinking: a case the subject cannot run is not the failure
+                    state["subject_stop"] = exc  # no verdict, so nothing to shrink or save
+                    raise _Stop from None
+                ids = classify(v) if v else None
                 if state["failing"] is None:
                     state["generated"] += 1
                     if progress:
                         progress(state["pinned"], state["generated"])
                     if not v:
                         note_margin(m)
-                if v:
+                    elif ids:
+                        note_known(case, v, ids)
+                # only an unexplained violation falsifies: the shrinker never moves toward a known signature
+                if v and not ids:
                     state["failing"] = (case, v)
                     raise _Falsified(str(v[0]))
 
@@ -218,9 +324,11 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
             except _Stop:
                 if state.get("case_error") is not None:
                     raise state["case_error"] from None
+                if state.get("subject_stop") is not None:
+                    raise state["subject_stop"] from None
             except _Falsified:
                 pass
-            except CaseError:
+            except (CaseError, SubjectSkip, FidelityError):
                 raise
             except Exception as exc:  # Hypothesis' own errors (flaky replay after the shrink cut-off, ...)
                 if state["failing"] is None:
@@ -242,23 +350,44 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
         row.reason = f"malformed case (a generator or pinned example bug, not a verdict): {exc}"
         _fill(row, state, start)
         return row
+    except SubjectSkip as exc:  # an entry point the subject lacks, or a row it cannot run here: no verdict
+        row.status = "skipped"
+        row.reason = exc.reason(sub.label)
+        _fill(row, state, start)
+        return row
+    except FidelityError as exc:
+        row.status = "error"
+        row.reason = str(exc) or "the interpreter's fidelity for this subject is not established"
+        _fill(row, state, start)
+        return row
     except BaseException as exc:  # noqa: BLE001 - harness failure, not a contract verdict
         row.status = "error"
         row.reason = f"{type(exc).__name__}: {exc}"
+        if state["pinned"] + state["generated"] == 0 and sub.name != "ours":
+            row.reason = f"subject {sub.label} could not run on {t.name}: {row.reason}"
         _fill(row, state, start)
         return row
 
     _fill(row, state, start)
+    row.findings = list(state["known_ids"])
     if state["failing"] is not None:
         case, violations = state["failing"]
         row.status = "fail"
         row.case = case
         row.violations = violations
         row.reason = str(violations[0]) if violations else "failed"
-        row.margin = None if state["margin"] is None else state["margin"]
         if repro_dir is not None:
-            row.repro = write_repro(os.path.join(repro_dir, f"repro-{contract.id}-{t.name}.json"),
-                                    contract, t, case, violations)
+            row.repro = write_repro(os.path.join(repro_dir, repro_name(contract.id, t.name, sub)),
+                                    contract, t, case, violations, sub)
+    elif state["known"] is not None:
+        case, violations, ids = state["known"]
+        row.status = "known"
+        row.case = case
+        row.violations = violations
+        row.reason = known_reason(row.findings, violations)
+        if repro_dir is not None and known_repro:
+            row.repro = write_repro(os.path.join(repro_dir, repro_name(contract.id, t.name, sub)),
+                                    contract, t, case, violations, sub, ids)
     elif state["pinned"] < len(pinned):
         row.status = "incomplete"
         row.reason = (f"the budget of {budget:.1f}s ran out after {state['pinned']} of {len(pinned)} pinned "
@@ -274,6 +403,12 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
         row.reason = (f"the case limit stopped the row at {skip + state['generated']} generated cases, below the "
                       f"contract's minimum of {contract.min_cases}")
     return row
+
+
+def known_reason(ids, violations) -> str:
+    """A known row's reason: the finding ids, then the first violation of its first known case."""
+    return (f"known finding{'s' if len(ids) > 1 else ''} {', '.join(ids)}: "
+            + (str(violations[0]) if violations else "no violation recorded"))
 
 
 def _fill(row: RowResult, state: dict, start: float) -> None:
@@ -304,10 +439,10 @@ def _load_repro(path: str):
         raise ReproError(f"{path}: not an smv repro file: missing {', '.join(repr(k) for k in missing)} "
                          f"(a repro file has 'schema_version', 'contract', 'target' and 'case')")
     version = doc.get("schema_version")
-    if version != REPRO_SCHEMA_VERSION:
+    if isinstance(version, bool) or version not in REPRO_READS:
         has = "no schema_version" if "schema_version" not in doc else f"schema_version {version!r}"
-        raise ReproError(f"{path}: repro file has {has}; the supported version is {REPRO_SCHEMA_VERSION} "
-                         f"(re-run the audit to write a fresh one)")
+        raise ReproError(f"{path}: repro file has {has}; the supported versions are "
+                         f"{' and '.join(map(str, REPRO_READS))} (re-run the audit to write a fresh one)")
     if not isinstance(doc["contract"], str):
         raise ReproError(f"{path}: 'contract' must be a contract id string, got {doc['contract']!r}")
     if not isinstance(doc["target"], str):
@@ -320,22 +455,69 @@ def _load_repro(path: str):
         t = get_target(doc["target"])
     except (ValueError, KeyError) as exc:
         raise ReproError(f"{path}: unknown target {doc['target']!r}: {exc}") from None
+    spec = "ours"  # version 2 knew one subject; a version-3 file without one means it too
+    for k in ("subject", "subject_spec"):
+        if version >= 3 and k in doc:
+            if not isinstance(doc[k], str) or not doc[k].strip():
+                raise ReproError(f"{path}: {k!r} must be a subject spec string (ours, vllm==VERSION, vllm@PATH), "
+                                 f"got {doc[k]!r}")
+            spec = doc[k]
     case = doc["case"]
     if c.case_type is not None:
         try:
             case = c.case_type.from_json(case)
         except CaseError as exc:
             raise ReproError(f"{path}: malformed case for {c.id}: {exc}") from None
-    return c, t, case
+    return c, t, case, spec
+
+
+@dataclass
+class Replayed:
+    contract: Contract
+    target: Target
+    case: object
+    violations: list
+    subject: Subject
+    #: ids of the known findings that explain every violation (None: some violation is unexplained, or none)
+    findings: list | None = None
+
+
+def replay_row(path: str, subject: "Subject | str | None" = None, findings: list | None = None) -> Replayed:
+    """Re-run the case saved in a repro file under the subject it records (``subject`` overrides it) and say
+    whether known findings explain what it gives now. A file that cannot be replayed (unreadable, not JSON, not a
+    repro, an unknown contract or target, another schema version, a malformed case, a subject that cannot be
+    loaded or lacks the entry point) is a :class:`ReproError` naming the file, never a violation."""
+    from contracts.subjects import SubjectSpecError
+
+    c, t, case, spec = _load_repro(path)
+    try:
+        sub = resolve_subject(spec if subject is None else subject)
+    except SubjectSpecError as exc:
+        raise ReproError(f"{path}: {exc}" + ("" if subject is not None else
+                                             " (--subject replays it under another subject)")) from None
+    try:
+        with using(sub):
+            try:
+                sub.bind(t)
+            except (SubjectSkip, FidelityError, KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the subject cannot load: no verdict either
+                raise ReproError(f"{path}: subject {sub.label} could not run on {t.name}: "
+                                 f"{type(exc).__name__}: {exc}") from None
+            v = checked(c, case, t)
+    except CaseError as exc:
+        raise ReproError(f"{path}: malformed case for {c.id}: {exc}") from None
+    except SubjectSkip as exc:
+        raise ReproError(f"{path}: cannot replay: {exc.reason(sub.label)}") from None
+    except FidelityError as exc:
+        raise ReproError(f"{path}: cannot replay: {exc}") from None
+    known = known_findings.load() if findings is None else findings
+    ids = known_findings.classify(v, known, c.id, sub.name, sub.version, t.name)
+    return Replayed(c, t, case, v, sub, ids)
 
 
 def replay(path: str) -> tuple[Contract, Target, object, list[Violation]]:
-    """Re-run the case saved in a repro file; returns the violations it gives now. A file that cannot be replayed
-    (unreadable, not JSON, not a repro, an unknown contract or target, another schema version, a malformed case) is
-    a :class:`ReproError` naming the file, never a violation."""
-    c, t, case = _load_repro(path)
-    try:
-        v = checked(c, case, t)
-    except CaseError as exc:
-        raise ReproError(f"{path}: malformed case for {c.id}: {exc}") from None
-    return c, t, case, v
+    """Re-run the case saved in a repro file (under the subject it records); returns the violations it gives now.
+    A file that cannot be replayed is a :class:`ReproError` naming the file (see :func:`replay_row`)."""
+    r = replay_row(path)
+    return r.contract, r.target, r.case, r.violations
