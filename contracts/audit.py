@@ -15,6 +15,10 @@ from impl.targets import TARGET_NAMES, get_target
 
 DEFAULT_BUDGET = 120.0
 FAILING = ("fail", "error", "incomplete")
+#: statuses that are a verdict the run accepts (a known row's every violation is a recorded finding)
+ACCEPTED = ("pass", "known")
+#: rows the second pass may continue (a known row goes on looking for an unknown failure)
+RESUMABLE = ("pass", "known")
 #: the seed of a derandomized profile (ci) when none is given: the same cases on every run, and a recorded seed
 DERANDOMIZED_SEED = 0
 
@@ -45,8 +49,10 @@ class Progress:
         self._rich = None
         self._last_beat = time.monotonic()
         self.pass_no = 1
-        self.cases_left: dict[tuple, int] = {}  # (contract, target) -> generated cases it may still run
-        self.rate: dict[tuple, float] = {}  # (contract, target) -> seconds per case measured
+        #: the label of the subject whose rows run now (each subject has the whole budget, one after the other)
+        self.subject = "ours"
+        self.cases_left: dict[tuple, int] = {}  # (subject, contract, target) -> generated cases it may still run
+        self.rate: dict[tuple, float] = {}  # (subject, contract, target) -> seconds per case measured
         if self.tty:
             try:
                 from rich.console import Console
@@ -78,26 +84,31 @@ class Progress:
             left = min(left, sum(n * self.rate.get(k, mean) for k, n in self.cases_left.items()))
         return f"ETA {_fmt_s(left)}"
 
+    def start_subject(self, label: str, deadline: float) -> None:
+        self.subject = label
+        self.deadline = deadline
+        self.cases_left = {}
+
     def start_pass(self, no: int, rows: int, share: str) -> None:
         self.pass_no = no
         if self.enabled:
-            self._write(f"pass {no}: {rows} rows, {share}; {_fmt_s(self.deadline - time.monotonic())} of budget "
-                        f"left, {self.eta()}")
+            self._write(f"pass {no} under {self.subject}: {rows} rows, {share}; "
+                        f"{_fmt_s(self.deadline - time.monotonic())} of budget left, {self.eta()}")
 
     def case(self, i, n, r0: RowResult | None, cid, target, pinned, generated, limit, row_started):
         """``pinned`` / ``generated``: cases this call has run so far; ``r0`` the row's first pass, if any."""
         if not self.enabled:
             return
         now = time.monotonic()
-        key = (cid, target)
+        key = (self.subject, cid, target)
         run_here = pinned + generated
         if run_here and now > row_started:
             self.rate[key] = (now - row_started) / run_here
         if r0 is not None:
             pinned, generated = r0.pinned_cases, r0.generated_cases + generated
         self.cases_left[key] = max(0, limit - generated)
-        line = (f"pass {self.pass_no} [{i}/{n}] {cid} on {target}: {pinned}+{generated} of up to "
-                f"{pinned}+{limit} cases, {self.eta()}")
+        line = (f"pass {self.pass_no} [{i}/{n}] {cid} on {target} under {self.subject}: {pinned}+{generated} of "
+                f"up to {pinned}+{limit} cases, {self.eta()}")
         if self._rich is not None:
             self._rich.update(self._Text(line))
         elif self.tty:
@@ -108,8 +119,8 @@ class Progress:
             self._write(line)
 
     def row(self, i, n, r: RowResult):
-        key = (r.contract, r.target)
-        if self.pass_no == 1 and r.status == "pass" and r.resumable and r.limit is not None:
+        key = (self.subject, r.contract, r.target)
+        if self.pass_no == 1 and r.status in RESUMABLE and r.resumable and r.limit is not None:
             self.cases_left[key] = max(0, r.limit - r.generated_cases)  # what pass 2 may still run
         else:
             self.cases_left.pop(key, None)
@@ -119,10 +130,10 @@ class Progress:
             return
         stop = "minimum reached" if r.resumable and self.pass_no == 1 else (
             f"stopped by {r.stopped_by}" if r.stopped_by else "")
-        line = (f"pass {self.pass_no} [{i}/{n}] {r.status.upper():<10} {r.contract} on {r.target} "
-                f"({r.pinned_cases}+{r.generated_cases} cases, {r.seconds:.1f}s" + (f", {stop}" if stop else "")
+        line = (f"pass {self.pass_no} [{i}/{n}] {r.status.upper():<10} {r.contract} on {r.target} under "
+                f"{self.subject} ({r.pinned_cases}+{r.generated_cases} cases, {r.seconds:.1f}s" + (f", {stop}" if stop else "")
                 + (f", margin {r.margin:.3g}" if r.margin is not None else "") + f"), {self.eta()}")
-        if r.status in FAILING:
+        if r.status in FAILING or r.status == "known":
             line += f": {r.reason[:200]}"
         if r.repro:
             line += f"\n    replay: smv repro {r.repro}"
@@ -134,13 +145,20 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
               seed: int | None = None, report_dir: str | None = None, junit: str | None = None,
               progress: bool = True, stream=None, argv=None, use_examples: bool = True,
               max_cases: int | None = None, allow_empty: bool = False,
-              shrink_until: float | None = None) -> tuple[dict, int]:
+              shrink_until: float | None = None, subjects=None, findings_path: str | None = None
+              ) -> tuple[dict, int]:
     """Run the rows and write the reports; returns the audit.json document and the exit code (0 = ok).
 
     ``max_cases``: generated cases per row in total (0 or None: the profile's count). ``allow_empty``: an audit in
     which no row passed (all skipped) is ok; by default it is not, so a gate cannot pass with nothing run.
     ``seed``: drawn (and recorded) when not given; a derandomized profile uses :data:`DERANDOMIZED_SEED`.
-    ``shrink_until``: a ``time.monotonic()`` instant after which no failure is shrunk further (the campaign's end)."""
+    ``shrink_until``: a ``time.monotonic()`` instant after which no failure is shrunk further (the campaign's end).
+    ``subjects``: the code under audit, subjects or specs (default: ours); each one runs every row with the whole
+    ``budget``, one subject after the other. ``findings_path``: the known findings (default: the repository's
+    findings.toml); a ``known`` row is accepted like a pass."""
+    from contracts import findings as known_findings
+    from contracts.runner import resolve_subject
+
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
         raise ValueError(f"budget: expected a positive number of seconds, got {budget!r}")
     if max_cases is not None and (isinstance(max_cases, bool) or not isinstance(max_cases, int) or max_cases < 0):
@@ -152,33 +170,42 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
     for cid in ids:
         get_contract(cid)  # clear error for an unknown id, before any work
     targets = [get_target(t).name for t in (target_names or TARGET_NAMES)]
+    subs = [resolve_subject(s) for s in (subjects or [None])]
+    labels = [s.label for s in subs]
+    twice = sorted({x for x in labels if labels.count(x) > 1})
+    if twice:
+        raise ValueError(f"subject {twice[0]} is given twice")
+    known = known_findings.load(findings_path, known_contracts=set(contracts))
     from fuzz.profiles import profile_settings
 
     base = profile_settings(profile)
     if seed is None:
         seed = DERANDOMIZED_SEED if base.derandomize else secrets.randbelow(2 ** 32)
-    rows_todo = [(cid, t) for cid in ids for t in targets]
+    rows_todo = [(sub, cid, t) for sub in subs for cid in ids for t in targets]
     repro_dir = report_dir or os.path.join(".smv", "repro")
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
-    deadline = t0 + budget
-    prog = Progress(stream, progress, deadline)
+    prog = Progress(stream, progress, t0 + budget)
     results: list[RowResult] = []
-    remaining = sum(get_contract(c).applies_to(t) for c, t in rows_todo)
+    sub_seconds: dict[str, float] = {}
     provenance = reports.provenance()
 
     def limit_of(c) -> int:
         n = base.max_examples if max_cases is None else max_cases
         return n if c.max_cases is None else min(n, c.max_cases)
 
+    def key(r: RowResult) -> tuple:
+        return ((r.subject or {}).get("name"), (r.subject or {}).get("version"), r.contract, r.target)
+
     def make_doc(final: bool) -> dict:
         rows = list(results)
         if not final:  # rows not reached (a killed or interrupted run) are reported as incomplete, never dropped
-            done = {(r.contract, r.target) for r in results}
-            rows += [RowResult(c, t, "incomplete", reason="not reached: the audit was interrupted")
-                     for c, t in rows_todo if (c, t) not in done]
+            done = {key(r) for r in results}
+            rows += [RowResult(c, t, "incomplete", reason="not reached: the audit was interrupted",
+                               subject=sub.as_row())
+                     for sub, c, t in rows_todo if (sub.name, sub.version, c, t) not in done]
         failing = [r for r in rows if r.status in FAILING]
-        passed = sum(r.status == "pass" for r in rows)
+        passed = sum(r.status in ACCEPTED for r in rows)
         reason = ""
         if failing:
             reason = f"{len(failing)} of {len(rows)} rows " + ", ".join(
@@ -187,6 +214,15 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
             reason = ("no row passed: every row was skipped" if rows else "no row passed: the audit had no rows")
             reason += "; accepted (--allow-empty)" if allow_empty else " (pass --allow-empty to accept that)"
         ok = final and not failing and (passed > 0 or allow_empty)
+        described = []
+        for sub in subs:
+            d = sub.describe()  # after the rows ran: the modules loaded and the rewrites applied are filled in
+            d.update({"label": sub.label, "spec": _spec(sub), "seconds": round(sub_seconds.get(sub.label, 0.0), 3),
+                      "counts": {st: sum(r.status == st for r in rows
+                                         if (r.subject or {}).get("name") == sub.name
+                                         and (r.subject or {}).get("version") == sub.version)
+                                 for st in reports.STATUSES}})
+            described.append(d)
         return {
             "schema_version": reports.AUDIT_SCHEMA_VERSION,
             "run": {"started": started.isoformat(), "seconds": round(time.monotonic() - t0, 3), "budget": budget,
@@ -195,7 +231,11 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
                     "triton_mode": triton_mode(), "ok": ok, "reason": reason, "finished": final,
                     "allow_empty": allow_empty, "pinned_examples": use_examples, "max_cases": max_cases,
                     "command": " ".join(argv) if argv else None,
-                    "counts": {s: sum(r.status == s for r in rows) for s in reports.STATUSES}},
+                    "counts": {s: sum(r.status == s for r in rows) for s in reports.STATUSES},
+                    "subjects": described,
+                    "findings": {"file": known_findings.default_path() if findings_path is None
+                                 else os.path.abspath(findings_path),
+                                 "ids": [f.id for f in known]}},
             "device": detect_device().as_json(),
             "targets": targets,
             "results": [r.as_json() for r in rows],
@@ -209,58 +249,11 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
                 fh.write(reports.audit_markdown(doc))
 
     try:
-        # Pass 1: every row up to its minimum number of generated cases (plus its pinned examples). A row stops
-        # there, so it may take up to half of what is left: an expensive row is not starved by a fair share, and
-        # only a budget too small for all the minimums together leaves rows incomplete. A row the budget has
-        # already run out for is not started at all (the budget holds to within one case).
-        prog.cases_left = {(c, t): limit_of(get_contract(c)) for c, t in rows_todo if get_contract(c).applies_to(t)}
-        prog.start_pass(1, len(rows_todo), "each up to its minimum of generated cases")
-        for i, (cid, tname) in enumerate(rows_todo, 1):
-            c = get_contract(cid)
-            n = limit_of(c)
-            first = min(c.min_cases, n)
-            if not c.applies_to(tname):
-                r = run_contract(c, tname, budget=1.0)  # the skipped row, with its reason
-            else:
-                remaining -= 1
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    r = RowResult(cid, tname, "incomplete", stopped_by="budget", limit=n,
-                                  reason=f"not started: the budget of {budget:.1f}s was spent by the rows before it")
-                else:
-                    row_budget = max(left / max(remaining + 1, 1), 0.5 * left)
-                    started_row = time.monotonic()
-                    r = run_contract(c, tname, profile=profile, budget=row_budget, seed=seed, repro_dir=repro_dir,
-                                     use_examples=use_examples, max_examples=max_cases, stop_after=first,
-                                     shrink_until=shrink_until,
-                                     progress=lambda p, g, i=i, cid=cid, tname=tname, n=n, s=started_row: prog.case(
-                                         i, len(rows_todo), None, cid, tname, p, g, n, s))
-                    if r.stopped_by == "stop_after":
-                        # the row met its minimum and has more to do: only the budget can keep it from that now
-                        r.stopped_by = "budget"
-                        r.resumable = True
-            results.append(r)
-            prog.row(i, len(rows_todo), r)
-            save(make_doc(final=False))
-        # Pass 2: the rest of the budget, shared by the rows that passed and have cases left, continues each row's
-        # generated sequence (same seed, the first pass's cases skipped) up to the row's limit.
-        more = [k for k, r in enumerate(results) if r.status == "pass" and getattr(r, "resumable", False)]
-        prog.start_pass(2, len(more), "sharing what is left for more generated cases")
-        for n_left, k in zip(range(len(more), 0, -1), more):
-            left = deadline - time.monotonic()
-            if left <= 0.05:
-                break
-            r0 = results[k]
-            c = get_contract(r0.contract)
-            started_row = time.monotonic()
-            r = run_contract(c, r0.target, profile=profile, budget=left / n_left, seed=seed, repro_dir=repro_dir,
-                             use_examples=False, max_examples=max_cases, skip=r0.generated_cases,
-                             shrink_until=shrink_until,
-                             progress=lambda p, g, k=k, r0=r0, s=started_row: prog.case(
-                                 k + 1, len(rows_todo), r0, r0.contract, r0.target, p, g, r0.limit, s))
-            results[k] = _merge(r0, r)
-            prog.row(k + 1, len(rows_todo), results[k])
-            save(make_doc(final=False))
+        for sub in subs:
+            _audit_subject(sub, ids, targets, budget=budget, profile=profile, seed=seed, repro_dir=repro_dir,
+                           use_examples=use_examples, max_cases=max_cases, shrink_until=shrink_until,
+                           known=known, prog=prog, results=results, limit_of=limit_of,
+                           on_row=lambda: save(make_doc(final=False)), seconds=sub_seconds)
     except KeyboardInterrupt:
         prog.close()
         save(make_doc(final=False))
@@ -276,25 +269,172 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
     return doc, (0 if doc["run"]["ok"] else 1)
 
 
+def _spec(sub) -> str:
+    from contracts.runner import subject_spec
+
+    return subject_spec(sub)
+
+
+def _audit_subject(sub, ids, targets, *, budget, profile, seed, repro_dir, use_examples, max_cases, shrink_until,
+                   known, prog: Progress, results: list, limit_of, on_row, seconds: dict) -> None:
+    """Every row of one subject, in two passes, within its own ``budget`` (appended to ``results``)."""
+    rows_todo = [(cid, t) for cid in ids for t in targets]
+    t0 = time.monotonic()
+    deadline = t0 + budget
+    prog.start_subject(sub.label, deadline)
+    first_index = len(results)
+    remaining = sum(get_contract(c).applies_to(t) for c, t in rows_todo)
+    common = dict(profile=profile, seed=seed, repro_dir=repro_dir, max_examples=max_cases,
+                  shrink_until=shrink_until, subject=sub, findings=known)
+    try:
+        # Pass 1: every row up to its minimum number of generated cases (plus its pinned examples). A row stops
+        # there, so it may take up to half of what is left: an expensive row is not starved by a fair share, and
+        # only a budget too small for all the minimums together leaves rows incomplete. A row the budget has
+        # already run out for is not started at all (the budget holds to within one case).
+        prog.cases_left = {(sub.label, c, t): limit_of(get_contract(c)) for c, t in rows_todo
+                           if get_contract(c).applies_to(t)}
+        prog.start_pass(1, len(rows_todo), "each up to its minimum of generated cases")
+        for i, (cid, tname) in enumerate(rows_todo, 1):
+            c = get_contract(cid)
+            n = limit_of(c)
+            first = min(c.min_cases, n)
+            if not c.applies_to(tname):
+                r = run_contract(c, tname, budget=1.0, subject=sub)  # the skipped row, with its reason
+            else:
+                remaining -= 1
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    r = RowResult(cid, tname, "incomplete", stopped_by="budget", limit=n, subject=sub.as_row(),
+                                  reason=f"not started: the budget of {budget:.1f}s was spent by the rows before it")
+                else:
+                    row_budget = max(left / max(remaining + 1, 1), 0.5 * left)
+                    started_row = time.monotonic()
+                    r = run_contract(c, tname, budget=row_budget, use_examples=use_examples, stop_after=first,
+                                     progress=lambda p, g, i=i, cid=cid, tname=tname, n=n, s=started_row: prog.case(
+                                         i, len(rows_todo), None, cid, tname, p, g, n, s), **common)
+                    if r.stopped_by == "stop_after":
+                        # the row met its minimum and has more to do: only the budget can keep it from that now
+                        r.stopped_by = "budget"
+                        r.resumable = True
+            results.append(r)
+            prog.row(i, len(rows_todo), r)
+            on_row()
+        # Pass 2: the rest of the budget, shared by the rows that passed (or are known) and have cases left,
+        # continues each row's generated sequence (same seed, the first pass's cases skipped) up to its limit.
+        mine = range(first_index, len(results))
+        more = [k for k in mine if results[k].status in RESUMABLE and getattr(results[k], "resumable", False)]
+        prog.start_pass(2, len(more), "sharing what is left for more generated cases")
+        for n_left, k in zip(range(len(more), 0, -1), more):
+            left = deadline - time.monotonic()
+            if left <= 0.05:
+                break
+            r0 = results[k]
+            c = get_contract(r0.contract)
+            started_row = time.monotonic()
+            i = k - first_index + 1
+            r = run_contract(c, r0.target, budget=left / n_left, use_examples=False, skip=r0.generated_cases,
+                             known_repro=r0.status != "known",
+                             progress=lambda p, g, i=i, r0=r0, s=started_row: prog.case(
+                                 i, len(rows_todo), r0, r0.contract, r0.target, p, g, r0.limit, s), **common)
+            results[k] = _merge(r0, r)
+            prog.row(i, len(rows_todo), results[k])
+            on_row()
+    finally:
+        seconds[sub.label] = time.monotonic() - t0
+
+
 def _merge(first: RowResult, second: RowResult) -> RowResult:
     """One row from the two passes: generated cases and time add up, the second pass says what stopped the row;
-    a failure or a harness error of the second pass wins; the second pass running out of budget is no loss (the
-    first already reached the minimum)."""
+    a failure or a harness error of the second pass wins, then a known case of either; the second pass running
+    out of budget is no loss (the first already reached the minimum)."""
+    from contracts.runner import known_reason
+
     margins = [m for m in (first.margin, second.margin) if m is not None]
     merged = RowResult(first.contract, first.target, first.status, first.reason, first.pinned_cases,
                        first.generated_cases + second.generated_cases, first.seconds + second.seconds,
                        first.violations, first.repro, first.case, second.stopped_by or first.stopped_by,
-                       max(margins) if margins else None, first.limit)
+                       max(margins) if margins else None, first.limit, subject=first.subject,
+                       findings=list(first.findings) + [f for f in second.findings if f not in first.findings])
     if second.status in ("fail", "error"):
         merged.status, merged.reason = second.status, second.reason
         merged.violations, merged.repro, merged.case = second.violations, second.repro, second.case
+    elif first.status == "known":
+        merged.reason = known_reason(merged.findings, first.violations)
+    elif second.status == "known":
+        merged.status = "known"
+        merged.violations, merged.repro, merged.case = second.violations, second.repro, second.case
+        merged.reason = known_reason(merged.findings, second.violations)
     return merged
 
 
+def _verdict_cell(r: dict) -> str:
+    cell = f"{r['status']} {r['cases']}" if r["status"] not in ("skipped",) else r["status"]
+    if r["status"] == "known" and r.get("findings"):
+        cell += f" ({','.join(r['findings'])})"
+    return cell
+
+
+def subject_columns(doc: dict) -> list[tuple[str, str, str]]:
+    """(label, name, version) of each subject, in run order (from ``run.subjects``, else from the rows)."""
+    cols = [(d.get("label") or (d["name"] if d["name"] == "ours" else f"{d['name']}=={d['version']}"),
+             d["name"], d["version"]) for d in doc["run"].get("subjects") or []]
+    if not cols:
+        for r in doc["results"]:
+            s = r.get("subject") or {"name": "ours", "version": ""}
+            lab = s["name"] if s["name"] == "ours" else f"{s['name']}=={s['version']}"
+            if all(c[0] != lab for c in cols):
+                cols.append((lab, s["name"], s["version"]))
+    return cols or [("ours", "ours", "")]
+
+
+def by_contract_target(doc: dict) -> tuple[list, dict]:
+    """The (contract, target) pairs in report order, and each pair's row per subject label."""
+    labels = {(n, v): lab for lab, n, v in subject_columns(doc)}
+    pairs: list = []
+    cells: dict = {}
+    for r in doc["results"]:
+        s = r.get("subject") or {"name": "ours", "version": None}
+        lab = labels.get((s["name"], s["version"])) or (s["name"] if s["name"] == "ours" else
+                                                        f"{s['name']}=={s['version']}")
+        k = (r["contract"], r["target"])
+        if k not in cells:
+            pairs.append(k)
+            cells[k] = {}
+        cells[k][lab] = r
+    return pairs, cells
+
+
+def _subject_line(doc: dict) -> str:
+    out = []
+    for d in doc["run"].get("subjects") or []:
+        lab = d.get("label") or d["name"]
+        extra = f" {d['version']}" if d["name"] == "ours" else ""
+        src = f" from {d['source']}" if d.get("source") and d["name"] != "ours" else ""
+        rw = f", {len(d.get('rewrites') or [])} rewrites" if d.get("rewrites") else ""
+        out.append(f"{lab}{extra}{src}{rw}")
+    return "subject" + ("s" if len(out) > 1 else "") + ": " + ("; ".join(out) if out else "ours")
+
+
+def _footer(doc: dict) -> list[str]:
+    run = doc["run"]
+    c = run["counts"]
+    out = [f"{sum(c.values())} rows: " + ", ".join(f"{v} {k}" for k, v in c.items() if v)
+           + f" in {run['seconds']:.1f}s -> {'OK' if run['ok'] else 'FAILED'}"
+           + (f": {run['reason']}" if run.get("reason") else "")]
+    out.append(f"seed {run.get('seed')}, commit {(run.get('commit') or 'none')[:12]}"
+               + (" (dirty)" if run.get("dirty") else "")
+               + (", " + ", ".join(f"{k} {v}" for k, v in run["versions"].items()) if run.get("versions") else ""))
+    return out
+
+
 def format_table(doc: dict) -> str:
+    cols = subject_columns(doc)
+    if len(cols) > 1:
+        return _format_multi(doc, cols)
     rows = doc["results"]
     w = max([len(r["contract"]) for r in rows] + [8])
-    out = [f"{'contract':<{w}}  {'target':<8}  {'status':<10}  {'cases':>5}  {'pin+gen':>9}  {'stopped by':<10}  "
+    out = [_subject_line(doc),
+           f"{'contract':<{w}}  {'target':<8}  {'status':<10}  {'cases':>5}  {'pin+gen':>9}  {'stopped by':<10}  "
            f"{'margin':>7}  {'secs':>6}  reason", "-" * (w + 80)]
     for r in rows:
         split = f"{r.get('pinned_cases', 0)}+{r.get('generated_cases', r['cases'])}"
@@ -302,12 +442,34 @@ def format_table(doc: dict) -> str:
         out.append(f"{r['contract']:<{w}}  {r['target']:<8}  {r['status']:<10}  {r['cases']:>5}  {split:>9}  "
                    f"{r.get('stopped_by') or '-':<10}  {'-' if m is None else f'{m:.3g}':>7}  "
                    f"{r['seconds']:>6.1f}  {r['reason'][:80]}")
-    run = doc["run"]
-    c = run["counts"]
-    out.append(f"{sum(c.values())} rows: " + ", ".join(f"{v} {k}" for k, v in c.items() if v)
-               + f" in {run['seconds']:.1f}s -> {'OK' if run['ok'] else 'FAILED'}"
-               + (f": {run['reason']}" if run.get("reason") else ""))
-    out.append(f"seed {run.get('seed')}, commit {(run.get('commit') or 'none')[:12]}"
-               + (" (dirty)" if run.get("dirty") else "")
-               + (", " + ", ".join(f"{k} {v}" for k, v in run["versions"].items()) if run.get("versions") else ""))
-    return "\n".join(out)
+    return "\n".join(out + _footer(doc))
+
+
+def _format_multi(doc: dict, cols) -> str:
+    """One line per contract x target, a verdict column (status and cases) per subject; the reasons of rows that
+    are not a plain pass follow the table."""
+    pairs, cells = by_contract_target(doc)
+    w = max([len(c) for c, _ in pairs] + [8])
+    cw = [max(len(lab), 14, *(len(_verdict_cell(cells[p][lab])) for p in pairs if lab in cells[p]))
+          for lab, _, _ in cols]
+    out = [_subject_line(doc),
+           f"{'contract':<{w}}  {'target':<8}  " + "  ".join(f"{lab:<{n}}" for (lab, _, _), n in zip(cols, cw)),
+           "-" * (w + 12 + sum(n + 2 for n in cw))]
+    notes = []
+    for p in pairs:
+        row = cells[p]
+        out.append(f"{p[0]:<{w}}  {p[1]:<8}  " + "  ".join(
+            f"{(_verdict_cell(row[lab]) if lab in row else '-'):<{n}}" for (lab, _, _), n in zip(cols, cw)))
+        skipped_alike = len({(r["status"], r["reason"]) for r in row.values()}) == 1 and len(row) == len(cols)
+        for lab, _, _ in cols:
+            r = row.get(lab)
+            if r is None or r["status"] == "pass" or (r["status"] == "skipped" and skipped_alike):
+                continue
+            notes.append(f"  {lab}: {p[0]} on {p[1]}: {r['status']}: {r['reason'][:140]}"
+                         + (f" (replay: smv repro {r['repro']})" if r.get("repro") else ""))
+    per = []
+    for d in doc["run"].get("subjects") or []:
+        c = d.get("counts") or {}
+        per.append(f"{d.get('label') or d['name']}: " + (", ".join(f"{v} {k}" for k, v in c.items() if v) or "no rows")
+                   + f" in {d.get('seconds', 0):.1f}s")
+    return "\n".join(out + (["", "not a plain pass:"] + notes if notes else []) + [""] + per + _footer(doc))

@@ -7,13 +7,21 @@ import xml.etree.ElementTree as ET
 
 #: 2: run.seed (always), run.commit, run.dirty, run.versions, run.reason, run.allow_empty; per row pinned_cases,
 #: generated_cases, stopped_by, margin
-AUDIT_SCHEMA_VERSION = 2
-ZOO_SCHEMA_VERSION = 1
-STATUSES = ("pass", "fail", "error", "skipped", "incomplete")
+#: 3: subjects: per row ``subject`` ({name, version}) and ``findings`` (ids of the known findings that explained
+#: its failing cases); status ``known``; run.subjects (each subject's name, version, source, modules' sha256,
+#: rewrites, label, spec, seconds, counts) and run.findings ({file, ids}); run.budget is each subject's budget
+AUDIT_SCHEMA_VERSION = 3
+#: 2: ``subject`` at the top level ({name, version, source}) and ``finished``
+ZOO_SCHEMA_VERSION = 2
+STATUSES = ("pass", "fail", "error", "skipped", "incomplete", "known")
 ZOO_STATUSES = ("killed", "survived", "stale", "error")
 STOPPED_BY = ("budget", "max_cases", "exhausted")
 VERSION_KEYS = ("smv", "python", "torch", "triton", "hypothesis", "numpy")
+SUBJECT_ROW = {"type": "object", "required": ["name", "version"],
+               "properties": {"name": {"type": "string"}, "version": {"type": "string"}}}
 
+#: every audit.json this suite has written validates against it; the fields a version added are checked where
+#: present, and :func:`audit_schema` requires them for the version that added them
 AUDIT_JSON_SCHEMA = {
     "type": "object",
     "required": ["schema_version", "run", "device", "targets", "results"],
@@ -22,7 +30,15 @@ AUDIT_JSON_SCHEMA = {
         "run": {"type": "object", "required": ["seed", "commit", "versions"], "properties": {
             "seed": {"type": "integer"}, "commit": {"type": ["string", "null"]},
             "versions": {"type": "object", "required": list(VERSION_KEYS),
-                         "properties": {k: {"type": ["string", "null"]} for k in VERSION_KEYS}}}},
+                         "properties": {k: {"type": ["string", "null"]} for k in VERSION_KEYS}},
+            "subjects": {"type": "array", "items": {
+                "type": "object", "required": ["name", "version", "source", "modules", "rewrites"],
+                "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                               "source": {"type": "string"}, "modules": {"type": "object"},
+                               "rewrites": {"type": "array"}}}},
+            "findings": {"type": "object", "required": ["file", "ids"],
+                         "properties": {"file": {"type": ["string", "null"]},
+                                        "ids": {"type": "array", "items": {"type": "string"}}}}}},
         "device": {"type": "object", "required": ["kind", "name", "arch"]},
         "targets": {"type": "array", "items": {"type": "string"}},
         "results": {"type": "array", "items": {
@@ -38,9 +54,22 @@ AUDIT_JSON_SCHEMA = {
                 "violations": {"type": "array", "items": {
                     "type": "object", "required": ["message", "where", "expected", "got"]}},
                 "repro": {"type": ["string", "null"]},
+                "subject": SUBJECT_ROW,
+                "findings": {"type": "array", "items": {"type": "string"}},
             }}},
     },
 }
+
+
+def audit_schema(version: int = AUDIT_SCHEMA_VERSION) -> dict:
+    """:data:`AUDIT_JSON_SCHEMA` with the fields added by ``version`` (and before) required."""
+    import copy
+
+    schema = copy.deepcopy(AUDIT_JSON_SCHEMA)
+    if version >= 3:
+        schema["properties"]["run"]["required"] += ["subjects", "findings"]
+        schema["properties"]["results"]["items"]["required"] += ["subject", "findings"]
+    return schema
 
 
 def validate(doc, schema, path="$") -> list[str]:
@@ -179,29 +208,79 @@ def _md_provenance(run: dict) -> str:
     return ", ".join(parts)
 
 
+def _label(d: dict) -> str:
+    return d.get("label") or (d["name"] if d["name"] == "ours" else f"{d['name']}=={d['version']}")
+
+
+def _md_subjects(doc: dict) -> list[str]:
+    subs = doc["run"].get("subjects") or []
+    if not subs:
+        return []
+    if len(subs) == 1 and subs[0]["name"] == "ours":
+        return [f"subject: `ours` {subs[0]['version']}", ""]
+    lines = ["subjects:", ""]
+    for d in subs:
+        extra = [f"version {d['version']}"]
+        if d.get("source"):
+            extra.append(f"from `{d['source']}`")
+        if d.get("wheel_sha256"):
+            extra.append(f"wheel sha256 `{d['wheel_sha256'][:16]}...`")
+        if d.get("modules"):
+            extra.append(f"{len(d['modules'])} modules loaded")
+        lines.append(f"- `{_label(d)}`: " + ", ".join(extra))
+        for rw in d.get("rewrites") or []:
+            lines.append(f"  - rewrite `{rw.get('id')}` in `{rw.get('file', '')}`: {_md_escape(rw.get('why', ''))}")
+    return lines + [""]
+
+
+def _md_cell(r: dict) -> str:
+    if r["status"] == "skipped":
+        return "skipped"
+    cell = f"**{r['status']}** {r['cases']}"
+    if r.get("findings") and r["status"] == "known":
+        cell += " (" + ", ".join(r["findings"]) + ")"
+    return cell
+
+
 def audit_markdown(doc: dict) -> str:
+    from contracts.audit import by_contract_target, subject_columns
+
     rows = doc["results"]
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     dev = doc["device"]
+    cols = subject_columns(doc)
+    multi = len(cols) > 1
     lines = [f"# smv audit: {'PASS' if doc['run'].get('ok') else 'FAIL'}", "",
              f"device: {dev['kind']} {dev['name']} ({dev['arch']}), Triton {doc['run'].get('triton_mode')}, "
-             f"profile {doc['run'].get('profile')}, budget {doc['run'].get('budget')}s, "
-             f"{doc['run'].get('seconds', 0):.1f}s", "",
-             _md_provenance(doc["run"]), "",
+             f"profile {doc['run'].get('profile')}, budget {doc['run'].get('budget')}s"
+             + (" per subject" if multi else "") + f", {doc['run'].get('seconds', 0):.1f}s", "",
+             _md_provenance(doc["run"]), ""] + _md_subjects(doc) + [
              " · ".join(f"{k}: {v}" for k, v in counts.items() if v), ""]
     if doc["run"].get("reason"):
         lines += [f"**{_md_escape(doc['run']['reason'])}**", ""]
-    lines += ["| contract | target | status | cases | pinned+generated | stopped by | margin | seconds | reason |",
-              "|---|---|---|---:|---:|---|---:|---:|---|"]
-    for r in rows:
-        m = r.get("margin")
-        lines.append(f"| {r['contract']} | {r['target']} | **{r['status']}** | {r['cases']} | "
-                     f"{r.get('pinned_cases', 0)}+{r.get('generated_cases', r['cases'])} | "
-                     f"{r.get('stopped_by') or '-'} | {'-' if m is None else f'{m:.3g}'} | {r['seconds']:.1f} | "
-                     f"{_md_escape(r['reason'])[:160]} |")
-    bad = [r for r in rows if r["status"] in ("fail", "error", "incomplete")]
+    if multi:
+        pairs, cells = by_contract_target(doc)
+        lines += ["| contract | target | " + " | ".join(f"`{lab}`" for lab, _, _ in cols) + " |",
+                  "|---|---|" + "---|" * len(cols)]
+        for p in pairs:
+            lines.append(f"| {p[0]} | {p[1]} | " + " | ".join(
+                _md_cell(cells[p][lab]) if lab in cells[p] else "-" for lab, _, _ in cols) + " |")
+    else:
+        lines += ["| contract | target | status | cases | pinned+generated | stopped by | margin | seconds | reason |",
+                  "|---|---|---|---:|---:|---|---:|---:|---|"]
+        for r in rows:
+            m = r.get("margin")
+            lines.append(f"| {r['contract']} | {r['target']} | **{r['status']}** | {r['cases']} | "
+                         f"{r.get('pinned_cases', 0)}+{r.get('generated_cases', r['cases'])} | "
+                         f"{r.get('stopped_by') or '-'} | {'-' if m is None else f'{m:.3g}'} | {r['seconds']:.1f} | "
+                         f"{_md_escape(r['reason'])[:160]} |")
+    bad = [r for r in rows if r["status"] in ("fail", "error", "incomplete", "known")
+           or (multi and r["status"] == "skipped" and "subject" in r["reason"])]
     for r in bad:
-        lines += ["", f"## {r['contract']} on {r['target']}: {r['status']}", "", _md_escape(r["reason"]), ""]
+        under = f" under `{_row_label(r)}`" if multi or (r.get("subject") or {}).get("name", "ours") != "ours" else ""
+        known = f" ({', '.join(r['findings'])})" if r["status"] == "known" and r.get("findings") else ""
+        lines += ["", f"## {r['contract']} on {r['target']}{under}: {r['status']}{known}", "", _md_escape(r["reason"]),
+                  ""]
         for v in r["violations"][:10]:
             lines.append(f"- {_md_escape(v['message'])} at `{v['where']}`: expected `{v['expected']}`, "
                          f"got `{v['got']}`")
@@ -210,15 +289,22 @@ def audit_markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _row_label(r: dict) -> str:
+    s = r.get("subject") or {"name": "ours", "version": ""}
+    return s["name"] if s["name"] == "ours" else f"{s['name']}=={s['version']}"
+
+
 def audit_junit(doc: dict) -> bytes:
     rows = doc["results"]
+    multi = len({_row_label(r) for r in rows}) > 1 or len(doc["run"].get("subjects") or []) > 1
     suite = ET.Element("testsuite", name="smv-audit", tests=str(len(rows)),
                        failures=str(sum(r["status"] in ("fail", "incomplete") for r in rows)),
                        errors=str(sum(r["status"] == "error" for r in rows)),
                        skipped=str(sum(r["status"] == "skipped" for r in rows)),
                        time=f"{doc['run'].get('seconds', 0):.3f}")
     for r in rows:
-        tc = ET.SubElement(suite, "testcase", classname=f"smv.{r['contract']}", name=r["target"],
+        name = f"{r['target']} [{_row_label(r)}]" if multi else r["target"]
+        tc = ET.SubElement(suite, "testcase", classname=f"smv.{r['contract']}", name=name,
                            time=f"{r['seconds']:.3f}")
         body = "\n".join(f"{v['message']} at {v['where']}: expected {v['expected']}, got {v['got']}"
                          for v in r["violations"])
@@ -232,6 +318,8 @@ def audit_junit(doc: dict) -> bytes:
             ET.SubElement(tc, "error", message=r["reason"][:500])
         elif r["status"] == "skipped":
             ET.SubElement(tc, "skipped", message=r["reason"][:500])
+        elif r["status"] == "known":  # accepted: a passing test case that says which findings it met
+            ET.SubElement(tc, "system-out").text = r["reason"][:500] + ("\n" + body if body else "")
     root = ET.Element("testsuites")
     root.append(suite)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
