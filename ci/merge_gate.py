@@ -2,8 +2,10 @@
 """Merge gate: turn an ``audit.json`` into a verdict (exit 0 = mergeable).
 
 A row blocks the merge when its status is fail, error or incomplete; so does a report in which no row passed (all
-skipped) unless ``--allow-empty``. ``--require-contract`` / ``--require-target`` also block when a named contract or
-target is missing from the report or has no passing row (only skipped), so a gate cannot pass by running less.
+skipped) unless ``--allow-empty``. A ``known`` row (every violation it met is a recorded finding, findings.toml) is
+accepted like a pass: a new violation would have made it ``fail``. ``--require-contract`` / ``--require-target`` also
+block when a named contract or target is missing from the report or has no passing (or known) row, so a gate cannot
+pass by running less. Rows of a subject other than ours name it.
 Standard library only: the gate runs where the suite may not be installed.
 """
 from __future__ import annotations
@@ -12,13 +14,21 @@ import argparse
 import json
 import sys
 
-#: audit.json versions this gate reads: 2 only adds fields to 1
-SUPPORTED_SCHEMAS = (1, 2)
+#: audit.json versions this gate reads: 2 only adds fields to 1, 3 adds subjects and the status known
+SUPPORTED_SCHEMAS = (1, 2, 3)
 BLOCKING = ("fail", "error", "incomplete")
+#: verdicts that count as a row having checked something and held (or matched only known findings)
+ACCEPTED = ("pass", "known")
+
+
+def _where(r) -> str:
+    s = r.get("subject") or {}
+    under = "" if s.get("name", "ours") == "ours" else f" under {s.get('name')}=={s.get('version')}"
+    return f"{r['contract']} on {r['target']}{under}"
 
 
 def _statuses(rows, limit: int = 6) -> str:
-    shown = ", ".join(f"{r['contract']} on {r['target']}: {r['status']}" for r in rows[:limit])
+    shown = ", ".join(f"{_where(r)}: {r['status']}" for r in rows[:limit])
     return shown + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
 
 
@@ -33,11 +43,11 @@ def verdict(doc: dict, require_contracts=(), require_targets=(), *, allow_empty:
         problems.append("the audit ran no rows")
     for r in rows:
         if r["status"] in BLOCKING:
-            line = f"{r['contract']} on {r['target']}: {r['status']}: {r['reason']}"
+            line = f"{_where(r)}: {r['status']}: {r['reason']}"
             if r.get("repro"):
                 line += f" (replay: smv repro {r['repro']})"
             problems.append(line)
-    if rows and not allow_empty and not any(r["status"] == "pass" for r in rows):
+    if rows and not allow_empty and not any(r["status"] in ACCEPTED for r in rows):
         problems.append(f"no row passed ({_statuses(rows)}): the audit checked nothing "
                         f"(--allow-empty accepts that)")
     for key, kind, wanted in (("contract", "contract", require_contracts), ("target", "target", require_targets)):
@@ -45,7 +55,7 @@ def verdict(doc: dict, require_contracts=(), require_targets=(), *, allow_empty:
             mine = [r for r in rows if r.get(key) == name]
             if not mine:
                 problems.append(f"required {kind} {name} is not in the report")
-            elif not any(r["status"] == "pass" for r in mine):
+            elif not any(r["status"] in ACCEPTED for r in mine):
                 problems.append(f"required {kind} {name} has no passing row ({_statuses(mine)})")
     return not problems, problems
 
@@ -70,6 +80,9 @@ def main(argv=None) -> int:
     print(f"merge gate: {'PASS' if ok else 'BLOCK'} ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))})")
     for line in problems:
         print(f"  - {line}")
+    for r in doc.get("results", []):
+        if r.get("status") == "known":
+            print(f"  known: {_where(r)}: {', '.join(r.get('findings') or []) or r.get('reason', '')}")
     return 0 if ok else 1
 
 
