@@ -10,8 +10,8 @@ import torch
 
 from contracts.core import ALL_TARGETS, Violation, contract, fmt
 from contracts.decode import attention_violations
+from contracts.subjects import bound
 from fuzz import prefill as fz
-from impl import prefill as pf
 from impl.runtime import triton_mode
 from impl.targets import Target
 from oracles import prefill as ref_prefill
@@ -65,8 +65,9 @@ def _compare_with_oracle(got: torch.Tensor, inp: fz.PrefillInputs, label: str) -
 def _run_entry(inp: fz.PrefillInputs, target: Target) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy warns on inf - inf by design
-        pf.sparse_attn_prefill(inp.q, inp.kv, inp.indices, inp.softmax_scale, inp.attn_sink, inp.out,
-                               topk_length=inp.topk_length, indptr=inp.indptr, target=target)
+        bound(target).prefill.sparse_attn_prefill(inp.q, inp.kv, inp.indices, inp.softmax_scale, inp.attn_sink,
+                                                  inp.out, topk_length=inp.topk_length, indptr=inp.indptr,
+                                                  target=target)
 
 
 # --- prefill-oracle-agreement ------------------------------------------------------------------------------------
@@ -124,10 +125,11 @@ OPUS_SENTINEL = 0.375
 def _guard_violations(gcase: fz.GuardCase, target: Target) -> list[Violation]:
     # the single perturbations this host can fake (a second GPU only where one exists: fz.guard_gpus)
     configs = [[]] + [[p] for p in fz.guard_perturbations()] + [list(c) for c in gcase.combos]
+    guard = bound(target).prefill.can_use_aiter_sparse_prefill_opus
     out = []
     for perts in configs:
         q, kv, sink, o = fz.guard_tensors(gcase, perts)
-        got = pf.can_use_aiter_sparse_prefill_opus(q, kv, sink, o, target=target)
+        got = guard(q, kv, sink, o, target=target)
         attrs = fz.tensor_attributes(target.name, q, kv, sink, o)
         fails = ref_prefill.opus_guard_failures(attrs)
         want = not fails
@@ -147,6 +149,35 @@ def _expected_ragged(inp: fz.PrefillInputs) -> tuple[list[int], list[int]]:
     return ref_prefill.ref_opus_ragged(list(idx), list(ptr), skv)
 
 
+def _check_op_ragged(idx: list[int], ptr: list[int], inp: fz.PrefillInputs, where: str) -> list[Violation]:
+    """OPUS's (indices, indptr) must be the oracle's conversion exactly: each row's valid entries in order, packed
+    from 0. Told apart, so that each way of missing it has its own message: a pointer that is no CSR row pointer;
+    entries that are not kv rows (AITER requires every index to be one); rows whose valid entries differ; a list
+    not packed (indptr[0] != 0, or entries past the last row). All four hold exactly when both lists equal the
+    oracle's."""
+    sq, skv = int(inp.q.shape[0]), int(inp.kv.shape[0])
+    want_idx, want_ptr = _expected_ragged(inp)
+    if len(ptr) != sq + 1 or ptr[0] < 0 or ptr[-1] > len(idx) or any(a > b for a, b in zip(ptr, ptr[1:])):
+        return [Violation("OPUS indptr is not a row pointer over its indices", where,
+                          f"[{sq + 1}] non-decreasing within [0, {len(idx)}]", fmt(ptr))]
+    rows = [idx[ptr[r]:ptr[r + 1]] for r in range(sq)]
+    want_rows = [want_idx[want_ptr[r]:want_ptr[r + 1]] for r in range(sq)]
+    v = []
+    bad = sorted({s for row in rows for s in row if not 0 <= s < skv})
+    if bad:
+        v.append(Violation("OPUS handed entries that are not kv rows", where, f"every entry in [0, {skv})",
+                           fmt(bad)))
+    kept = [[s for s in row if 0 <= s < skv] for row in rows]
+    if kept != want_rows:
+        v.append(Violation("OPUS rows differ from the oracle's dense->ragged conversion", where, fmt(want_rows),
+                           fmt(kept)))
+    if ptr[0] != 0 or len(idx) != ptr[-1]:
+        v.append(Violation("OPUS ragged list not packed from 0", where,
+                           f"indptr[0] = 0 and {ptr[-1] - ptr[0]} indices",
+                           f"indptr[0] = {ptr[0]} and {len(idx)} indices"))
+    return v
+
+
 def _check_op_call(args, kw, inp: fz.PrefillInputs, where: str) -> list[Violation]:
     v: list[Violation] = []
     sq, h, d = (int(x) for x in inp.q.shape)
@@ -161,14 +192,11 @@ def _check_op_call(args, kw, inp: fz.PrefillInputs, where: str) -> list[Violatio
     if kv_.dim() != 2 or tuple(kv_.shape) != (skv, d) or kv_.data_ptr() != inp.kv.data_ptr():
         v.append(Violation("OPUS kv is not the caller's kv as [skv, d]", where, f"[{skv}, {d}] view",
                            f"{list(kv_.shape)}"))
-    want_idx, want_ptr = _expected_ragged(inp)
-    for name, t, want in (("indices", idx, want_idx), ("indptr", ptr, want_ptr)):
+    for name, t in (("indices", idx), ("indptr", ptr)):
         if t.dtype != torch.int32:
             v.append(Violation(f"OPUS {name} not int32", where, "int32", str(t.dtype)))
-        got_l = t.detach().cpu().tolist()
-        if got_l != want:
-            v.append(Violation(f"OPUS {name} differ from the oracle's dense->ragged conversion", where,
-                               fmt(want), fmt(got_l)))
+    v += _check_op_ragged(idx.detach().cpu().reshape(-1).tolist(), ptr.detach().cpu().reshape(-1).tolist(), inp,
+                          where)
     if ekv.dim() != 2 or ekv.shape[-1] != d or ekv.dtype != inp.q.dtype:
         v.append(Violation("OPUS second-segment kv placeholder malformed", where, f"[n, {d}] {inp.q.dtype}",
                            f"{list(ekv.shape)} {ekv.dtype}"))
@@ -192,8 +220,9 @@ def _check_op_call(args, kw, inp: fz.PrefillInputs, where: str) -> list[Violatio
 def _route(inp: fz.PrefillInputs, target: Target, guard_says: bool, op_kind: str | None) -> dict:
     """Run the entry with the guard answering ``guard_says`` and the loader returning a fake op (``ok``: writes the
     sentinel; ``raises``: writes NaN then reports failure) or None. Records every call."""
-    rec = {"guard": [], "op": [], "triton": 0}
-    triton_impl = pf.sparse_attn_prefill_triton
+    rec = {"guard": [], "op": [], "triton": 0, "raised": None, "escaped": None}
+    fam = bound(target).prefill
+    triton_impl = fam.sparse_attn_prefill_triton
 
     def fake_guard(q, kv, attn_sink, out, *, target=None):
         rec["guard"].append((q, kv, attn_sink, out, target))
@@ -203,7 +232,8 @@ def _route(inp: fz.PrefillInputs, target: Target, guard_says: bool, op_kind: str
         rec["op"].append((args, kw))
         if op_kind == "raises":
             kw["out"].fill_(math.nan)
-            raise RuntimeError("fake OPUS: unsupported configuration")
+            rec["raised"] = RuntimeError("fake OPUS: unsupported configuration")
+            raise rec["raised"]
         kw["out"].fill_(OPUS_SENTINEL)
         return kw["out"]
 
@@ -211,10 +241,16 @@ def _route(inp: fz.PrefillInputs, target: Target, guard_says: bool, op_kind: str
         rec["triton"] += 1
         return triton_impl(*args, **kw)
 
-    with mock.patch.object(pf, "can_use_aiter_sparse_prefill_opus", fake_guard), \
-            mock.patch.object(pf, "get_aiter_sparse_prefill_opus", lambda: None if op_kind is None else fake_op), \
-            mock.patch.object(pf, "sparse_attn_prefill_triton", counting_triton):
-        _run_entry(inp, target)
+    # the subject's seams (for ours: impl.prefill's module-level names, which its entry looks up at call time)
+    with mock.patch.object(fam, "can_use_aiter_sparse_prefill_opus", fake_guard), \
+            mock.patch.object(fam, "get_aiter_sparse_prefill_opus", lambda: None if op_kind is None else fake_op), \
+            mock.patch.object(fam, "sparse_attn_prefill_triton", counting_triton):
+        try:
+            _run_entry(inp, target)
+        except RuntimeError as exc:
+            if exc is not rec["raised"]:
+                raise
+            rec["escaped"] = exc  # the entry let the fake op's failure through
     return rec
 
 
@@ -264,12 +300,19 @@ def _routing_violations(case: fz.RoutingCase, target: Target) -> list[Violation]
              "op_raises": "guard true, OPUS reports failure"}[scenario]
     rec = _route(inp, target, guard_says, op_kind)
     want_op = 1 if scenario == "op_raises" else 0
-    if len(rec["op"]) != want_op or rec["triton"] != 1:
-        v.append(Violation("fallback routing", where, f"{want_op} OPUS calls, 1 Triton launch",
-                           f"{len(rec['op'])} OPUS calls, {rec['triton']} Triton launches"))
     for args, kw in rec["op"][:1]:
         v += _check_op_call(args, kw, inp, where)
-    v += _compare_with_oracle(inp.out.detach().cpu().clone(), inp, f"Triton fallback ({where}) vs float64 oracle")
+    if rec["escaped"] is not None:
+        # no result to compare: the caller got OPUS's exception instead of the Triton fallback's output
+        v.append(Violation("the OPUS failure escaped the entry instead of falling back to Triton", where,
+                           "the failure caught, 1 Triton launch",
+                           f"{type(rec['escaped']).__name__}: {rec['escaped']} ({rec['triton']} Triton launches)"))
+    else:
+        if len(rec["op"]) != want_op or rec["triton"] != 1:
+            v.append(Violation("fallback routing", where, f"{want_op} OPUS calls, 1 Triton launch",
+                               f"{len(rec['op'])} OPUS calls, {rec['triton']} Triton launches"))
+        v += _compare_with_oracle(inp.out.detach().cpu().clone(), inp,
+                                  f"Triton fallback ({where}) vs float64 oracle")
     v += _unchanged(before, inp)
     return v
 

@@ -1,5 +1,5 @@
-"""Contract ``router-oracle-agreement`` (``impl.router``): the biased grouped top-k router against its float64
-oracle. Cases and inputs come from :mod:`fuzz.router`."""
+"""Contract ``router-oracle-agreement`` (the subject's ``router`` family): the gate's out dtype policy, and the
+biased grouped top-k router against its float64 oracle. Cases and inputs come from :mod:`fuzz.router`."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import math
 import torch
 
 from contracts.core import ALL_TARGETS, Violation, contract, record_margin, single_threaded
+from contracts.subjects import EntryMissing, bound
 from fuzz.router import RouterCase, make_inputs, router_cases
-from impl.router import biased_grouped_topk, correction_bias_for_gate, gate_out_dtype
 from impl.targets import Target
 from oracles import router as oracle
 
@@ -106,19 +106,51 @@ def router_oracle_agreement(case: RouterCase, target: Target) -> list[Violation]
     bf16 (seed 000's policy: the gate weight's dtype when AITER MoE has a bias; the bias is cast to it too), or from
     fp32 rounding, a set may differ only where the oracle's top-k (or top-group) boundary gap is positive and within
     the derived rounding bound of the inputs; weights agree within a derived bound. SPEC section 7. Margin: the worst
-    weight error, or excused boundary gap, over its bound."""
+    weight error, or excused boundary gap, over its bound.
+    First the subject's gate policy (SPEC 7, seed 000): with AITER MoE on and a correction bias the gate emits the gate
+    weight's dtype (bf16) under the "weight" policy, fp32 under the older "fp32" one, and the fp32 bias is cast to that
+    dtype. A subject with a gate but no router entry point fails on a wrong gate policy and is otherwise skipped,
+    naming the entry point."""
     with single_threaded():
-        return _check(case)
+        return _check(case, target)
 
 
-def _check(case: RouterCase) -> list[Violation]:
+#: the gate weight's dtype in every case (DeepSeek checkpoints): what seed 000's policy makes the gate emit
+GATE_WEIGHT_DTYPE = torch.bfloat16
+
+
+def _gate_violations(router, policy: str, bias: torch.Tensor) -> tuple[list[Violation], torch.dtype, torch.Tensor]:
+    """The subject's gate out dtype and bias cast for AITER MoE on with a correction bias, against SPEC 7: the gate
+    weight's dtype under seed 000's policy ("weight"), fp32 under the older one; the bias cast to that dtype."""
+    out_dtype = router.gate_out_dtype(GATE_WEIGHT_DTYPE, has_correction_bias=True, aiter_moe_enabled=True,
+                                      policy=policy)
+    want = GATE_WEIGHT_DTYPE if policy == "weight" else torch.float32
+    where = f"gate weight {GATE_WEIGHT_DTYPE}, AITER MoE on, correction bias, policy {policy}"
+    v = []
+    if out_dtype != want:
+        v.append(Violation("gate out dtype differs from SPEC 7's policy", where, str(want), str(out_dtype)))
+    gate_bias = router.correction_bias_for_gate(bias, out_dtype)
+    if gate_bias.dtype != (out_dtype or bias.dtype) or not torch.equal(gate_bias.double(),
+                                                                       bias.to(gate_bias.dtype).double()):
+        v.append(Violation("correction bias not the fp32 bias cast to the gate out dtype", where,
+                           str(out_dtype or bias.dtype), str(gate_bias.dtype)))
+    return v, out_dtype, gate_bias
+
+
+def _check(case: RouterCase, target: "Target | str" = "generic") -> list[Violation]:
+    router = bound(target).router
     logits, bias = make_inputs(case)
     policy = "weight" if case.gate_dtype == "bf16" else "fp32"
-    out_dtype = gate_out_dtype(torch.bfloat16, has_correction_bias=True, aiter_moe_enabled=True, policy=policy)
-    weights, ids = biased_grouped_topk(logits.to(out_dtype), correction_bias_for_gate(bias, out_dtype),
-                                       case.topk, n_group=case.n_group, topk_group=case.topk_group,
-                                       renormalize=case.renormalize, routed_scaling_factor=case.routed_scaling_factor)
+    gate_v, out_dtype, gate_bias = _gate_violations(router, policy, bias)
+    try:
+        weights, ids = router.biased_grouped_topk(logits.to(out_dtype), gate_bias, case.topk, n_group=case.n_group,
+                                                  topk_group=case.topk_group, renormalize=case.renormalize,
+                                                  routed_scaling_factor=case.routed_scaling_factor)
+    except EntryMissing:
+        if gate_v:  # what the subject has is wrong: that is a verdict; otherwise the row names what it lacks
+            return gate_v
+        raise
     ref = oracle.biased_grouped_topk(logits.double().tolist(), bias.double().tolist(), case.topk,
                                      n_group=case.n_group, topk_group=case.topk_group,
                                      renormalize=case.renormalize, routed_scaling_factor=case.routed_scaling_factor)
-    return compare(case, weights, ids, ref, logits, bias)[0]
+    return gate_v + compare(case, weights, ids, ref, logits, bias)[0]

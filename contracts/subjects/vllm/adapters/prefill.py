@@ -1,0 +1,198 @@
+"""Sparse prefill: upstream's ``rocm_sparse_attn_prefill`` with its OPUS guard, OPUS route and Triton fallback,
+behind our ``impl.prefill`` API.
+
+Entries (our signatures, upstream's code):
+
+- ``sparse_attn_prefill(q, kv, indices, softmax_scale, attn_sink, out, *, topk_length, indptr, rope_head_dim,
+  target)`` calls ``rocm_sparse_attn_prefill`` with the arguments its callers pass: kv as ``[skv, 1, d]`` (a 2-D kv
+  is viewed so), dense indices with ``topk_length`` or ragged ones as ``ragged_indices`` / ``ragged_indptr``, the
+  head dim split as ``d - rope_head_dim`` + ``rope_head_dim``. A missing ``out`` is allocated like q (upstream's
+  entry requires one).
+- ``can_use_aiter_sparse_prefill_opus(q, kv, attn_sink, out, *, target)``: ``_can_use_aiter_sparse_prefill_opus``
+  with the arch flag its import bound for this target (the ``target`` argument is this binding's own).
+- ``get_aiter_sparse_prefill_opus()``: ``_get_aiter_sparse_prefill_opus`` (its ``functools.cache`` cleared per
+  call) in an AITER environment the adapter fakes; by default the one of a host without AMD AITER, where it gives
+  None.
+- ``sparse_attn_prefill_triton(q, kv2, indices, indptr, softmax_scale, attn_sink, out, rope_head_dim)``:
+  ``_rocm_sparse_attn_prefill_ragged_triton``.
+
+Routing seams. A contract replaces one of the three helpers above on this family (``mock.patch.object``), exactly
+as it does on ``impl.prefill`` for ours; while ``sparse_attn_prefill`` runs, upstream's own module-level name is then
+pointed at a shim that calls the replacement with our arguments (upstream's entry looks them up at call time, as
+upstream's monkeypatched routing tests rely on). A replaced ``get_aiter_sparse_prefill_opus`` is not called in
+upstream's place: the op it returns (or None) only decides the fake AITER environment - ``vllm._aiter_ops``'s
+``rocm_aiter_ops.is_mla_enabled()`` true and ``aiter.ops.pa_sparse_prefill_opus`` offering that op, or no such
+module - so upstream's real loader runs and finds it. Nothing is patched outside a call.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.machinery
+import sys
+import threading
+import types
+
+import torch
+
+from contracts.subjects import Family
+from contracts.subjects.vllm.loader import REWRITES, Rewrite, register_rewrite
+
+OPS_FILE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
+#: the module and name upstream's loader imports the OPUS op from
+AITER_OPUS_MODULE = "aiter.ops.pa_sparse_prefill_opus"
+AITER_OPUS_NAME = "pa_sparse_prefill_opus"
+
+_HOST_ASSERT = "    assert not q.is_cpu and not kv.is_cpu and not indices.is_cpu and not indptr.is_cpu\n"
+
+
+def _register_host_assert_rewrite() -> None:
+    """The ragged host wrappers (prefill's and the bf16 decode's, the same line twice) refuse CPU tensors; under
+    the Triton interpreter every tensor is on the CPU. One rewrite per find text: where another adapter already
+    registered this line, its rewrite (and id) serves both."""
+    if any(r.path == OPS_FILE and r.find == _HOST_ASSERT for r in REWRITES):
+        return
+    register_rewrite(Rewrite(
+        "ops-ragged-host-cpu-assert", OPS_FILE, _HOST_ASSERT,
+        "    pass  # smv: CPU tensors allowed under the Triton interpreter\n",
+        "the ragged host wrappers assert that q, kv, indices and indptr are not CPU tensors; under the Triton "
+        "interpreter every tensor is, so the assert (one line each, nothing else) is replaced by a no-op",
+        when="interpreter"))
+
+
+_register_host_assert_rewrite()
+
+
+class _Depth(threading.local):
+    n = 0
+
+
+def build(ctx) -> Family:
+    ops = ctx["ops"]
+    orig_entry = ops.rocm_sparse_attn_prefill
+    orig_guard = ops._can_use_aiter_sparse_prefill_opus
+    orig_loader = ops._get_aiter_sparse_prefill_opus
+    orig_ragged = ops._rocm_sparse_attn_prefill_ragged_triton
+    depth = _Depth()
+
+    def run(fn, *args, **kw):
+        """``ctx.call`` once: a helper called from inside a running entry (a seam) runs as it is."""
+        if depth.n:
+            return fn(*args, **kw)
+        depth.n += 1
+        try:
+            return ctx.call(fn, *args, **kw)
+        finally:
+            depth.n -= 1
+
+    @contextlib.contextmanager
+    def aiter_env(op):
+        """Fake AITER for upstream's loader: with ``op``, MLA enabled and the op importable; without, no module."""
+        names = ("vllm._aiter_ops", "aiter", "aiter.ops", AITER_OPUS_MODULE)
+        saved = {n: sys.modules.get(n, _ABSENT) for n in names}
+        try:
+            sys.modules["vllm._aiter_ops"] = _module(
+                "vllm._aiter_ops", rocm_aiter_ops=_aiter_ops(mla_enabled=op is not None))
+            if op is None:
+                sys.modules[AITER_OPUS_MODULE] = None  # import raises ImportError, as on a host without AITER
+            else:
+                sys.modules["aiter"] = _module("aiter")
+                sys.modules["aiter.ops"] = _module("aiter.ops")
+                sys.modules[AITER_OPUS_MODULE] = _module(AITER_OPUS_MODULE, **{AITER_OPUS_NAME: op})
+            orig_loader.cache_clear()
+            yield
+        finally:
+            orig_loader.cache_clear()
+            for n, m in saved.items():
+                if m is _ABSENT:
+                    sys.modules.pop(n, None)
+                else:
+                    sys.modules[n] = m
+
+    # --- the helpers, as upstream has them ---
+
+    def can_use_aiter_sparse_prefill_opus(q, kv, attn_sink, out, *, target=None):
+        return bool(run(orig_guard, q, kv, attn_sink, out))
+
+    def get_aiter_sparse_prefill_opus():
+        def call():
+            with aiter_env(None):
+                return orig_loader()
+        return run(call)
+
+    def sparse_attn_prefill_triton(q, kv2, indices, indptr, softmax_scale, attn_sink, out, rope_head_dim):
+        d = int(q.shape[-1])
+        run(orig_ragged, q, kv2, indices, indptr, float(softmax_scale), attn_sink, d - rope_head_dim,
+            rope_head_dim, out)
+
+    originals = {"can_use_aiter_sparse_prefill_opus": can_use_aiter_sparse_prefill_opus,
+                 "get_aiter_sparse_prefill_opus": get_aiter_sparse_prefill_opus,
+                 "sparse_attn_prefill_triton": sparse_attn_prefill_triton}
+
+    # --- shims: upstream's names pointed at a replaced helper for one call ---
+
+    def guard_shim(q, kv, attn_sink, output, on_gfx950=None):
+        return fam.can_use_aiter_sparse_prefill_opus(q, kv, attn_sink, output, target=ctx.target)
+
+    def ragged_shim(q, kv, indices, indptr, scale, attn_sink, nope_head_dim, rope_head_dim, out=None):
+        if out is None:
+            out = torch.empty_like(q)
+        fam.sparse_attn_prefill_triton(q, kv, indices, indptr, scale, attn_sink, out, rope_head_dim)
+        return out
+
+    def sparse_attn_prefill(q, kv, indices, softmax_scale, attn_sink=None, out=None, *, topk_length=None,
+                            indptr=None, rope_head_dim=64, target=None):
+        d = int(q.shape[-1])
+        kv3 = kv.unsqueeze(1) if kv.dim() == 2 else kv
+        if out is None:
+            out = torch.empty_like(q)
+        replaced = {k: getattr(fam, k) is not v for k, v in originals.items()}
+        op = fam.get_aiter_sparse_prefill_opus() if replaced["get_aiter_sparse_prefill_opus"] else None
+        patches = {}
+        if replaced["can_use_aiter_sparse_prefill_opus"]:
+            patches["_can_use_aiter_sparse_prefill_opus"] = guard_shim
+        if replaced["sparse_attn_prefill_triton"]:
+            patches["_rocm_sparse_attn_prefill_ragged_triton"] = ragged_shim
+        if indptr is not None:
+            args = dict(indices=None, topk_length=None, ragged_indices=indices, ragged_indptr=indptr)
+        else:
+            args = dict(indices=indices, topk_length=topk_length)
+
+        def call():
+            saved = {k: getattr(ops, k) for k in patches}
+            try:
+                for k, v in patches.items():
+                    setattr(ops, k, v)
+                with aiter_env(op):
+                    orig_entry(q=q, kv=kv3, scale=float(softmax_scale), head_dim=d, nope_head_dim=d - rope_head_dim,
+                               rope_head_dim=rope_head_dim, attn_sink=attn_sink, output=out, **args)
+            finally:
+                for k, v in saved.items():
+                    setattr(ops, k, v)
+
+        run(call)
+        return out
+
+    fam = Family("prefill", sparse_attn_prefill=sparse_attn_prefill, **originals)
+    return fam
+
+
+_ABSENT = object()
+
+
+def _module(name: str, **attrs) -> types.ModuleType:
+    m = types.ModuleType(name)
+    m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    m.__path__ = []
+    m.__dict__.update(attrs)
+    return m
+
+
+def _aiter_ops(*, mla_enabled: bool):
+    class rocm_aiter_ops:  # noqa: N801 - upstream's name
+        """vLLM's AITER switchboard as upstream's OPUS loader reads it."""
+
+        @staticmethod
+        def is_mla_enabled() -> bool:
+            return mla_enabled
+
+    return rocm_aiter_ops
