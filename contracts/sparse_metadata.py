@@ -1,8 +1,14 @@
 """Contracts of the DSv3.2 sparse metadata builder: ``cache-key-staleness`` and ``shrink-tail-extents``.
 
 Both replay a case (a builder configuration and a list of scheduler steps, :class:`fuzz.sparse_metadata.MetadataCase`)
-against the builder and against the uncached oracle builder. :class:`MetadataReplay` is also what the tests'
-RuleBasedStateMachine drives, step by step.
+against the subject's builder (``sparse_metadata.SparseMLAMetadataBuilder``) and its partition consumer
+(``work_partition.sparse_decode_from_partition``), and against the uncached oracle builder. :class:`MetadataReplay` is
+also what the tests' RuleBasedStateMachine drives, step by step.
+
+Violation messages carry no per-case numbers (those are in ``where``, ``expected`` and ``got``), so that a recorded
+finding's signature matches every case it explains. A message about a token (its attention, its range of
+``paged_kv_indices``) says so when the token's top-k row has ``-1`` holes within its sparse length, i.e. when its
+valid entries are not the first ``sparse_len`` columns of the row.
 """
 from __future__ import annotations
 
@@ -14,11 +20,10 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.core import AMD_TARGETS, Violation, contract, fmt, record_margin, single_threaded
+from contracts.subjects import bound
 from fuzz.sparse_metadata import (MetadataCase, MetadataConfig, MetadataStep, burst_case, key_pair_case,
                                   metadata_case)
-from impl.sparse_metadata import CommonMetadata, SparseMLAMetadataBuilder
 from impl.targets import Target, effective_cu_count
-from impl.work_partition import sparse_decode_from_partition
 from oracles import sparse_metadata as oracle
 
 HEAD_DIM = 576
@@ -26,6 +31,8 @@ KV_LORA_RANK = 512
 #: deliberately not 1/sqrt(576), so a hard-coded scale is caught
 SOFTMAX_SCALE = 0.0371
 _SKIP = "the DSv3.2 ROCm AITER sparse builder runs on gfx942/gfx950 only"
+#: appended to a message about a token whose top-k row has -1 holes within its sparse length
+HOLED_TOKEN = " at a token whose top-k row has -1 holes within its sparse length"
 
 
 @contextlib.contextmanager
@@ -94,21 +101,33 @@ def _step_inputs(cfg: MetadataConfig, step: MetadataStep) -> dict:
     return {"block_table": table, "topk_rows": rows, "lists": lists, "kv": kv, "q": q}
 
 
-def _common(step: MetadataStep, block_table: list[list[int]]) -> CommonMetadata:
+def _holed_tokens(cfg: MetadataConfig, step: MetadataStep, topk_rows: list[list[int]]) -> set[int]:
+    """The tokens whose first ``sparse_len`` top-k columns hold a -1 (their valid entries are not a prefix)."""
+    lens = oracle.sparse_lengths(list(step.q_lens), list(step.seq_lens), cfg.topk)
+    return {t for t, (row, n) in enumerate(zip(topk_rows, lens)) if any(p < 0 for p in row[:n])}
+
+
+def _common(step: MetadataStep, block_table: list[list[int]], common_cls=None):
+    """The step's scheduler metadata as the subject's ``CommonMetadata`` (the current subject's, when not given)."""
+    if common_cls is None:
+        common_cls = bound(AMD_TARGETS[0]).sparse_metadata.CommonMetadata
     q_lens, seq_lens = list(step.q_lens), list(step.seq_lens)
     starts = [0]
     for q in q_lens:
         starts.append(starts[-1] + q)
     qsl = torch.tensor(starts, dtype=torch.int32)
     seq = torch.tensor(seq_lens, dtype=torch.int32)
-    return CommonMetadata(
+    return common_cls(
         query_start_loc=qsl.clone(), query_start_loc_cpu=qsl, seq_lens=seq.clone(),
         seq_lens_cpu=seq if step.host_lens else None, num_reqs=len(q_lens), num_actual_tokens=starts[-1],
         max_query_len=max(q_lens), block_table=torch.tensor(block_table, dtype=torch.int32))
 
 
 class MetadataReplay:
-    """One builder fed step after step; each step is judged against the uncached oracle."""
+    """One builder of the current subject fed step after step; each step is judged against the uncached oracle.
+
+    The oracle's partition is computed with the CU count of the target and the kv granularity the builder partitions
+    with (``builder.kv_granularity``: the configured one for ours; upstream passes 16 to AITER whatever is asked)."""
 
     def __init__(self, cfg: MetadataConfig, target: "Target | str"):
         from impl.targets import get_target
@@ -116,8 +135,11 @@ class MetadataReplay:
         self.cfg = cfg
         self.target = get_target(target)
         self.num_cu = effective_cu_count(self.target)
+        self.sub = bound(self.target)
+        family = self.sub.sparse_metadata
+        self.common_cls = family.CommonMetadata
         with fresh_memory_poisoned():
-            self.builder = SparseMLAMetadataBuilder(
+            self.builder = family.SparseMLAMetadataBuilder(
                 cfg.max_tokens, cfg.num_heads, topk_tokens=cfg.topk, block_size=cfg.block_size,
                 target=self.target, kv_granularity=cfg.granularity, use_aiter=False)
         self.index = 0
@@ -129,8 +151,9 @@ class MetadataReplay:
                 f"seq_lens={list(step.seq_lens)}, host_lens={step.host_lens}, holes={step.holes})"
         self.index += 1
         syncs_before = b.counters.host_syncs
-        md = b.build(_common(step, inp["block_table"]))
+        md = b.build(_common(step, inp["block_table"], self.common_cls))
         b.fill_global_indices(md, torch.tensor(inp["topk_rows"], dtype=torch.int32).reshape(-1, cfg.topk))
+        holed = _holed_tokens(cfg, step, inp["topk_rows"])
         out_impl = None
         if staleness:
             T, H = md.num_tokens, cfg.num_heads
@@ -138,20 +161,22 @@ class MetadataReplay:
             q_pad = torch.zeros(T, Hp, HEAD_DIM, dtype=torch.bfloat16)
             q_pad[:, :H] = inp["q"]
             out = torch.full((T, Hp, KV_LORA_RANK), float("nan"), dtype=torch.bfloat16)
-            out_impl = sparse_decode_from_partition(q_pad, inp["kv"], b.paged_kv_indices, b.partition,
-                                                    SOFTMAX_SCALE, KV_LORA_RANK, out=out)[:, :H].clone()
+            consume = self.sub.work_partition.sparse_decode_from_partition
+            out_impl = consume(q_pad, inp["kv"], b.paged_kv_indices, b.partition, SOFTMAX_SCALE, KV_LORA_RANK,
+                               out=out)[:, :H].clone()
         fresh = oracle.fresh_buffers(
             max_tokens=cfg.max_tokens, topk=cfg.topk, block_size=cfg.block_size, num_cu=self.num_cu,
-            granularity=cfg.granularity, q_lens=list(step.q_lens), seq_lens=list(step.seq_lens),
+            granularity=int(b.kv_granularity), q_lens=list(step.q_lens), seq_lens=list(step.seq_lens),
             topk_rows=inp["topk_rows"], block_table=inp["block_table"])
         v: list[Violation] = []
         if staleness:
-            v += self._check_staleness(md, fresh, inp, out_impl, where, step, b.counters.host_syncs - syncs_before)
+            v += self._check_staleness(md, fresh, inp, out_impl, where, step, b.counters.host_syncs - syncs_before,
+                                       holed)
         if extents:
-            v += self._check_extents(fresh, where)
+            v += self._check_extents(fresh, where, holed)
         return v
 
-    def _check_staleness(self, md, fresh, inp, out_impl, where, step, syncs) -> list[Violation]:
+    def _check_staleness(self, md, fresh, inp, out_impl, where, step, syncs, holed=frozenset()) -> list[Violation]:
         v: list[Violation] = []
         kind = "cache hit" if md.cache_hit else "recompute"
         for name, buf in self.builder.partition.items():
@@ -170,27 +195,40 @@ class MetadataReplay:
                                                              KV_LORA_RANK)
         got = out_impl.to(torch.float64)
         nan_got = torch.isnan(got)
-        if nan_got.any():
-            idx = nan_got.nonzero()[0].tolist()
-            v.append(Violation(f"attention output ({kind}) has NaN (a slot outside the token's list was read, "
-                               "or no work item covered it)", f"{where}: out{idx}", "finite", "nan"))
-            return v
         tol = oracle.attention_tolerance(nat, dot_scale, ref, HEAD_DIM, self.cfg.topk)
         err = (got - ref).abs()
-        record_margin(err, tol)
+        if not nan_got.any():
+            record_margin(err, tol)
         out_of_bound = err > tol
-        if out_of_bound.any():
-            ratio = err / tol
-            idx = [int(i) for i in torch.unravel_index(ratio.argmax(), ratio.shape)]
-            cos = float(torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0))
-            v.append(Violation(f"attention from the {kind} partition differs from the oracle beyond the derived "
-                               f"bound: {int(out_of_bound.sum())} of {out_of_bound.numel()} lanes, cosine "
-                               f"{cos:.6f}, worst lane at {ratio[tuple(idx)].item():.3g}x the bound",
-                               f"{where}: out{idx}", f"{ref[tuple(idx)].item():.6g} +- "
-                               f"{tol[tuple(idx)].item():.3g}", f"{got[tuple(idx)].item():.6g}"))
+        ratio = torch.where(out_of_bound, err / tol, torch.zeros_like(err))
+        cos = float(torch.nn.functional.cosine_similarity(torch.nan_to_num(got).flatten(), ref.flatten(), dim=0))
+        holed_rows = torch.zeros(got.shape[0], dtype=torch.bool)
+        holed_rows[sorted(t for t in holed if t < got.shape[0])] = True
+        # tokens whose rows hold their valid entries first, then the others: each class names its own first lane
+        for rows, suffix in ((~holed_rows, ""), (holed_rows, HOLED_TOKEN)):
+            sel = rows[:, None, None].expand_as(got)
+            nan_here = nan_got & sel
+            if nan_here.any():
+                idx = nan_here.nonzero()[0].tolist()
+                v.append(Violation(f"attention output ({kind}) has NaN (a slot outside the token's list was read, "
+                                   "or no work item covered it)" + suffix, f"{where}: out{idx}", "finite", "nan"))
+                continue
+            oob = out_of_bound & sel
+            if oob.any():
+                r = torch.where(sel, ratio, torch.zeros_like(ratio))
+                idx = [int(i) for i in torch.unravel_index(r.argmax(), r.shape)]
+                v.append(Violation(f"attention from the {kind} partition differs from the oracle beyond the derived "
+                                   "bound" + suffix, f"{where}: out{idx}",
+                                   f"{ref[tuple(idx)].item():.6g} +- {tol[tuple(idx)].item():.3g}",
+                                   f"{got[tuple(idx)].item():.6g} ({int(oob.sum())} of {int(sel.sum())} lanes beyond "
+                                   f"the bound, cosine {cos:.6f}, worst lane at {ratio[tuple(idx)].item():.3g}x the "
+                                   "bound)"))
         return v
 
-    def _check_extents(self, fresh, where) -> list[Violation]:
+    def _check_extents(self, fresh, where, holed=frozenset()) -> list[Violation]:
+        """Per buffer: the first difference in the live region and the first past the extent. In
+        ``paged_kv_indices``' live region, the first difference in a range of a token whose row has holes and the
+        first in any other token's range are each named."""
         v: list[Violation] = []
         live_ends = fresh["_live_ends"]
         for name, buf in self.builder.buffers().items():
@@ -202,23 +240,35 @@ class MetadataReplay:
             diff = (got != exp)
             if diff.dim() > 1:
                 diff = diff.any(dim=tuple(range(1, diff.dim())))
-            if diff.any():
-                i = int(diff.nonzero()[0, 0])
-                end = live_ends.get(name)
-                region = "live region" if end is None or i < end else "past the extent (must be zero)"
-                v.append(Violation(f"{name}: {region} differs from a fresh full build", f"{where}: {name}[{i}]",
-                                   fmt(exp[i].tolist()), fmt(got[i].tolist())))
+            if not diff.any():
+                continue
+            end = live_ends.get(name)
+            end = diff.shape[0] if end is None else int(end)
+            pos = torch.arange(diff.shape[0])
+            live, past = diff & (pos < end), diff & (pos >= end)
+            found = f"{name}: live region differs from a fresh full build"
+            classes = [(live, found), (past, f"{name}: past the extent (must be zero) differs from a fresh full build")]
+            if name == "paged_kv_indices" and holed:
+                indptr = fresh["paged_kv_indptr"]
+                owner = torch.searchsorted(indptr[1:], pos.to(indptr.dtype), right=True)
+                in_holed = torch.isin(owner, torch.tensor(sorted(holed), dtype=owner.dtype))
+                classes = [(live & ~in_holed, found), (live & in_holed, found + HOLED_TOKEN), classes[1]]
+            for mask, msg in classes:
+                if mask.any():
+                    i = int(mask.nonzero()[0, 0])
+                    v.append(Violation(msg, f"{where}: {name}[{i}]", fmt(exp[i].tolist()), fmt(got[i].tolist())))
         return v
 
 
 def _replay(case: MetadataCase, target: Target, *, staleness: bool, extents: bool) -> list[Violation]:
     with single_threaded():
         replay = MetadataReplay(case.config, target)
+        # every step is judged, also after one that failed: a later step's own violation is not hidden behind an
+        # earlier one (a known finding in step 0 must not mask a new one in step 2)
+        v: list[Violation] = []
         for step in case.steps:
-            v = replay.step(step, staleness=staleness, extents=extents)
-            if v:
-                return v
-    return []
+            v += replay.step(step, staleness=staleness, extents=extents)
+    return v
 
 
 def _cfg(**kw) -> MetadataConfig:
@@ -243,6 +293,9 @@ def _staleness_examples(target: Target) -> list[MetadataCase]:
         _case(_st([1, 1], [3, 4], host=False), _st([1, 1], [4, 5], host=False, seed=2)),
         # the last request's query length changes, the request starts do not.
         _case(_st([2, 1], [5, 5]), _st([2, 2], [5, 5], seed=2)),
+        # the same T, max_query_len, min(seq_lens, topk) and min(seq_lens - q_lens, topk), the query lengths of the
+        # two requests swapped with their lengths: sparse lengths [7, 8, 8, 8, 7, 8] then [7, 8, 7, 8, 8, 8].
+        _case(_st([4, 2], [10, 8]), _st([2, 4], [8, 10], seed=2)),
         # -1 holes anywhere in the rows.
         _case(_st([2, 1], [6, 7], holes="anywhere")),
     ]

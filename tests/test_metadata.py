@@ -550,9 +550,9 @@ def test_staleness_check_records_the_attention_margin():
 
 
 def test_attention_violation_names_the_worst_lane_the_count_and_the_cosine(monkeypatch):
-    import contracts.sparse_metadata as csm
+    import impl.work_partition as wp
 
-    real = csm.sparse_decode_from_partition
+    real = wp.sparse_decode_from_partition
 
     def off_by_a_bit(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -560,11 +560,12 @@ def test_attention_violation_names_the_worst_lane_the_count_and_the_cosine(monke
         out[1, 0, 3] += 4.0
         return out
 
-    monkeypatch.setattr(csm, "sparse_decode_from_partition", off_by_a_bit)
+    monkeypatch.setattr(wp, "sparse_decode_from_partition", off_by_a_bit)
     replay = MetadataReplay(_cfg(), "gfx950")
     v = replay.step(_step([1, 1], [6, 6]), extents=False)
     assert len(v) == 1
-    assert "2 of 2048 lanes" in v[0].message and "cosine 0.9" in v[0].message, v[0].message
+    assert v[0].message == "attention from the recompute partition differs from the oracle beyond the derived bound"
+    assert "2 of 2048 lanes" in v[0].got and "cosine 0.9" in v[0].got, v[0].got
     assert v[0].where.endswith("out[1, 0, 3]")
 
 
