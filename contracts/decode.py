@@ -8,8 +8,8 @@ import warnings
 import torch
 
 from contracts.core import ALL_TARGETS, Violation, contract, record_margin
+from contracts.subjects import bound
 from fuzz import decode as fz
-from impl import decode as dec
 from impl import splits as impl_splits
 from impl.runtime import kernel_device, triton_mode
 from impl.targets import Target
@@ -35,8 +35,9 @@ def _decode_examples(target: Target) -> list[fz.DecodeCase]:
     return out
 
 
-def _plan_for(case: fz.DecodeCase, target: Target):
-    """The plan a case pins (None: the target's own plan for the case's sizes and CU count)."""
+def _plan_for(case: fz.DecodeCase, target: Target, dec):
+    """The plan a case pins (None: the target's own plan for the case's sizes and CU count); ``dec`` is the
+    subject's decode family (its plan type is our API's)."""
     if case.num_splits is None:
         return None
     hb = impl_splits.head_blocks(case.heads)
@@ -61,9 +62,10 @@ def decode_oracle_agreement(case: fz.DecodeCase, target: Target) -> list[Violati
     SPEC section 2, seed 004 (gfx950 partial, adaptive splits, trust gate), upstream tests' boundaries (extra_len
     0/1/31/32/33/63/64/65).
     """
+    dec = bound(target).decode
     inp = fz.build_decode_inputs(case, target)
     b, h = case.batch, case.heads
-    plan = _plan_for(case, target)
+    plan = _plan_for(case, target, dec)
     if plan is None:
         plan = dec.plan_decode(target, b, h, inp.main_indices.numel(),
                                inp.extra_indices.numel() if inp.extra_indices is not None else 0,

@@ -3,9 +3,9 @@ Source: SPEC sections 2 and 4; seed 004 (review: gfx950 specialisations must not
 from __future__ import annotations
 
 from contracts.core import ALL_TARGETS, Violation, contract, fmt
+from contracts.subjects import bound
 from fuzz import dispatch as fz
 from fuzz.dispatch import DispatchCase
-from impl.dispatch import decode_dispatch
 from impl.targets import Target
 from oracles.dispatch import expected_dispatch
 
@@ -29,6 +29,7 @@ def target_dispatch(case: DispatchCase, target: Target) -> list[Violation]:
     the fp8 flavours, the capture flag carried through; contradictory flags rejected with ValueError. The pinned
     example enumerates the whole grid. Source: SPEC 2 and 4; seed 004 (review: gfx950 changes must not reach gfx942).
     """
+    decode_dispatch = bound(target).dispatch.decode_dispatch
     out: list[Violation] = []
     for flags in case.flags:
         kwargs = flags.kwargs()
