@@ -7,6 +7,15 @@ target gets its own import: :meth:`Tree.load` returns a :class:`Loaded`, whose :
 that target's modules into ``sys.modules`` (upstream imports lazily inside functions) and restores the previous
 ones after. Upstream's source is read as it is; the only changes are the named :class:`Rewrite` s, each applied
 only where it is needed, and each listed in the report.
+
+Isolation. While the loader imports and while a :class:`Loaded` is active, a finder placed first on
+``sys.meta_path`` answers every ``vllm.*`` import, so neither an installed vLLM nor any other module of the tree's
+``vllm/`` directory (a checkout holds all of them) is ever executed. ``transformers`` (imported by
+``deepseek_v2`` for two config classes used as annotations) is always inert during the import, installed or not.
+``aiter`` is never imported from the environment: PyPI's ``aiter`` is an unrelated package and AMD's would make
+the audit depend on the host; an import of it raises :class:`ModuleNotFoundError`, as on a host without AITER.
+The adapters that need AITER put in-memory fakes (modules without a ``__file__``) into ``sys.modules`` for the
+call; those are seen, a file-backed ``aiter`` already imported in the process is hidden while upstream code runs.
 """
 from __future__ import annotations
 
@@ -18,12 +27,16 @@ import importlib.util
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
-import types
+import time
+import zipfile
 from dataclasses import dataclass, field
 
-from contracts.subjects import SubjectSpecError
+from contracts.subjects import EntryMissing, SubjectSpecError
 from contracts.subjects.vllm import standins
 
 #: the audited modules, as paths relative to the tree's root (SPEC section 9)
@@ -35,9 +48,11 @@ NEEDED: tuple[str, ...] = (
     "vllm/v1/attention/backends/mla/rocm_aiter_mla_sparse.py",
     "vllm/model_executor/models/deepseek_v2.py",
 )
-#: third-party packages the audited modules import at top level for types they never use on the audited paths;
-#: inert when not installed (only ``transformers``' config classes, in deepseek_v2)
+#: third-party packages the audited modules import at top level for names they never use on the audited paths;
+#: always inert during the import (only ``transformers``' config classes, in deepseek_v2)
 THIRD_PARTY_STANDINS = ("transformers",)
+#: packages upstream code may import that are never taken from the environment (see the module docstring)
+BLOCKED = ("aiter",)
 #: the one module a tree must hold to be a vLLM tree this suite can audit
 MARKER = NEEDED[0]
 
@@ -46,10 +61,15 @@ def module_name(path: str) -> str:
     return path[:-3].replace("/", ".")
 
 
+def _top(name: str) -> str:
+    return name.partition(".")[0]
+
+
 @dataclass(frozen=True)
 class Rewrite:
     """A minimal, named change to upstream source: exact text ``find`` -> ``replace`` in ``path``; ``when`` says
-    where it applies ("interpreter", "native" or "always"); ``why`` is shown in the report."""
+    where it applies ("interpreter", "native" or "always"); ``why`` is shown in the report. A rewrite that finds
+    nothing is an error (:class:`SubjectSpecError` naming it): upstream changed and the adapter needs a look."""
 
     id: str
     path: str
@@ -85,34 +105,35 @@ def _sha256(path: str) -> str:
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves the ``vllm`` namespace while one target's modules load (see the module docstring)."""
+    """Serves the ``vllm`` namespace (see the module docstring). ``importing`` is True while a target's modules
+    are imported (the audited modules run from the tree, ``transformers`` is inert); False while a
+    :class:`Loaded` is active (a module upstream imports lazily is a stand-in or an inert module)."""
 
-    def __init__(self, root: str, standin_mods: dict, rewrites: list[Rewrite], applied: list):
+    def __init__(self, root: str, standin_mods: dict, rewrites: list[Rewrite], applied: list, *,
+                 importing: bool = True):
         self.root = root
         self.standins = standin_mods
         self.rewrites = rewrites
         self.applied = applied
-        self.needed = {module_name(p): p for p in NEEDED if os.path.exists(os.path.join(root, p))}
-        self.packages = set()
-        for name in self.needed:
-            parts = name.split(".")
-            for i in range(1, len(parts)):
-                self.packages.add(".".join(parts[:i]))
+        self.importing = importing
+        self.needed = ({module_name(p): p for p in NEEDED if os.path.exists(os.path.join(root, p))}
+                       if importing else {})
 
     def find_spec(self, fullname, path=None, target=None):
-        top = fullname.split(".")[0]
-        if top in THIRD_PARTY_STANDINS and (fullname in sys.modules or importlib.machinery.PathFinder.find_spec(
-                top) is not None):
-            return None
-        if not (top == "vllm" or top in THIRD_PARTY_STANDINS):
+        top = _top(fullname)
+        if top in BLOCKED:
+            if top in sys.modules:
+                return None  # an adapter's in-memory fake is in place: its own submodules resolve as it says
+            raise ModuleNotFoundError(f"No module named {top!r} (the audit never imports {top} from the "
+                                      f"environment)", name=fullname)
+        if not (top == "vllm" or (self.importing and top in THIRD_PARTY_STANDINS)):
             return None
         real = fullname in self.needed
         origin = os.path.join(self.root, self.needed[fullname]) if real else None
-        # every stand-in and inert module may have submodules imported from it
+        # a stand-in or inert module may have submodules imported from it, which this finder serves as well
         spec = importlib.machinery.ModuleSpec(fullname, self, origin=origin, is_package=not real)
         if not real:
-            spec.submodule_search_locations = (
-                [os.path.join(self.root, *fullname.split("."))] if fullname in self.packages else [])
+            spec.submodule_search_locations = []
         return spec
 
     def create_module(self, spec):
@@ -122,7 +143,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if name in self.needed:
             return None  # a plain module, executed from the tree's source below
         m = standins.InertModule(name)
-        m.__path__ = list(spec.submodule_search_locations or [])
+        m.__path__ = []
         return m
 
     def exec_module(self, module):
@@ -138,12 +159,52 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 continue
             source, n = rw.apply(source)
             if n == 0:
-                raise SubjectSpecError(f"{path}: rewrite {rw.id} no longer matches upstream's source "
-                                       f"(expected {rw.find!r}); this version needs a new adapter")
+                raise SubjectSpecError(f"rewrite {rw.id} no longer matches {rel} in {self.root} (it looks for "
+                                       f"{_short(rw.find)}): upstream changed there; the adapter needs updating")
             self.applied.append({"id": rw.id, "file": rel, "count": n, "why": rw.why})
         module.__file__ = path
-        code = compile(source, path, "exec")
-        exec(code, module.__dict__)
+        exec(compile(source, path, "exec"), module.__dict__)
+
+
+def _short(text: str, n: int = 60) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else text
+    return repr(first if len(first) <= n else first[:n] + "...")
+
+
+#: one import or one active target at a time in this process: both swap ``sys.modules`` entries
+_ACTIVE_LOCK = threading.RLock()
+
+
+def _is_vllm(name: str) -> bool:
+    return _top(name) == "vllm"
+
+
+def _hidden_third_party(name: str, mod) -> bool:
+    """Environment modules kept out of upstream's reach while it runs: a file-backed (installed) ``aiter``."""
+    return _top(name) in BLOCKED and getattr(mod, "__file__", None) is not None
+
+
+@contextlib.contextmanager
+def _swapped(modules: dict, finder: _Finder, hide=lambda name, mod: False):
+    """``sys.modules``' ``vllm.*`` entries replaced by ``modules`` (and ``hide``'s picks removed), ``finder``
+    first on ``sys.meta_path``; on exit (also on an exception) both are exactly as they were. Yields the dict of
+    ``vllm.*`` modules present at the end of the block."""
+    saved = {k: v for k, v in sys.modules.items() if _is_vllm(k) or hide(k, v)}
+    for k in saved:
+        del sys.modules[k]
+    sys.modules.update(modules)
+    sys.meta_path.insert(0, finder)
+    out: dict = {}
+    try:
+        yield out
+    finally:
+        try:
+            sys.meta_path.remove(finder)
+        except ValueError:  # pragma: no cover - someone removed it
+            pass
+        for k in [k for k in sys.modules if _is_vllm(k)]:
+            out[k] = sys.modules.pop(k)
+        sys.modules.update(saved)
 
 
 @dataclass
@@ -153,36 +214,40 @@ class Loaded:
     arch: str
     modules: dict  # vllm.* name -> module (stand-ins and inert ones included)
     rewrites: list = field(default_factory=list)
+    root: str = ""
 
     def __getitem__(self, short: str):
-        """``loaded["ops"]`` etc.: the audited modules by short name (see :data:`SHORT`)."""
-        return self.modules[SHORT[short]]
+        """``loaded["ops"]`` etc.: the audited modules by short name (see :data:`SHORT`). A module this tree does
+        not have is :class:`EntryMissing` (a skipped row naming it)."""
+        name = SHORT[short]
+        try:
+            return self.modules[name]
+        except KeyError:
+            raise EntryMissing(name.replace(".", "/") + ".py", "this vLLM tree does not have that module") from None
 
     @contextlib.contextmanager
     def active(self):
         """Put this target's ``vllm.*`` modules into ``sys.modules`` while upstream code runs (it imports lazily
-        inside functions), then restore what was there."""
+        inside functions), then restore exactly what was there, also when the block raises. A ``vllm.*`` module
+        imported for the first time inside the block is a stand-in (never the installed vLLM's, never the tree's
+        own file) and is kept for this target's next call."""
+        finder = _Finder(self.root, self.modules, [], [], importing=False)
         with _ACTIVE_LOCK:
-            saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
-            for k in saved:
-                del sys.modules[k]
-            sys.modules.update(self.modules)
+            after: dict = {}
             try:
-                yield self
+                with _swapped(self.modules, finder, _hidden_third_party) as after:
+                    yield self
             finally:
-                for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
-                    mod = sys.modules.pop(k)
-                    if k not in self.modules:  # imported lazily by upstream code during the call: keep it
+                for k, mod in after.items():  # only what this finder served; an adapter's fakes are its own
+                    if k not in self.modules and getattr(getattr(mod, "__spec__", None), "loader", None) is finder:
                         self.modules[k] = mod
-                sys.modules.update(saved)
 
-
-_ACTIVE_LOCK = threading.RLock()
 
 SHORT = {
     "ops": "vllm.v1.attention.ops.rocm_aiter_mla_sparse",
     "rocm": "vllm.models.deepseek_v4.amd.rocm",
     "compress": "vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache",
+    "indexer_q": "vllm.models.deepseek_v4.common.ops.fused_indexer_q",
     "builder": "vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse",
     "deepseek_v2": "vllm.model_executor.models.deepseek_v2",
 }
@@ -190,164 +255,337 @@ SHORT = {
 
 @dataclass
 class Tree:
-    """A vLLM source tree holding (at least) the audited modules."""
+    """A vLLM source tree holding (at least) the audited modules. ``wheel_sha256`` is set for a tree extracted
+    from a release wheel; ``modified`` lists the modules whose content differs from what that wheel held."""
 
     root: str
     version: str
     source: str
     wheel_sha256: str | None = None
+    modified: tuple = ()
 
     def module_hashes(self) -> dict:
         return {p: _sha256(os.path.join(self.root, p)) for p in NEEDED if os.path.exists(os.path.join(self.root, p))}
 
     def load(self, arch: str, fp8_dtype, cu_count: int, *, rewrites: list[Rewrite] | None = None,
              extra_standins: dict | None = None) -> Loaded:
-        """Import the audited modules afresh for one architecture."""
+        """Import the audited modules afresh for one architecture (``gfx942``, ``gfx950``; any other name is a
+        device with neither arch flag, upstream's generic fallback)."""
+        rewrites = list(REWRITES if rewrites is None else rewrites)
+        for rw in rewrites:
+            if rw.path not in NEEDED:
+                raise SubjectSpecError(f"rewrite {rw.id} names {rw.path}, which is not a module the loader imports")
         mods = standins.build(arch, fp8_dtype, cu_count)
         for name, attrs in (extra_standins or {}).items():
             m = mods.get(name) or standins.InertModule(name)
             m.__dict__.update(attrs)
             mods[name] = m
         applied: list = []
-        finder = _Finder(self.root, mods, list(REWRITES if rewrites is None else rewrites), applied)
+        finder = _Finder(self.root, mods, rewrites, applied)
+
+        def hide(name, mod):  # the installed transformers (or aiter) stays out of the import
+            return _top(name) in THIRD_PARTY_STANDINS or _hidden_third_party(name, mod)
+
         with _ACTIVE_LOCK:
-            saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
-            for k in saved:
-                del sys.modules[k]
-            third = {k for k in sys.modules if k.split(".")[0] in THIRD_PARTY_STANDINS}
-            sys.meta_path.insert(0, finder)
-            standins.IMPORTING.set(True)
+            third_before = {k for k in sys.modules if _top(k) in THIRD_PARTY_STANDINS}
+            token = standins.IMPORTING.set(True)
             try:
-                for name in finder.needed:
-                    importlib.import_module(name)
-                loaded = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
+                with _swapped(mods, finder, hide) as loaded:
+                    for name in finder.needed:
+                        importlib.import_module(name)
             finally:
-                standins.IMPORTING.set(False)
-                sys.meta_path.remove(finder)
-                for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+                standins.IMPORTING.reset(token)
+                # the inert transformers served during the import goes; an installed one imported before returns
+                for k in [k for k in sys.modules if _top(k) in THIRD_PARTY_STANDINS and k not in third_before]:
                     del sys.modules[k]
-                for k in [k for k in sys.modules if k.split(".")[0] in THIRD_PARTY_STANDINS and k not in third]:
-                    del sys.modules[k]
-                sys.modules.update(saved)
-        return Loaded(arch, loaded, applied)
+        return Loaded(arch, loaded, applied, self.root)
 
 
 # --- finding a tree --------------------------------------------------------------------------------------------------
 
 def cache_dir() -> str:
+    """Where ``vllm==X`` trees live: ``$SMV_CACHE``, else ``$XDG_CACHE_HOME/sparse-mla-verify`` (default
+    ``~/.cache/sparse-mla-verify``)."""
     return os.environ.get("SMV_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sparse-mla-verify")
 
 
 _META = "smv-subject.json"
+#: the layout of ``smv-subject.json`` this loader writes; a tree in another layout is fetched again
+_META_FORMAT = 2
+
+
+def _read_meta(root: str) -> dict | None:
+    try:
+        with open(os.path.join(root, _META), encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _git_version(root: str) -> str | None:
+    """``git:<describe>`` for the checkout rooted at ``root`` (not for a directory inside some other repo)."""
+    try:
+        top = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                             timeout=10)
+        if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(root):
+            return None
+        d = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty"], capture_output=True, text=True,
+                           timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return f"git:{d.stdout.strip()}" if d.returncode == 0 and d.stdout.strip() else None
 
 
 def _version_of(root: str) -> str:
-    meta = os.path.join(root, _META)
-    if os.path.exists(meta):
-        with open(meta) as fh:
-            return json.load(fh).get("version", "unknown")
+    """A fetched tree's recorded version; else ``vllm/_version.py``'s; else ``git:<describe>``; else unknown."""
+    meta = _read_meta(root)
+    if meta and meta.get("version"):
+        return str(meta["version"])
     vf = os.path.join(root, "vllm", "_version.py")
     if os.path.exists(vf):
-        with open(vf) as fh:
+        with open(vf, encoding="utf-8", errors="replace") as fh:
             m = re.search(r"""(?:__version__|version)\s*(?::\s*str)?\s*=\s*['"]([^'"]+)['"]""", fh.read())
         if m:
             return m.group(1)
-    return "unknown"
+    return _git_version(root) or "unknown"
+
+
+def _modified(root: str, meta: dict | None) -> tuple:
+    recorded = (meta or {}).get("modules")
+    if not isinstance(recorded, dict):
+        return ()
+    return tuple(p for p, sha in sorted(recorded.items())
+                 if not os.path.exists(os.path.join(root, p)) or _sha256(os.path.join(root, p)) != sha)
 
 
 def tree_at(path: str) -> Tree:
-    """``vllm@PATH``: a checkout (or a tree from :func:`fetch_tree`) whose ``vllm/`` holds the audited modules."""
+    """``vllm@PATH``: a checkout (``PATH/vllm/...``; ``PATH/vllm`` itself is accepted too) or a tree from
+    :func:`fetch_tree`, holding the audited modules."""
     root = os.path.abspath(os.path.expanduser(path))
     if os.path.basename(root) == "vllm" and os.path.exists(os.path.join(os.path.dirname(root), MARKER)):
         root = os.path.dirname(root)
     if not os.path.isdir(root):
         raise SubjectSpecError(f"vllm@{path}: no such directory")
     if not os.path.exists(os.path.join(root, MARKER)):
-        raise SubjectSpecError(f"vllm@{path}: not a vLLM tree with the sparse-MLA ROCm modules (no {MARKER})")
-    sha = None
-    meta = os.path.join(root, _META)
-    if os.path.exists(meta):
-        with open(meta) as fh:
-            sha = json.load(fh).get("wheel_sha256")
-    return Tree(root, _version_of(root), root, sha)
+        what = "has a vllm/ package but" if os.path.isdir(os.path.join(root, "vllm")) else "is not a vLLM tree: it"
+        raise SubjectSpecError(f"vllm@{path}: {what} has no {MARKER} (a vLLM checkout, or a tree written by "
+                               f"`smv subject fetch`, from before the sparse-MLA ROCm path?)")
+    meta = _read_meta(root)
+    sha = (meta or {}).get("wheel_sha256")
+    version = _version_of(root)
+    source = root
+    modified = ()
+    if sha:
+        modified = _modified(root, meta)
+        source = f"{root} (extracted from {meta.get('wheel', 'the release wheel')}" + (
+            f"; modified since: {', '.join(modified)})" if modified else ")")
+    return Tree(root, version, source, sha, modified)
+
+
+def _installed_spec():
+    """vLLM's import spec as the environment would resolve it, without importing it, ignoring ``sys.modules``
+    (which may hold the loader's stand-ins) and the loader's own finders."""
+    for finder in sys.meta_path:
+        if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec("vllm", None)
+        except Exception:  # noqa: BLE001 - a broken third-party finder is not vLLM
+            continue
+        if spec is not None:
+            return spec
+    return None
 
 
 def installed_tree() -> Tree:
     """``vllm``: the installed package, found without importing it."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
+    spec = _installed_spec()
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
         raise SubjectSpecError("subject vllm: vLLM is not installed in this environment "
                                "(use vllm==VERSION to download a release, or vllm@PATH for a checkout)")
-    root = os.path.dirname(list(spec.submodule_search_locations)[0])
-    if not os.path.exists(os.path.join(root, MARKER)):
-        raise SubjectSpecError(f"subject vllm: the installed vLLM at {root} has no {MARKER}")
+    root = next((os.path.dirname(p) for p in locations if os.path.exists(os.path.join(os.path.dirname(p), MARKER))),
+                None)
+    if root is None:
+        raise SubjectSpecError(f"subject vllm: the installed vLLM at {os.path.dirname(locations[0])} has no "
+                               f"{MARKER} (a release before the sparse-MLA ROCm path?)")
     try:
         from importlib.metadata import version
 
         v = version("vllm")
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no distribution metadata (a bare directory on sys.path)
         v = _version_of(root)
     return Tree(root, v, f"installed: {root}")
 
 
 _VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!-]*$")
+#: pip's network settings for the download: fail in seconds when the index cannot be reached, never hang
+PIP_TIMEOUT_S = 15
+PIP_RETRIES = 1
+#: a stuck download (the index answers, then stalls) ends after this long
+DOWNLOAD_LIMIT_S = 1800
+#: how long a process waits for another one fetching the same release
+LOCK_WAIT_S = DOWNLOAD_LIMIT_S + 120
+
+_NETWORK_SIGNS = ("NewConnectionError", "Failed to establish", "Temporary failure in name resolution",
+                  "Name or service not known", "Network is unreachable", "ProxyError", "ConnectionError",
+                  "ConnectTimeoutError", "Read timed out", "connection broken", "SSLError")
+
+
+def _complete(dest: str) -> bool:
+    """``dest`` holds a tree this loader fetched, in the current layout, covering every :data:`NEEDED` module,
+    each unchanged since extraction."""
+    meta = _read_meta(dest)
+    if not meta or meta.get("format") != _META_FORMAT or not isinstance(meta.get("modules"), dict):
+        return False
+    if not set(NEEDED) <= set(meta["modules"]) | set(meta.get("absent", ())):
+        return False  # this loader needs a module the tree was not asked for
+    return os.path.exists(os.path.join(dest, MARKER)) and not _modified(dest, meta)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: str, what: str):
+    """An exclusive lock on ``lock_path`` between processes (POSIX ``flock``; where there is none, the atomic
+    rename in :func:`fetch_tree` alone keeps the tree whole). Waits at most :data:`LOCK_WAIT_S`."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield False
+        return
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SubjectSpecError(f"{what}: another process has held {lock_path} for over "
+                                           f"{LOCK_WAIT_S} s") from None
+                time.sleep(0.2)
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _pip_failure(version: str, proc) -> SubjectSpecError:
+    out = "\n".join(s for s in (proc.stderr, proc.stdout) if s)
+    m = re.search(r"\(from versions: ([^)]*)\)", out)
+    if m and m.group(1).strip() not in ("", "none"):
+        known = [v.strip() for v in m.group(1).split(",") if v.strip()]
+        return SubjectSpecError(f"vllm=={version}: no such release on the package index (newest: {known[-1]})")
+    if any(s in out for s in _NETWORK_SIGNS):
+        return SubjectSpecError(f"vllm=={version}: the package index cannot be reached (no network?)")
+    if m or "No matching distribution" in out:
+        return SubjectSpecError(f"vllm=={version}: no vllm release found on the package index (no network, or "
+                                f"an index without vllm?)")
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    last = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1] if lines else "")
+    return SubjectSpecError(f"vllm=={version}: download failed: {last or f'pip exited {proc.returncode}'}")
+
+
+def _download_wheel(version: str, tmp: str) -> str:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "--no-input", "--progress-bar", "off", "--timeout", str(PIP_TIMEOUT_S), "--retries", str(PIP_RETRIES),
+           f"vllm=={version}", "-d", tmp]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DOWNLOAD_LIMIT_S,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise SubjectSpecError(f"vllm=={version}: the download did not finish in {DOWNLOAD_LIMIT_S} s") from None
+    except OSError as exc:
+        raise SubjectSpecError(f"vllm=={version}: could not run pip download ({exc})") from None
+    wheels = sorted(f for f in os.listdir(tmp) if f.endswith(".whl"))
+    if proc.returncode != 0 or not wheels:
+        raise _pip_failure(version, proc)
+    return os.path.join(tmp, wheels[0])
+
+
+def _extract(wheel: str, version: str, part: str) -> None:
+    """The audited modules of ``wheel`` into ``part``, with ``smv-subject.json`` (written last)."""
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except zipfile.BadZipFile:
+        raise SubjectSpecError(f"vllm=={version}: {os.path.basename(wheel)} is not a readable wheel") from None
+    with zf:
+        names = set(zf.namelist())
+        if MARKER not in names:
+            raise SubjectSpecError(f"vllm=={version}: the wheel has no {MARKER} (a release before the sparse-MLA "
+                                   f"ROCm path?)")
+        present = [p for p in NEEDED if p in names]
+        for p in present:  # fixed names from NEEDED: nothing in the archive chooses where a file goes
+            target = os.path.join(part, p)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with zf.open(p) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    meta = {"format": _META_FORMAT, "name": "vllm", "version": version, "wheel": os.path.basename(wheel),
+            "wheel_sha256": _sha256(wheel), "modules": {p: _sha256(os.path.join(part, p)) for p in present},
+            "absent": [p for p in NEEDED if p not in names]}
+    with open(os.path.join(part, _META), "w", encoding="utf-8") as fh:
+        json.dump(meta, fh, indent=1)
 
 
 def fetch_tree(version: str, to: str | None = None, *, quiet: bool = True) -> Tree:
-    """``vllm==X``: download the release wheel once (``pip download --no-deps``), extract only the audited
-    modules into ``to`` (default: the user cache) with a ``smv-subject.json`` naming the wheel and its sha256."""
-    import subprocess
-    import tempfile
-    import zipfile
+    """``vllm==X``: download the release wheel once (``pip download --no-deps``, pip's own index settings), extract
+    only the audited modules into ``to`` (default: ``cache_dir()/vllm-X``) with a ``smv-subject.json`` naming the
+    wheel, its sha256 and each module's. A complete tree already there is reused without touching the network.
 
-    if not _VERSION_RE.match(version):
-        raise SubjectSpecError(f"vllm=={version}: not a version number")
-    dest = os.path.abspath(to) if to else os.path.join(cache_dir(), f"vllm-{version}")
-    if os.path.exists(os.path.join(dest, _META)) and os.path.exists(os.path.join(dest, MARKER)):
+    Safe between processes: one fetch per destination at a time (a lock file beside it); the tree is assembled in
+    a private directory and renamed into place whole, so a reader sees no tree or a complete one. ``to`` may name
+    a new or empty directory, or one an earlier fetch wrote; anything else is refused, never overwritten."""
+    if not _VERSION_RE.match(version or ""):
+        raise SubjectSpecError(f"vllm=={version}: not a version number (e.g. vllm==0.33.0)")
+    dest = os.path.abspath(os.path.expanduser(to)) if to else os.path.join(cache_dir(), f"vllm-{version}")
+    if _complete(dest) and _version_of(dest) == version:
         return tree_at(dest)
-    with tempfile.TemporaryDirectory(prefix="smv-wheel-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-               "-q", f"vllm=={version}", "-d", tmp]
+    parent = os.path.dirname(dest)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as exc:
+        raise SubjectSpecError(f"vllm=={version}: cannot create {parent} ({exc.strerror})") from None
+    with _locked(dest + ".lock", f"vllm=={version}") as exclusive:
+        if _complete(dest) and _version_of(dest) == version:
+            return tree_at(dest)  # another process fetched it while this one waited
+        if os.path.isdir(dest) and os.listdir(dest) and _read_meta(dest) is None:
+            raise SubjectSpecError(f"vllm=={version}: {dest} exists and is not a tree written by smv; give an empty "
+                                   f"or new directory")
+        if os.path.exists(dest) and not os.path.isdir(dest):
+            raise SubjectSpecError(f"vllm=={version}: {dest} exists and is not a directory")
+        base = os.path.basename(dest)
+        if exclusive:  # under the lock, any leftover part is a dead process's
+            for name in os.listdir(parent):
+                if name.startswith(base + ".part-") or name.startswith(base + ".old-"):
+                    shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        part = tempfile.mkdtemp(prefix=base + ".part-", dir=parent)
+        os.chmod(part, 0o755)  # mkdtemp's is private; the tree is a cache others on the host may read
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SubjectSpecError(f"vllm=={version}: could not run pip download ({exc})") from None
-        wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
-        if proc.returncode != 0 or not wheels:
-            err = (proc.stderr or proc.stdout).strip().splitlines()
-            last = next((line for line in reversed(err) if line.startswith("ERROR")), err[-1] if err else "")
-            if "No matching distribution" in (proc.stderr or "") or "from versions" in (proc.stderr or ""):
-                why = "no such release on the package index"
-            elif any(s in (proc.stderr or "") for s in ("NewConnectionError", "Failed to establish", "Temporary failure",
-                                                         "Network is unreachable", "ProxyError", "ConnectionError")):
-                why = "the package index cannot be reached (no network?)"
-            else:
-                why = last or f"pip exited {proc.returncode}"
-            raise SubjectSpecError(f"vllm=={version}: download failed: {why}")
-        wheel = os.path.join(tmp, wheels[0])
-        sha = _sha256(wheel)
-        part = dest + ".part"
-        if os.path.exists(part):
-            import shutil
-
-            shutil.rmtree(part)
-        os.makedirs(part)
-        with zipfile.ZipFile(wheel) as zf:
-            names = set(zf.namelist())
-            missing = [p for p in NEEDED if p not in names]
-            if MARKER in missing:
-                raise SubjectSpecError(f"vllm=={version}: the wheel has no {MARKER} (a release before the "
-                                       f"sparse-MLA ROCm path?)")
-            for p in NEEDED:
-                if p in names:
-                    zf.extract(p, part)
-        with open(os.path.join(part, _META), "w") as fh:
-            json.dump({"name": "vllm", "version": version, "wheel": wheels[0], "wheel_sha256": sha,
-                       "modules": [p for p in NEEDED if p in names]}, fh, indent=1)
-        if os.path.exists(dest):
-            import shutil
-
-            shutil.rmtree(dest)
-        os.replace(part, dest)
+            if not quiet:
+                print(f"smv: downloading vllm=={version} (the wheel is large; once, into {parent})", file=sys.stderr,
+                      flush=True)
+            with tempfile.TemporaryDirectory(prefix="smv-wheel-") as tmp:
+                _extract(_download_wheel(version, tmp), version, part)
+            _install(part, dest)
+        finally:
+            shutil.rmtree(part, ignore_errors=True)
     return tree_at(dest)
+
+
+def _install(part: str, dest: str) -> None:
+    """Move the complete tree ``part`` to ``dest`` in one rename; an old tree there is moved aside first."""
+    old = None
+    if os.path.exists(dest):
+        old = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".old-", dir=os.path.dirname(dest))
+        os.rmdir(old)
+        os.rename(dest, old)
+    try:
+        os.rename(part, dest)
+    except OSError:
+        if _complete(dest):  # without a lock another process may have won the rename: its tree is as good
+            return
+        raise
+    finally:
+        if old:
+            shutil.rmtree(old, ignore_errors=True)

@@ -1,12 +1,32 @@
 """Stand-ins for the parts of vLLM the audited modules import but the audit does not exercise.
 
 Loading upstream's ROCm modules with their real imports would pull in about 300 modules and 40 packages. The loader
-instead serves, for every ``vllm.*`` module that is not one of the audited ones (:data:`NEEDED`), either a small
-documented stand-in below (the ones whose values the code under audit really reads: the platform and its arch flags,
-the fp8 dtype, the logger, the environment flags, Triton) or an *inert* module: any attribute of it is a
-placeholder that can be subclassed, subscripted and used as a decorator (it returns what it decorates), and that
-raises :class:`StandInCalled`, naming itself, when code under audit actually calls it. A row that reaches one is thus
-never silently judged against a fake; it fails loudly with the name of what it needed.
+instead serves, for every ``vllm.*`` module that is not one of the audited ones (``loader.NEEDED``), either one of
+the small documented stand-ins built by :func:`build` (the ones whose values the code under audit really reads) or
+an *inert* module.
+
+The stand-ins, per emulated architecture (``gfx942``, ``gfx950``; any other name has neither arch flag):
+
+- ``vllm.platforms``: ``current_platform``, a :class:`Platform` that is ROCm with the target's fp8 dtype and CU
+  count; any other attribute of it is an inert placeholder.
+- ``vllm.platforms.rocm``: ``_ON_GFX942`` / ``_ON_GFX950`` (the arch flags upstream binds at import) and the
+  ``on_gfx942()``, ``on_gfx950()``, ``on_mi3xx()``, ``on_gfx9()``, ``on_gfx1250()`` probes, all from the target.
+- ``vllm.logger``: ``init_logger`` giving a logger under ``smv.subject.*`` (``*_once`` variants log at debug).
+- ``vllm.envs``: every ``VLLM_*`` flag is unset and reads False (none of the audited paths is switched on by one);
+  ``is_set(name)`` is False.
+- ``vllm.triton_utils``: the real ``triton`` and ``triton.language`` (``HAS_TRITON`` True).
+- ``vllm.utils.torch_utils``: ``direct_register_custom_op`` registers nothing (upstream registers its host
+  wrappers as torch custom ops; the audit calls them as plain functions); the rest is inert.
+- ``vllm.utils.math_utils``: ``cdiv`` and ``round_up`` (integer ceiling division and rounding up to a multiple,
+  which host code computes sizes with); the rest is inert.
+
+An inert module's every attribute is a *placeholder* class. While the loader executes module bodies
+(:data:`IMPORTING`) a placeholder may be subclassed, subscripted (``X[T]``), or-ed into a type union, used as a
+decorator (it returns what it decorates) or called (a decorator factory, a constant built at import: the result is
+another placeholder), and reads as false. Once loaded, calling a placeholder, testing its truth or iterating it
+raises :class:`StandInCalled` naming it: a row that reaches one is never silently judged against a fake but ends
+loudly with the name of what it needed. A class upstream derives from a placeholder is upstream's own and is
+instantiated normally; only its stand-in base's ``__init__`` raises (after import) when reached.
 """
 from __future__ import annotations
 
@@ -14,16 +34,26 @@ import contextvars
 import logging
 import types
 
-import torch
-
 
 class StandInCalled(RuntimeError):
     """Audited code called a vLLM facility the loader does not provide."""
 
 
-#: True while the loader executes module bodies: there a call to a placeholder (a decorator factory, a config
-#: constant built at import) gives another placeholder; once loaded, a call raises :class:`StandInCalled`
+#: True while the loader executes module bodies (set in the loading thread's context only, and reset after): there
+#: placeholders are permissive (see the module docstring); everywhere else they raise :class:`StandInCalled`
 IMPORTING: contextvars.ContextVar = contextvars.ContextVar("smv_standin_importing", default=False)
+
+_PLACEHOLDER = "_smv_placeholder"
+
+
+def _refuse(what: str):
+    raise StandInCalled(f"{what}, but the audit loads only a stand-in for it (vLLM facility not provided)")
+
+
+def _placeholder_init(self, *args, **kwargs):
+    if not IMPORTING.get():
+        base = next((c for c in type(self).__mro__ if c.__dict__.get(_PLACEHOLDER)), type(self))
+        _refuse(f"{type(self).__qualname__}.__init__ reached its base {base.__qualname__}.__init__")
 
 
 class _InertMeta(type):
@@ -36,12 +66,14 @@ class _InertMeta(type):
         return cls
 
     def __call__(cls, *args, **kwargs):
-        # used as a bare decorator (@eager_break_during_capture): return what it decorates
+        if not cls.__dict__.get(_PLACEHOLDER):
+            return super().__call__(*args, **kwargs)  # upstream's own class derived from a placeholder
+        if not IMPORTING.get():
+            _refuse(f"{cls.__qualname__} was called")
+        # a bare decorator (@eager_break_during_capture): what it decorates, unchanged
         if len(args) == 1 and not kwargs and (callable(args[0]) or isinstance(args[0], type)):
             return args[0]
-        if IMPORTING.get():
-            return _inert(f"{cls.__qualname__}()")
-        raise StandInCalled(f"{cls.__qualname__} was called, but the audit loads only a stand-in for it")
+        return _inert(f"{cls.__qualname__}()")
 
     def __or__(cls, other):
         return cls
@@ -49,31 +81,48 @@ class _InertMeta(type):
     __ror__ = __or__
 
     def __bool__(cls):
-        return False
+        if cls.__dict__.get(_PLACEHOLDER) and not IMPORTING.get():
+            _refuse(f"{cls.__qualname__} was tested for truth")
+        return not cls.__dict__.get(_PLACEHOLDER)
 
     def __iter__(cls):
+        if not IMPORTING.get():
+            _refuse(f"{cls.__qualname__} was iterated")
         return iter(())
 
 
 def _inert(qualname: str) -> type:
-    return _InertMeta(qualname.rsplit(".", 1)[-1], (), {"__qualname__": qualname, "__module__": "smv.standin"})
+    return _InertMeta(qualname.rsplit(".", 1)[-1], (), {
+        "__qualname__": qualname, "__module__": "smv.standin", _PLACEHOLDER: True, "__init__": _placeholder_init})
+
+
+def is_placeholder(obj) -> bool:
+    """Whether ``obj`` is an inert placeholder (not upstream's own class derived from one)."""
+    return isinstance(obj, _InertMeta) and bool(obj.__dict__.get(_PLACEHOLDER))
 
 
 class InertModule(types.ModuleType):
-    """A module whose every attribute is an inert placeholder (see the module docstring)."""
+    """A module whose every attribute not set on it is an inert placeholder (see the module docstring)."""
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        value = _inert(f"{self.__name__}.{name}")
+        import sys
+
+        # ``from vllm import envs``: a submodule already served (a stand-in) wins over a placeholder
+        value = sys.modules.get(f"{self.__name__}.{name}") or _inert(f"{self.__name__}.{name}")
         setattr(self, name, value)
         return value
 
 
-class Platform:
-    """``vllm.platforms.current_platform`` as the audited code reads it: ROCm, the target's fp8 dtype."""
+_DEVICE_NAMES = {"gfx942": "AMD Instinct MI300X", "gfx950": "AMD Instinct MI355X"}
 
-    def __init__(self, arch: str, fp8_dtype: torch.dtype, cu_count: int):
+
+class Platform:
+    """``vllm.platforms.current_platform`` as the audited code reads it: ROCm, the target's fp8 dtype and CU
+    count; any other attribute is an inert placeholder."""
+
+    def __init__(self, arch: str, fp8_dtype, cu_count: int):
         self.arch = arch
         self._fp8 = fp8_dtype
         self._cu = cu_count
@@ -100,12 +149,17 @@ class Platform:
         return self._fp8
 
     def is_fp8_fnuz(self):
+        import torch
+
         return self._fp8 == torch.float8_e4m3fnuz
 
     def get_device_name(self, device_id=0):
-        return {"gfx942": "AMD Instinct MI300X", "gfx950": "AMD Instinct MI355X"}.get(self.arch, "generic")
+        return _DEVICE_NAMES.get(self.arch, "generic")
 
     def get_cu_count(self, device_id=0):
+        return self._cu
+
+    def num_compute_units(self, device_id=0):
         return self._cu
 
     def __getattr__(self, name):
@@ -134,7 +188,11 @@ def _envs_module(flags: dict) -> types.ModuleType:
         # every VLLM_* flag the audited code reads and we do not set is off / unset
         return False if name.startswith("VLLM_") else _inert(f"vllm.envs.{name}")
 
+    def is_set(name):
+        return name in flags
+
     m.__getattr__ = __getattr__
+    m.is_set = is_set
     return m
 
 
@@ -143,29 +201,41 @@ def _direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=No
     return None
 
 
-def build(arch: str, fp8_dtype: torch.dtype, cu_count: int, env_flags: dict | None = None) -> dict:
-    """The stand-in modules for one emulated architecture: ``{module name: module}``."""
+def _cdiv(a: int, b: int) -> int:
+    """Ceiling of ``a / b`` for integers."""
+    return -(a // -b)
+
+
+def _round_up(x: int, multiple: int) -> int:
+    """The least multiple of ``multiple`` that is >= ``x``."""
+    return _cdiv(x, multiple) * multiple
+
+
+def build(arch: str, fp8_dtype, cu_count: int, env_flags: dict | None = None) -> dict:
+    """The stand-in modules for one emulated architecture: ``{module name: module}``, fresh objects per call."""
     import triton
     import triton.language as tl
 
     mods: dict = {}
 
-    def mod(name, **attrs):
-        m = types.ModuleType(name)
+    def mod(name, cls=types.ModuleType, **attrs):
+        m = cls(name)
         m.__dict__.update(attrs)
         mods[name] = m
         return m
 
-    platform = Platform(arch, fp8_dtype, cu_count)
-    mod("vllm.platforms", current_platform=platform)
-    mod("vllm.platforms.rocm", _ON_GFX942=arch == "gfx942", _ON_GFX950=arch == "gfx950",
-        on_gfx942=lambda: arch == "gfx942", on_gfx950=lambda: arch == "gfx950",
-        on_mi3xx=lambda: arch in ("gfx942", "gfx950"), on_gfx1250=lambda: False,
-        on_gfx9=lambda: arch in ("gfx942", "gfx950"))
+    is942, is950 = arch == "gfx942", arch == "gfx950"
+    mod("vllm.platforms", current_platform=Platform(arch, fp8_dtype, cu_count))
+    mod("vllm.platforms.rocm", _ON_GFX942=is942, _ON_GFX950=is950,
+        on_gfx942=lambda: is942, on_gfx950=lambda: is950, on_mi3xx=lambda: is942 or is950,
+        on_gfx9=lambda: is942 or is950, on_gfx1250=lambda: False)
     mod("vllm.logger", init_logger=_Logger)
     mods["vllm.envs"] = _envs_module(env_flags or {})
     mod("vllm.triton_utils", tl=tl, triton=triton, HAS_TRITON=True)
+    mod("vllm.utils.torch_utils", InertModule, direct_register_custom_op=_direct_register_custom_op)
+    mod("vllm.utils.math_utils", InertModule, cdiv=_cdiv, round_up=_round_up)
     return mods
 
 
-STANDIN_NAMES = ("vllm.platforms", "vllm.platforms.rocm", "vllm.logger", "vllm.envs", "vllm.triton_utils")
+STANDIN_NAMES = ("vllm.platforms", "vllm.platforms.rocm", "vllm.logger", "vllm.envs", "vllm.triton_utils",
+                 "vllm.utils.torch_utils", "vllm.utils.math_utils")
