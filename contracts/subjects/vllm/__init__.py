@@ -50,6 +50,11 @@ class _VllmBound:
     def target(self):
         return self._ctx.target
 
+    @property
+    def ctx(self) -> BoundContext:
+        """The context the adapters get (its ``loaded`` is this target's import)."""
+        return self._ctx
+
     def __getattr__(self, family: str):
         if family.startswith("__") or family.startswith("_"):
             raise AttributeError(family)
@@ -65,33 +70,33 @@ class _VllmBound:
 
 
 class VllmSubject(Subject):
+    """Upstream vLLM from one :class:`~contracts.subjects.vllm.loader.Tree`; :meth:`bind` imports it afresh per
+    target (once per target per subject)."""
+
     def __init__(self, tree):
         super().__init__("vllm", tree.version, tree.source)
         self.tree = tree
-        self.modules = {}
-        self._bound: dict = {}
         self.wheel_sha256 = tree.wheel_sha256
+        self._bound: dict = {}
 
     def bind(self, target):
         t = get_target(target)
         if t.name not in self._bound:
-            from contracts.subjects import fidelity
-            from contracts.subjects.vllm import loader
-
             import torch
+
+            from contracts.subjects import fidelity
 
             fp8 = torch.float8_e4m3fnuz if t.main_cache_fp8 == "fnuz" else torch.float8_e4m3fn
             loaded = self.tree.load(t.name, fp8, t.cu_count, rewrites=fidelity.rewrites_for_host())
-            if not self.modules:
-                self.modules = self.tree.module_hashes()
             for rw in loaded.rewrites:
-                if all(r["id"] != rw["id"] for r in self.rewrites):
+                if all(r["id"] != rw["id"] or r["file"] != rw["file"] for r in self.rewrites):
                     self.rewrites.append(rw)
             self._bound[t.name] = _VllmBound(BoundContext(self, t, loaded))
-            del loader
         return self._bound[t.name]
 
     def describe(self) -> dict:
+        """name, version, source, modules ``{path: sha256}`` (as on disk, before any rewrite), rewrites applied so
+        far ``[{id, file, count, why}]``, and ``wheel_sha256`` for a tree extracted from a release wheel."""
         if not self.modules:
             self.modules = self.tree.module_hashes()
         d = super().describe()
@@ -107,9 +112,9 @@ def vllm_subject(spec: str) -> VllmSubject:
     if spec == "vllm":
         tree = loader.installed_tree()
     elif spec.startswith("vllm=="):
-        tree = loader.fetch_tree(spec[len("vllm=="):])
+        tree = loader.fetch_tree(spec[len("vllm=="):].strip())
     elif spec.startswith("vllm@"):
-        path = spec[len("vllm@"):]
+        path = spec[len("vllm@"):].strip()
         if not path:
             raise SubjectSpecError("vllm@: give the path of a vLLM checkout or a fetched tree after the @")
         tree = loader.tree_at(path)
