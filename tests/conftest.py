@@ -40,3 +40,20 @@ def fake_module(monkeypatch):
         return mod
 
     return make
+
+
+#: the vLLM release the upstream-subject tests pin (CI caches its extracted tree under $SMV_CACHE)
+VLLM_PINNED = "0.33.0"
+
+
+@pytest.fixture(scope="session")
+def vllm_subject():
+    """Upstream vLLM as a subject, ``parse_subject("vllm==0.33.0")``: the release wheel (336 MB) is downloaded once
+    into the user cache (``$SMV_CACHE``, default ``~/.cache/sparse-mla-verify``) and only the audited modules are
+    kept; later sessions reuse them without the network. Skipped, saying why, when it cannot be had."""
+    from contracts.subjects import SubjectSpecError, parse_subject
+
+    try:
+        return parse_subject(f"vllm=={VLLM_PINNED}")
+    except SubjectSpecError as exc:
+        pytest.skip(f"the vllm=={VLLM_PINNED} subject is unavailable here: {exc}")
