@@ -414,3 +414,15 @@ def test_describe_lists_the_rewrites_applied(vllm_subject):
         assert set(rw) == {"id", "file", "count", "why"} and rw["file"] in NEEDED and rw["count"] >= 1
     registered = {(r.id, r.path) for r in loader.REWRITES}
     assert {(rw["id"], rw["file"]) for rw in d["rewrites"]} <= registered
+
+
+def test_an_unwritable_cache_is_one_line(tmp_path, monkeypatch):
+    if os.geteuid() == 0:
+        ro = "/proc/smv-no-such-dir"  # root may write anywhere a mode allows; /proc refuses new entries to all
+    else:
+        (tmp_path / "ro").mkdir(mode=0o500)
+        ro = str(tmp_path / "ro" / "cache")
+    monkeypatch.setenv("SMV_CACHE", ro)
+    with pytest.raises(SubjectSpecError) as exc:
+        parse_subject("vllm==9.9.5")
+    assert _one_line(exc).startswith(f"vllm==9.9.5: cannot write the tree at {ro}/vllm-9.9.5 (")

@@ -541,11 +541,17 @@ def fetch_tree(version: str, to: str | None = None, *, quiet: bool = True) -> Tr
     dest = os.path.abspath(os.path.expanduser(to)) if to else os.path.join(cache_dir(), f"vllm-{version}")
     if _complete(dest) and _version_of(dest) == version:
         return tree_at(dest)
-    parent = os.path.dirname(dest)
     try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as exc:
-        raise SubjectSpecError(f"vllm=={version}: cannot create {parent} ({exc.strerror})") from None
+        return _fetch_locked(version, dest, quiet)
+    except OSError as exc:  # an unwritable cache, a full disk: one line, like every other spec error
+        where = f" {exc.filename}" if exc.filename else ""
+        raise SubjectSpecError(f"vllm=={version}: cannot write the tree at {dest} ({exc.strerror or exc}{where})") \
+            from None
+
+
+def _fetch_locked(version: str, dest: str, quiet: bool) -> Tree:
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
     with _locked(dest + ".lock", f"vllm=={version}") as exclusive:
         if _complete(dest) and _version_of(dest) == version:
             return tree_at(dest)  # another process fetched it while this one waited
