@@ -15,7 +15,9 @@ import sys
 import time
 
 #: 2: ``round_log`` (each round's seed, budget, seconds and cases) and ``seed`` on every failure
-CAMPAIGN_SCHEMA_VERSION = 2
+#: 3: ``subjects`` (the labels audited) and ``subject`` on every failure; ``cases`` keys gain ``@<subject>`` for a
+#: subject other than ours
+CAMPAIGN_SCHEMA_VERSION = 3
 
 
 def parse_duration(text: "str | float | int") -> float:
@@ -38,10 +40,11 @@ def parse_duration(text: "str | float | int") -> float:
 
 
 def run_campaign(budget: float, report_dir: str, *, contract_ids=None, target_names=None, round_seconds: float = 600,
-                 seed: int | None = None, profile: str = "nightly", stream=None) -> tuple[dict, int]:
+                 seed: int | None = None, profile: str = "nightly", stream=None, subjects=None) -> tuple[dict, int]:
     """Audit rounds of ``round_seconds`` (the last one shorter) until ``budget`` seconds are spent; round ``i`` uses
     seed ``base_seed + i``. A round ends within one case of its share and never past the campaign's end: the
-    shrinking of a failure is cut off there too."""
+    shrinking of a failure is cut off there too. ``subjects`` (default ours) share each round's budget equally.
+    A known row (every violation a recorded finding) is no failure."""
     from contracts.audit import run_audit
     from contracts.registry import load_all
 
@@ -49,12 +52,16 @@ def run_campaign(budget: float, report_dir: str, *, contract_ids=None, target_na
         raise ValueError(f"budget / round: expected positive durations, got {budget!r} / {round_seconds!r}")
     stream = stream or sys.stderr
     os.makedirs(os.path.join(report_dir, "repro"), exist_ok=True)
+    from contracts.runner import resolve_subject
+
     load_all()  # importing every contract module is set-up, not a round's time
+    subs = [resolve_subject(x) for x in (subjects or [None])]
     t0 = time.monotonic()
     end = t0 + budget
     base_seed = seed if seed is not None else int(time.time()) % (2 ** 31)
     doc = {"schema_version": CAMPAIGN_SCHEMA_VERSION, "budget": budget, "profile": profile, "base_seed": base_seed,
-           "rounds": 0, "seconds": 0.0, "cases": {}, "round_log": [], "failures": [], "finished": False}
+           "rounds": 0, "seconds": 0.0, "cases": {}, "round_log": [], "failures": [], "finished": False,
+           "subjects": [x.label for x in subs]}
     seen: dict[tuple, dict] = {}
 
     def save():
@@ -72,29 +79,34 @@ def run_campaign(budget: float, report_dir: str, *, contract_ids=None, target_na
                 break
             r = doc["rounds"]
             r_start = time.monotonic()
-            rdoc, _ = run_audit(contract_ids, target_names, budget=min(round_seconds, left), profile=profile,
-                                seed=base_seed + r, report_dir=round_dir, progress=False, shrink_until=end)
+            rdoc, _ = run_audit(contract_ids, target_names, budget=min(round_seconds, left) / len(subs),
+                                profile=profile, seed=base_seed + r, report_dir=round_dir, progress=False,
+                                shrink_until=end, subjects=subs)
             doc["rounds"] = r + 1
             doc["round_log"].append({"round": r, "seed": base_seed + r, "budget": round(min(round_seconds, left), 3),
                                      "seconds": round(time.monotonic() - r_start, 3),
                                      "cases": sum(row["cases"] for row in rdoc["results"]),
                                      "counts": rdoc["run"]["counts"]})
             for row in rdoc["results"]:
-                key = f"{row['contract']}/{row['target']}"
+                s = row.get("subject") or {"name": "ours"}
+                label = "ours" if s["name"] == "ours" else f"{s['name']}=={s['version']}"
+                key = f"{row['contract']}/{row['target']}" + ("" if label == "ours" else f"@{label}")
                 doc["cases"][key] = doc["cases"].get(key, 0) + row["cases"]
                 if row["status"] not in ("fail", "error"):
                     continue
                 first = row["violations"][0]["message"] if row["violations"] else row["reason"]
-                sig = (row["contract"], row["target"], row["status"], first)
+                sig = (label, row["contract"], row["target"], row["status"], first)
                 if sig in seen:
                     seen[sig]["occurrences"] += 1
                     continue
                 repro = None
                 if row.get("repro") and os.path.exists(row["repro"]):
-                    repro = os.path.join(report_dir, "repro",
-                                         f"{row['contract']}-{row['target']}-round{r}.json")
+                    repro = os.path.join(report_dir, "repro", f"{row['contract']}-{row['target']}"
+                                         + ("" if label == "ours" else "-" + re.sub(r"[^A-Za-z0-9.]+", "-", label))
+                                         + f"-round{r}.json")
                     shutil.copyfile(row["repro"], repro)
-                entry = {"contract": row["contract"], "target": row["target"], "status": row["status"],
+                entry = {"contract": row["contract"], "target": row["target"], "subject": label,
+                         "status": row["status"],
                          "reason": row["reason"], "violations": row["violations"][:5], "repro": repro,
                          "round": r, "seed": base_seed + r, "occurrences": 1}
                 seen[sig] = entry

@@ -1,4 +1,4 @@
-"""The ``smv`` command: targets, list, show, audit, zoo, fuzz, repro."""
+"""The ``smv`` command: targets, list, show, audit, zoo, fuzz, repro, subject."""
 from __future__ import annotations
 
 import argparse
@@ -153,6 +153,51 @@ def _check_output_path(option: str, path: str | None, *, folder: bool) -> None:
         raise UsageError(f"{option} {path}: cannot create it, {parent} is not writable")
 
 
+_PEP440 = re.compile(r"^([1-9][0-9]*!)?(0|[1-9][0-9]*)(\.(0|[1-9][0-9]*))*((a|b|rc)(0|[1-9][0-9]*))?"
+                     r"(\.post(0|[1-9][0-9]*))?(\.dev(0|[1-9][0-9]*))?(\+[a-z0-9]+(\.[a-z0-9]+)*)?$", re.I)
+
+
+def _check_release(spec: str) -> None:
+    """``vllm==X`` must name a release version (PEP 440, as the index spells them) before anything asks the
+    package index about it: a typo costs no download attempt."""
+    if spec.startswith("vllm=="):
+        version = spec[len("vllm=="):]
+        if not _PEP440.match(version):
+            raise UsageError(f"subject {spec}: {version!r} is not a release version (expected e.g. vllm==0.33.0)")
+
+
+def _subject(spec: str):
+    """A ``--subject`` value as a subject; a spec that names none is one line and exit 2."""
+    from contracts.runner import resolve_subject
+    from contracts.subjects import SubjectSpecError
+
+    spec = (spec or "").strip()
+    _check_release(spec)
+    try:
+        return resolve_subject(spec)
+    except SubjectSpecError as exc:
+        raise UsageError(_one_line(exc)) from None
+
+
+def _check_findings(path: str | None) -> None:
+    from contracts.findings import FindingsError, load
+    from contracts.registry import load_all
+
+    try:
+        load(path, known_contracts=set(load_all()))
+    except FindingsError as exc:
+        raise UsageError(_one_line(exc)) from None
+
+
+def _subjects(specs) -> list:
+    subs = [_subject(s) for s in (specs or ["ours"])]
+    labels = [s.label for s in subs]
+    for lab in labels:
+        if labels.count(lab) > 1:
+            raise UsageError(f"--subject {lab} is given twice")
+    return subs
+
+
 def _targets_doc() -> dict:
     from contracts.markers import MARKERS, marker_status
     from impl.runtime import detect_device, triton_mode
@@ -291,6 +336,8 @@ def cmd_audit(args) -> int:
     _check_contract_ids(args.contract)
     _check_output_path("--report", args.report, folder=True)
     _check_output_path("--junit", args.junit, folder=False)
+    _check_findings(args.findings)
+    subjects = _subjects(args.subject)  # before anything runs: a bad spec costs no budget
 
     def _term(signum, frame):
         raise KeyboardInterrupt
@@ -301,7 +348,7 @@ def cmd_audit(args) -> int:
                               profile=args.profile or default_profile(), seed=args.seed, report_dir=args.report,
                               junit=args.junit, progress=not args.no_progress, argv=["smv"] + sys.argv[1:],
                               use_examples=not args.generator_only, max_cases=args.max_cases or None,
-                              allow_empty=args.allow_empty)
+                              allow_empty=args.allow_empty, subjects=subjects, findings_path=args.findings)
     except ValueError as exc:
         print(f"smv audit: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -317,11 +364,11 @@ def cmd_audit(args) -> int:
     return code
 
 
-def _select_mutants(args):
+def _select_mutants(args, subject=None):
     from contracts.zoo.runner import load_catalogs
 
     try:
-        mutants = load_catalogs(args.catalog or None)
+        mutants = load_catalogs(args.catalog or None, subject=subject)
     except ValueError as exc:
         raise UsageError(_one_line(exc)) from None
     if args.mutant:
@@ -334,10 +381,11 @@ def _select_mutants(args):
 
 
 def cmd_zoo(args) -> int:
-    from contracts.reports import write_json
-    from contracts.zoo.runner import run_zoo
+    from contracts.reports import ZOO_SCHEMA_VERSION, write_json
+    from contracts.zoo.runner import run_zoo, subject_json
 
-    mutants = _select_mutants(args)
+    subject = _subject(args.subject) if args.subject else None
+    mutants = _select_mutants(args, subject)
     if args.list:
         if args.json:
             print(json.dumps({"schema_version": ZOO_LIST_SCHEMA_VERSION,
@@ -352,6 +400,8 @@ def cmd_zoo(args) -> int:
     if args.json:
         raise UsageError("--json goes with --list (a zoo run writes its JSON with --report DIR)")
     _check_output_path("--report", args.report, folder=True)
+    if not mutants:
+        raise UsageError("no mutants to run" + (f" for subject {subject.label}" if subject else ""))
     total = len(mutants)
     done = [0]
 
@@ -362,19 +412,21 @@ def cmd_zoo(args) -> int:
         if args.report:  # keep what is known if the zoo is killed part-way
             partial[r.id] = r.as_json()
             write_json(os.path.join(args.report, "zoo.json"),
-                       {"schema_version": 1, "finished": False, "results": list(partial.values()),
+                       {"schema_version": ZOO_SCHEMA_VERSION, "subject": subject_json(subject), "finished": False,
+                        "results": list(partial.values()),
                         "kill_rate": sum(x["status"] == "killed" for x in partial.values()) / len(partial)})
         print(f"[{done[0]}/{total}] {r.status.upper():<8} {r.id} ({r.seconds:.1f}s) {r.detail[:160]}",
               file=sys.stderr, flush=True)
 
-    doc = run_zoo(mutants, cap=args.cap, jobs=args.jobs, budget=args.budget, on_result=on_result)
+    doc = run_zoo(mutants, cap=args.cap, jobs=args.jobs, budget=args.budget, on_result=on_result, subject=subject)
     doc["finished"] = True
     if args.report:
         write_json(os.path.join(args.report, "zoo.json"), doc)
     counts: dict[str, int] = {}
     for r in doc["results"]:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    print(f"{total} mutants: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    under = f" planted into {subject.label}" if subject is not None and subject.name != "ours" else ""
+    print(f"{total} mutants{under}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
           + f"; kill rate {doc['kill_rate']:.0%} in {doc['seconds']:.0f}s")
     for r in doc["results"]:
         if r["status"] != "killed":
@@ -387,16 +439,18 @@ def cmd_fuzz(args) -> int:
 
     _check_contract_ids(args.contract)
     _check_output_path("--report", args.report, folder=True)
+    subjects = _subjects(args.subject)
     try:
         doc, code = run_campaign(args.budget, args.report, contract_ids=args.contract, target_names=args.target,
-                                 round_seconds=args.round, seed=args.seed, profile=args.profile)
+                                 round_seconds=args.round, seed=args.seed, profile=args.profile, subjects=subjects)
     except ValueError as exc:
         print(f"smv fuzz: {_one_line(exc)}", file=sys.stderr)
         return 2
     print(f"{doc['rounds']} rounds, {sum(doc['cases'].values())} cases, {len(doc['failures'])} distinct failures "
           f"in {doc['seconds']:.0f}s; summary in {os.path.join(args.report, 'campaign.json')}")
     for f in doc["failures"]:
-        print(f"  {f['status'].upper()} {f['contract']} on {f['target']}: {f['reason'][:160]}"
+        under = f" under {f['subject']}" if f.get("subject", "ours") != "ours" else ""
+        print(f"  {f['status'].upper()} {f['contract']} on {f['target']}{under}: {f['reason'][:160]}"
               + (f" (replay: smv repro {f['repro']})" if f["repro"] else ""))
     return code
 
@@ -416,21 +470,72 @@ def _repro_error(path: str, exc: BaseException) -> str:
 
 
 def cmd_repro(args) -> int:
-    from contracts.runner import replay
+    from contracts.runner import replay_row
 
+    subject = _subject(args.subject) if args.subject else None
     try:
-        c, t, case, violations = replay(args.file)
+        r = replay_row(args.file, subject)
     except (OSError, ValueError) as exc:  # contracts.runner.ReproError is a ValueError
         print(f"smv repro: {_repro_error(args.file, exc)}", file=sys.stderr)
         return 2
-    shown = case.to_json() if hasattr(case, "to_json") else case
-    print(f"{c.id} on {t.name}: case {json.dumps(shown, default=repr)[:400]}")
-    if not violations:
+    shown = r.case.to_json() if hasattr(r.case, "to_json") else r.case
+    under = f" under {r.subject.label}" if r.subject.name != "ours" else ""
+    print(f"{r.contract.id} on {r.target.name}{under}: case {json.dumps(shown, default=repr)[:400]}")
+    if not r.violations:
         print("no violation: the saved case passes now")
         return 0
-    for v in violations:
+    for v in r.violations:
         print(f"  VIOLATION {v}")
+    if r.findings:
+        print(f"known finding{'s' if len(r.findings) > 1 else ''} {', '.join(r.findings)} (findings.toml) explain"
+              f"{'' if len(r.findings) > 1 else 's'} every violation")
     return 1
+
+
+def cmd_subject_fetch(args) -> int:
+    from contracts.subjects import SubjectSpecError
+    from contracts.subjects.vllm import loader
+
+    spec = args.spec.strip()
+    if not spec.startswith("vllm==") or spec == "vllm==":
+        raise UsageError(f"subject fetch: expected vllm==VERSION (a release to download), got {args.spec!r}")
+    _check_release(spec)
+    version = spec[len("vllm=="):]
+    dest = os.path.abspath(args.to)
+    _check_output_path("--to", args.to, folder=True)
+    if os.path.isdir(dest) and os.listdir(dest) and not os.path.exists(os.path.join(dest, "smv-subject.json")):
+        raise UsageError(f"--to {args.to}: exists and is not empty (give a new folder, or one an earlier fetch wrote)")
+    cached = os.path.join(loader.cache_dir(), f"vllm-{version}")
+    try:
+        if (os.path.realpath(cached) != os.path.realpath(dest)
+                and os.path.exists(os.path.join(cached, "smv-subject.json"))
+                and os.path.exists(os.path.join(cached, loader.MARKER))
+                and not os.path.exists(os.path.join(dest, "smv-subject.json"))):
+            # downloaded before into the user cache: the tree is copied, not downloaded again
+            for rel in ("smv-subject.json",) + tuple(loader.NEEDED):
+                if os.path.exists(os.path.join(cached, rel)):
+                    os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+                    shutil.copyfile(os.path.join(cached, rel), os.path.join(dest, rel))
+            tree = loader.tree_at(dest)
+        else:
+            tree = loader.fetch_tree(version, to=dest)
+    except SubjectSpecError as exc:
+        raise UsageError(_one_line(exc)) from None
+    n = len(tree.module_hashes())
+    print(f"wrote {dest}: vllm {tree.version}, {n} audited modules"
+          + (f", wheel sha256 {tree.wheel_sha256}" if tree.wheel_sha256 else ""))
+    print(f"audit it with: smv audit --subject vllm@{dest}")
+    return 0
+
+
+def cmd_subject_show(args) -> int:
+    from contracts.runner import subject_spec
+
+    sub = _subject(args.spec)
+    doc = sub.describe()
+    doc.update({"label": sub.label, "spec": subject_spec(sub)})
+    print(json.dumps(doc, indent=1))
+    return 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -475,6 +580,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the pinned regression examples: only generated cases count")
     a.add_argument("--allow-empty", action="store_true",
                    help="exit 0 even when no row passed (every row skipped); by default that fails the run")
+    a.add_argument("--subject", action="append", metavar="SPEC",
+                   help="the code under audit (repeatable; default ours): ours, vllm==VERSION (a release, "
+                        "downloaded once), vllm@PATH (a checkout or a fetched tree) or vllm (the installed one); "
+                        "each subject gets the whole --budget")
+    a.add_argument("--findings", metavar="FILE",
+                   help="known findings (default: the suite's findings.toml); a row whose every violation is one "
+                        "of them is known, which passes")
     a.set_defaults(func=cmd_audit)
     z = sub.add_parser("zoo", help="plant each catalogued bug and prove its contracts catch it")
     z.add_argument("--catalog", action="append", help="TOML catalog (repeatable; default: the built-in ones)")
@@ -486,6 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--jobs", type=_int_at_least(1, "a count >= 1"), default=min(2, os.cpu_count() or 1),
                    help="mutants run at once")
     z.add_argument("--report", metavar="DIR", help="write DIR/zoo.json")
+    z.add_argument("--subject", metavar="SPEC",
+                   help="plant the bugs into this subject's source (default ours); without --catalog a subject "
+                        "other than ours runs the upstream catalogs (contracts/zoo/upstream/*.toml)")
     z.set_defaults(func=cmd_zoo)
     f = sub.add_parser("fuzz", help="nightly fuzz campaign: audit rounds under the nightly profile until the budget")
     f.add_argument("--budget", type=_duration, default="8h",
@@ -497,10 +612,21 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=None, help="base seed (round i uses seed + i)")
     f.add_argument("--profile", choices=("dev", "ci", "nightly"), default="nightly")
     f.add_argument("--report", default="smv-fuzz", metavar="DIR", help="campaign.json and repro/ (default smv-fuzz)")
+    f.add_argument("--subject", action="append", metavar="SPEC", help="the code under audit (repeatable; default ours)")
     f.set_defaults(func=cmd_fuzz)
     r = sub.add_parser("repro", help="replay a saved failing case (exit 1 while it fails, 2 for a bad file)")
     r.add_argument("file")
+    r.add_argument("--subject", metavar="SPEC", help="replay under this subject instead of the one the file records")
     r.set_defaults(func=cmd_repro)
+    sj = sub.add_parser("subject", help="fetch a vLLM release's audited modules as a tree; show a subject")
+    sjs = sj.add_subparsers(dest="subject_cmd", required=True, metavar="ACTION")
+    fe = sjs.add_parser("fetch", help="write the audited modules of vllm==VERSION into DIR (for vllm@DIR anywhere)")
+    fe.add_argument("spec", metavar="vllm==VERSION")
+    fe.add_argument("--to", required=True, metavar="DIR", help="the folder to write (new, or an earlier fetch's)")
+    fe.set_defaults(func=cmd_subject_fetch)
+    so = sjs.add_parser("show", help="name, version, source, module hashes and rewrites of a subject, as JSON")
+    so.add_argument("spec", metavar="SPEC")
+    so.set_defaults(func=cmd_subject_show)
     from contracts import bench
 
     bench.add_parser(sub)

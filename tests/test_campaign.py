@@ -72,7 +72,7 @@ def test_rounds_end_on_time_and_left_is_never_negative(tmp_path):
     wall = time.monotonic() - t0
     assert wall < 2.0 + 0.2 + 0.5, wall  # the budget, one case (draw and check), the harness
     assert "-" not in "".join(ln.split(",")[-1] for ln in out.getvalue().splitlines() if "left" in ln)
-    assert doc["schema_version"] == 2
+    assert doc["schema_version"] == 3
     assert [r["seed"] for r in doc["round_log"]] == [5 + i for i in range(doc["rounds"])]
     assert all(set(r) >= {"round", "seed", "seconds", "cases", "budget"} for r in doc["round_log"])
     assert sum(r["cases"] for r in doc["round_log"]) == sum(doc["cases"].values())

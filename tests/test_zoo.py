@@ -47,7 +47,7 @@ def test_patch_changing_nothing_observable_survives_and_fails_the_command(tmp_pa
     rep = tmp_path / "rep"
     assert smv(["zoo", "--catalog", str(cat), "--report", str(rep)]) == 1
     doc = json.loads((rep / "zoo.json").read_text())
-    assert doc["schema_version"] == 1 and doc["kill_rate"] == 0.0
+    assert doc["schema_version"] == 2 and doc["kill_rate"] == 0.0
     (r,) = doc["results"]
     assert r["status"] == "survived" and r["fired"] == [] and r["expect"] == ["ue8m0-codec-exact"]
     assert set(r) == {"id", "status", "expect", "fired", "seconds", "detail"}

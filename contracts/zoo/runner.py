@@ -1,7 +1,13 @@
-"""``smv zoo``: apply each planted bug to a temporary copy of the code folders and prove its contracts fire.
+"""``smv zoo``: apply each planted bug to a temporary copy of the code under test and prove its contracts fire.
 
 Each mutant runs ``smv audit`` for its expected contracts in its own subprocess (Triton caches and module state stay
 isolated) with a time cap. Verdicts: killed / survived / stale / error (DESIGN.md "Interfaces").
+
+On the subject ``ours`` the copy is of the suite's code folders (``file`` is relative to the suite's root). On another
+subject (``smv zoo --subject vllm==0.33.0``) ``file`` is relative to the subject's tree: the audited modules (and the
+tree's version files) are copied into a temporary tree, the bug is planted there, and the audit runs with
+``--subject vllm@<that tree>``. A kill is an expected contract's row ``fail``; a row whose violations are all known
+findings (``known``) is no kill, so the known findings file is handed to the subprocess.
 """
 from __future__ import annotations
 
@@ -27,6 +33,10 @@ from impl.targets import TARGET_NAMES
 
 CODE_FOLDERS = ("impl", "oracles", "contracts", "fuzz")
 CATALOG_DIR = Path(__file__).resolve().parent
+#: catalogs of bugs planted into upstream vLLM's source (``smv zoo --subject vllm...`` with no ``--catalog``)
+UPSTREAM_CATALOG_DIR = CATALOG_DIR / "upstream"
+#: what a copy of a vllm tree keeps besides the audited modules: the files that say its version
+SUBJECT_META = ("smv-subject.json", "vllm/_version.py")
 DEFAULT_CAP = 90.0
 _REQUIRED = ("id", "title", "provenance", "file", "find", "replace", "expect", "targets")
 
@@ -65,8 +75,21 @@ def default_root() -> Path:
     return Path(impl.__file__).resolve().parent.parent
 
 
-def builtin_catalogs() -> list[Path]:
+def builtin_catalogs(subject=None) -> list[Path]:
+    """The catalogs ``smv zoo`` runs with no ``--catalog``: ours, or upstream's for any other subject."""
+    if subject is not None and subject.name != "ours":
+        return sorted(UPSTREAM_CATALOG_DIR.glob("*.toml"))
     return sorted(CATALOG_DIR.glob("*.toml"))
+
+
+def subject_root(subject) -> Path:
+    """The folder a catalog's ``file`` is relative to for ``subject``."""
+    if subject is None or subject.name == "ours":
+        return default_root()
+    tree = getattr(subject, "tree", None)
+    if tree is None:
+        raise ValueError(f"subject {subject.label} has no source tree to plant bugs into")
+    return Path(tree.root)
 
 
 def load_catalog(path: "str | Path") -> list[Mutant]:
@@ -94,10 +117,10 @@ def load_catalog(path: "str | Path") -> list[Mutant]:
     return out
 
 
-def load_catalogs(paths=None) -> list[Mutant]:
+def load_catalogs(paths=None, subject=None) -> list[Mutant]:
     mutants: list[Mutant] = []
     seen: dict[str, str] = {}
-    for p in (paths or builtin_catalogs()):
+    for p in (paths or builtin_catalogs(subject)):
         for m in load_catalog(p):
             if m.id in seen:
                 raise ValueError(f"mutant id {m.id!r} appears in {seen[m.id]} and {m.catalog}")
@@ -113,8 +136,32 @@ def _copy_tree(root: Path, dest: Path) -> None:
             shutil.copytree(src, dest / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
-def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CAP, keep: bool = False) -> MutantResult:
-    root = Path(root) if root else default_root()
+def _copy_subject_tree(root: Path, dest: Path, extra: str) -> None:
+    """The audited modules of a vllm tree (a fetched tree is just those; a checkout is much more), its version
+    files, and ``extra`` (the file a mutant plants into)."""
+    from contracts.subjects.vllm.loader import NEEDED
+
+    for rel in dict.fromkeys(tuple(NEEDED) + SUBJECT_META + (extra,)):
+        src = root / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest / rel)
+
+
+def _findings_file() -> str | None:
+    from contracts.findings import default_path
+
+    return default_path() if os.path.exists(default_path()) else None
+
+
+def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CAP, keep: bool = False,
+               subject=None, findings: str | None = None) -> MutantResult:
+    """Plant ``m`` and run its expected contracts. ``subject`` (default ours) says whose code: ``file`` is relative
+    to its root (``root`` overrides it). ``findings``: the known-findings file the audit uses (default: the
+    suite's findings.toml)."""
+    on_subject = subject is not None and subject.name != "ours"
+    root = Path(root) if root else subject_root(subject)
+    findings = findings if findings is not None else _findings_file()
     t0 = time.monotonic()
     res = MutantResult(m.id, "error", list(m.expect))
     src_file = root / m.file
@@ -133,21 +180,32 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
         return res
     tmp = Path(tempfile.mkdtemp(prefix=f"smv-zoo-{m.id}-"))
     try:
-        _copy_tree(root, tmp)
-        (tmp / m.file).write_text(text.replace(m.find, m.replace))
+        if on_subject:
+            tree = tmp / "subject"
+            _copy_subject_tree(root, tree, m.file)
+            (tree / m.file).write_text(text.replace(m.find, m.replace))
+            code_root, cwd = default_root(), tmp
+        else:
+            _copy_tree(root, tmp)
+            (tmp / m.file).write_text(text.replace(m.find, m.replace))
+            code_root, cwd = tmp, tmp
         report = tmp / "report"
         cmd = [sys.executable, "-m", "contracts.cli", "audit", "--profile", "ci", "--no-progress", "--generator-only", "--max-cases", "0",
                "--budget", str(max(cap * 0.6, 5.0)), "--report", str(report)]
+        if on_subject:
+            cmd += ["--subject", f"vllm@{tree}"]
+        if findings:
+            cmd += ["--findings", str(findings)]
         for c in m.expect:
             cmd += ["--contract", c]
         for t in m.targets:
             cmd += ["--target", t]
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(tmp) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = str(code_root) + os.pathsep + env.get("PYTHONPATH", "")
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.pop("SMV_TARGET", None)
         try:
-            proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=cap)
+            proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=cap)
         except subprocess.TimeoutExpired:
             res.status, res.detail = "error", f"time cap of {cap:.0f}s ran out"
             return res
@@ -169,10 +227,14 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
         by_contract: dict[str, list[dict]] = {}
         for row in doc["results"]:
             by_contract.setdefault(row["contract"], []).append(row)
+        # a kill is a fail: a known row met only recorded findings, which the unpatched code shows as well
         res.fired = sorted(c for c, rows in by_contract.items() if any(r["status"] == "fail" for r in rows))
         problems = [f"{r['contract']}/{r['target']}: {r['status']} ({r['reason'][:120]})"
                     for rows in by_contract.values() for r in rows if r["status"] in ("error", "incomplete")]
         missing = [c for c in m.expect if c not in res.fired]
+        # an expected contract the subject could not run anywhere (skipped on every target) did not judge the bug
+        unjudged = [c for c in missing if by_contract.get(c) and all(r["status"] == "skipped" for r in by_contract[c])]
+        problems += [f"{c}: skipped on every target ({by_contract[c][0]['reason'][:120]})" for c in unjudged]
         if not missing:
             res.status = "killed"
             first = next(r for rows in by_contract.values() for r in rows if r["status"] == "fail")
@@ -181,7 +243,9 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
             res.status, res.detail = "error", "; ".join(problems)
         else:
             res.status = "survived"
-            res.detail = f"{', '.join(missing)} passed with the bug planted"
+            known = [c for c in missing if any(r["status"] == "known" for r in by_contract.get(c, []))]
+            res.detail = f"{', '.join(missing)} passed with the bug planted" + (
+                f" (only known findings: {', '.join(known)})" if known else "")
         return res
     finally:
         res.seconds = time.monotonic() - t0
@@ -189,8 +253,16 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def subject_json(subject) -> dict:
+    """zoo.json's ``subject``: ``{"name", "version", "source"}`` of the subject the bugs were planted into."""
+    from contracts.subjects import ours
+
+    sub = subject or ours()
+    return {"name": sub.name, "version": sub.version, "source": sub.source}
+
+
 def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs: int = 2,
-            budget: float | None = None, on_result=None) -> dict:
+            budget: float | None = None, on_result=None, subject=None, findings: str | None = None) -> dict:
     t0 = time.monotonic()
     results: dict[str, MutantResult] = {}
 
@@ -198,7 +270,7 @@ def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs:
         if budget is not None and time.monotonic() - t0 > budget:
             r = MutantResult(m.id, "error", list(m.expect), detail=f"the zoo budget of {budget:.0f}s ran out first")
         else:
-            r = run_mutant(m, root=root, cap=cap)
+            r = run_mutant(m, root=root, cap=cap, subject=subject, findings=findings)
         if on_result:
             on_result(r)
         return r
@@ -208,6 +280,9 @@ def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs:
             results[r.id] = r
     ordered = [results[m.id] for m in mutants]
     killed = sum(r.status == "killed" for r in ordered)
-    return {"schema_version": 1, "results": [r.as_json() for r in ordered],
+    from contracts.reports import ZOO_SCHEMA_VERSION
+
+    return {"schema_version": ZOO_SCHEMA_VERSION, "subject": subject_json(subject),
+            "results": [r.as_json() for r in ordered],
             "kill_rate": round(killed / len(ordered), 4) if ordered else 1.0,
             "seconds": round(time.monotonic() - t0, 2)}
