@@ -17,10 +17,9 @@ import torch
 
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
 from contracts.decode import oracle_violations
+from contracts.subjects import bound
 from fuzz import graph_capture as fzg
-from impl import decode as dec
 from impl import formats
-from impl.graph_capture import DecodeGraph, GraphReplayError
 from impl.runtime import kernel_device
 from impl.targets import Target
 from oracles import decode as ref_decode
@@ -47,8 +46,13 @@ class _Views:
         self.softmax_scale = inp.softmax_scale
 
 
-def run_graph_case(case: fzg.GraphCase, target: Target, mode: str | None = None) -> tuple[list[Violation], DecodeGraph]:
-    """Capture, replay every step of ``case`` and check each replay; returns (violations, the graph)."""
+def run_graph_case(case: fzg.GraphCase, target: Target, mode: str | None = None) -> tuple[list[Violation], object]:
+    """Capture, replay every step of ``case`` and check each replay; returns (violations, the graph). The graph
+    and the eager decode are the current subject's (``graph_capture.DecodeGraph``, ``decode.sparse_attn_decode``
+    with the captured plan)."""
+    sub = bound(target)
+    DecodeGraph, GraphReplayError = sub.graph_capture.DecodeGraph, sub.graph_capture.GraphReplayError
+    dec = sub.decode
     dev = kernel_device()
     inp = fzg.build_graph_case(case, target)
     views = _Views(inp)
@@ -110,7 +114,7 @@ def run_graph_case(case: fzg.GraphCase, target: Target, mode: str | None = None)
             out.append(Violation("captured launches changed after a replay", label, "unchanged", "changed"))
         # eager decode with the same frozen plan on the same data, own (poisoned) buffers
         ws = (dec.DecodeWorkspace.allocate(rows, g.plan.num_splits, h, dev, fill=math.nan)
-              if g.plan.family != "generic" else None)
+              if g.workspace is not None else None)
         eager = torch.full((rows, h, formats.DSV4_HEAD_DIM), math.nan, dtype=torch.bfloat16, device=dev)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -143,16 +147,16 @@ def _graph_replay_examples(target: Target) -> list[fzg.GraphCase]:
 def graph_replay_agreement(case: fzg.GraphCase, target: Target) -> list[Violation]:
     """A captured decode replays exactly: frozen launches, stable pointers, eager-equal and oracle-close output.
 
-    Capture (``impl.graph_capture.DecodeGraph``) at one set of row lengths freezes the grid (batch, splits, head
-    blocks), every host-side scalar and every buffer pointer; the dispatch is the capture one (adaptive splits only
-    on gfx950, ratio 128, not SWA-only, where the host rule allows; the trust gate as the truth table says). Each
-    replay (all rows empty, all at max_per_row with the source exactly the capacity, fewer rows than captured,
-    sources wider than their NNZ whose extra entries point at poisoned slots) must: issue launches equal to the
-    captured ones (emulation: compared launch by launch before each runs; a real CUDA graph on a GPU); keep every
-    persistent buffer and the copied views at their captured base pointers; give an output bit-for-bit equal to
-    an eager ``sparse_attn_decode`` with the same frozen plan on the same data (outputs and workspaces NaN-
-    poisoned first); and agree with the float64 oracle within oracles.compare's error model (the margin: the
-    worst error-to-tolerance ratio over every replay). Sources: SPEC 2
-    ("Adaptive splits", ``_copy_ragged_to_graph_buffers``); seed 004; torch.cuda.graphs' persistent-buffer rule.
+    Capture (the subject's ``graph_capture.DecodeGraph``; ours: ``impl.graph_capture``) at one set of row lengths
+    freezes the grid (batch, splits, head blocks), every host-side scalar and every buffer pointer; the dispatch is
+    the capture one (adaptive splits only on gfx950, ratio 128, not SWA-only, where the host rule allows; the trust
+    gate as the truth table says). Each replay (all rows empty, all at max_per_row with the source exactly the
+    capacity, fewer rows than captured, sources wider than their NNZ whose extra entries point at poisoned slots)
+    must: issue launches equal to the captured ones (emulation: compared launch by launch before each runs; a real
+    CUDA graph on a GPU); keep every persistent buffer and the copied views at their captured base pointers; give an
+    output bit-for-bit equal to an eager ``sparse_attn_decode`` with the same frozen plan on the same data (outputs
+    and workspaces NaN-poisoned first); and agree with the float64 oracle within oracles.compare's error model (the
+    margin: the worst error-to-tolerance ratio over every replay). Sources: SPEC 2 ("Adaptive splits",
+    ``_copy_ragged_to_graph_buffers``); seed 004; torch.cuda.graphs' persistent-buffer rule.
     """
     return run_graph_case(case, target)[0]
