@@ -400,6 +400,7 @@ def cmd_zoo(args) -> int:
     if args.json:
         raise UsageError("--json goes with --list (a zoo run writes its JSON with --report DIR)")
     _check_output_path("--report", args.report, folder=True)
+    _check_findings(args.findings)
     if not mutants:
         raise UsageError("no mutants to run" + (f" for subject {subject.label}" if subject else ""))
     total = len(mutants)
@@ -418,7 +419,8 @@ def cmd_zoo(args) -> int:
         print(f"[{done[0]}/{total}] {r.status.upper():<8} {r.id} ({r.seconds:.1f}s) {r.detail[:160]}",
               file=sys.stderr, flush=True)
 
-    doc = run_zoo(mutants, cap=args.cap, jobs=args.jobs, budget=args.budget, on_result=on_result, subject=subject)
+    doc = run_zoo(mutants, cap=args.cap, jobs=args.jobs, budget=args.budget, on_result=on_result, subject=subject,
+                  findings=os.path.abspath(args.findings) if args.findings else None)
     doc["finished"] = True
     if args.report:
         write_json(os.path.join(args.report, "zoo.json"), doc)
@@ -601,6 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--subject", metavar="SPEC",
                    help="plant the bugs into this subject's source (default ours); without --catalog a subject "
                         "other than ours runs the upstream catalogs (contracts/zoo/upstream/*.toml)")
+    z.add_argument("--findings", metavar="FILE",
+                   help="known findings the mutants' audits use (default: the suite's findings.toml); a known row "
+                        "is no kill")
     z.set_defaults(func=cmd_zoo)
     f = sub.add_parser("fuzz", help="nightly fuzz campaign: audit rounds under the nightly profile until the budget")
     f.add_argument("--budget", type=_duration, default="8h",

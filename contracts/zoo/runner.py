@@ -154,6 +154,72 @@ def _findings_file() -> str | None:
     return default_path() if os.path.exists(default_path()) else None
 
 
+def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, code_root: Path, cwd: Path,
+           tree: "Path | None" = None, findings: str | None = None) -> subprocess.CompletedProcess:
+    """``smv audit`` of ``contracts`` on ``targets`` in a subprocess (generated cases only, the ci profile's
+    derandomized sequence), importing the suite from ``code_root``; under ``vllm@tree`` when given."""
+    cmd = [sys.executable, "-m", "contracts.cli", "audit", "--profile", "ci", "--no-progress", "--generator-only",
+           "--max-cases", "0", "--budget", str(budget), "--report", str(report)]
+    if tree is not None:
+        cmd += ["--subject", f"vllm@{tree}"]
+    if findings:
+        cmd += ["--findings", str(findings)]
+    for c in contracts:
+        cmd += ["--contract", c]
+    for t in targets:
+        cmd += ["--target", t]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(code_root) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("SMV_TARGET", None)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def baseline(mutants: list[Mutant], subject, *, cap: float = DEFAULT_CAP, findings: str | None = None) -> dict:
+    """The expected contracts' rows on the subject's unpatched tree (one audit for every mutant): ``(contract,
+    target) -> row``. A contract that already fails there cannot be killed by a planted bug (its failure is not
+    the bug's), so :func:`judge_against_baseline` makes such a mutant an ``error`` saying so; record the failure
+    in findings.toml (it turns ``known``) or fix the adapter."""
+    findings = findings if findings is not None else _findings_file()
+    contracts = sorted({c for m in mutants for c in m.expect})
+    targets = sorted({t for m in mutants for t in m.targets})
+    root = subject_root(subject)
+    tmp = Path(tempfile.mkdtemp(prefix="smv-zoo-baseline-"))
+    try:
+        tree = tmp / "subject"
+        _copy_subject_tree(root, tree, "")
+        budget = max(cap * 0.6, 5.0) * max(1.0, len(contracts) / 2)
+        try:
+            proc = _audit(tmp / "report", contracts, targets, budget=budget, timeout=budget * 1.5 + 60,
+                          code_root=default_root(), cwd=tmp, tree=tree, findings=findings)
+        except subprocess.TimeoutExpired:
+            return {"error": f"the unpatched subject's audit ran past {budget * 1.5 + 60:.0f}s"}
+        audit = tmp / "report" / "audit.json"
+        if not audit.is_file():
+            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
+            return {"error": f"the unpatched subject's audit wrote no report (exit {proc.returncode}): "
+                             + " | ".join(tail)}
+        return {(r["contract"], r["target"]): r for r in json.loads(audit.read_text())["results"]}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def judge_against_baseline(res: MutantResult, m: Mutant, base: dict) -> MutantResult:
+    """A kill counts only where the unpatched subject did not fail the same contract on the same target."""
+    if res.status != "killed" or "crash" in res.detail or not base:
+        return res
+    if "error" in base:
+        res.status, res.detail = "error", base["error"]
+        return res
+    already = [(c, t) for c in m.expect for t in m.targets if (base.get((c, t)) or {}).get("status") == "fail"]
+    if not already:
+        return res
+    res.status = "error"
+    res.detail = "; ".join(f"{c} already fails on {t} without the bug ({base[(c, t)]['reason'][:120]})"
+                           for c, t in already) + " - record it in findings.toml or fix the adapter"
+    return res
+
+
 def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CAP, keep: bool = False,
                subject=None, findings: str | None = None) -> MutantResult:
     """Plant ``m`` and run its expected contracts. ``subject`` (default ours) says whose code: ``file`` is relative
@@ -190,22 +256,9 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
             (tmp / m.file).write_text(text.replace(m.find, m.replace))
             code_root, cwd = tmp, tmp
         report = tmp / "report"
-        cmd = [sys.executable, "-m", "contracts.cli", "audit", "--profile", "ci", "--no-progress", "--generator-only", "--max-cases", "0",
-               "--budget", str(max(cap * 0.6, 5.0)), "--report", str(report)]
-        if on_subject:
-            cmd += ["--subject", f"vllm@{tree}"]
-        if findings:
-            cmd += ["--findings", str(findings)]
-        for c in m.expect:
-            cmd += ["--contract", c]
-        for t in m.targets:
-            cmd += ["--target", t]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(code_root) + os.pathsep + env.get("PYTHONPATH", "")
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        env.pop("SMV_TARGET", None)
         try:
-            proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=cap)
+            proc = _audit(report, m.expect, m.targets, budget=max(cap * 0.6, 5.0), timeout=cap, code_root=code_root,
+                          cwd=cwd, tree=tree if on_subject else None, findings=findings)
         except subprocess.TimeoutExpired:
             res.status, res.detail = "error", f"time cap of {cap:.0f}s ran out"
             return res
@@ -263,14 +316,19 @@ def subject_json(subject) -> dict:
 
 def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs: int = 2,
             budget: float | None = None, on_result=None, subject=None, findings: str | None = None) -> dict:
+    """Run every mutant (``jobs`` at once). On a subject other than ours the unpatched tree is audited first
+    (:func:`baseline`), and a mutant's kill must not be a failure the subject shows without it."""
     t0 = time.monotonic()
     results: dict[str, MutantResult] = {}
+    on_subject = subject is not None and subject.name != "ours"
+    base = baseline(mutants, subject, cap=cap, findings=findings) if on_subject and root is None and mutants else {}
 
     def one(m: Mutant) -> MutantResult:
         if budget is not None and time.monotonic() - t0 > budget:
             r = MutantResult(m.id, "error", list(m.expect), detail=f"the zoo budget of {budget:.0f}s ran out first")
         else:
-            r = run_mutant(m, root=root, cap=cap, subject=subject, findings=findings)
+            r = judge_against_baseline(run_mutant(m, root=root, cap=cap, subject=subject, findings=findings), m,
+                                       base)
         if on_result:
             on_result(r)
         return r
