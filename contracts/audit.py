@@ -171,10 +171,11 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
         get_contract(cid)  # clear error for an unknown id, before any work
     targets = [get_target(t).name for t in (target_names or TARGET_NAMES)]
     subs = [resolve_subject(s) for s in (subjects or [None])]
-    labels = [s.label for s in subs]
-    twice = sorted({x for x in labels if labels.count(x) > 1})
-    if twice:
-        raise ValueError(f"subject {twice[0]} is given twice")
+    for i, a in enumerate(subs):
+        for b in subs[:i]:
+            if (a.name, a.version) == (b.name, b.version):  # rows name a subject by these two alone
+                raise ValueError(f"subjects {_spec(b)} and {_spec(a)} are both {a.label}: their rows could not be "
+                                 f"told apart; audit them in two runs")
     known = known_findings.load(findings_path, known_contracts=set(contracts))
     from fuzz.profiles import profile_settings
 

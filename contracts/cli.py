@@ -190,11 +190,14 @@ def _check_findings(path: str | None) -> None:
 
 
 def _subjects(specs) -> list:
+    from contracts.runner import subject_spec
+
     subs = [_subject(s) for s in (specs or ["ours"])]
-    labels = [s.label for s in subs]
-    for lab in labels:
-        if labels.count(lab) > 1:
-            raise UsageError(f"--subject {lab} is given twice")
+    for i, a in enumerate(subs):
+        for b in subs[:i]:
+            if (a.name, a.version) == (b.name, b.version):  # a report's rows name a subject by these two alone
+                raise UsageError(f"--subject {subject_spec(b)} and --subject {subject_spec(a)} are both {a.label}: "
+                                 f"their rows could not be told apart (audit them in two runs)")
     return subs
 
 

@@ -11,7 +11,7 @@ violation signature it produces (regular expressions matched with ``re.search`` 
     kind = "upstream-bug"            # or "semantic-difference"
     contract = "shrink-tail-extents"
     subjects = ["vllm"]
-    versions = ["0.33.0"]            # or ["*"]: every version of those subjects
+    versions = ["0.33.0"]            # shell-style patterns: "0.33.*", "*" (every version, a branch's too)
     targets = ["gfx942", "gfx950"]
     function = "vllm/...py::Builder.build"
     signature = ['^slot mapping: position out of the table maps to slot 0$']
@@ -24,6 +24,7 @@ one violation no finding explains fails the row as before. The file is validated
 """
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 from dataclasses import dataclass
@@ -60,8 +61,8 @@ class Finding:
     notes: str = ""
 
     def applies(self, contract: str, subject: str, version: str, target: str) -> bool:
-        return (contract == self.contract and subject in self.subjects
-                and ("*" in self.versions or version in self.versions) and target in self.targets)
+        return (contract == self.contract and subject in self.subjects and target in self.targets
+                and any(fnmatch.fnmatchcase(version, v) for v in self.versions))
 
     def explains(self, message: str) -> bool:
         return any(p.search(message) for p in self.signature)

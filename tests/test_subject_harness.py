@@ -161,6 +161,9 @@ def test_classify_every_violation_must_be_explained():
                   ("test-k", "fake", "2.0", "gfx942"), ("test-k", "fake", "1.0", "gfx950")):
         assert kf.classify([known], fs, *wrong) is None, wrong
     assert kf.classify([known], _findings(_finding(versions=["*"])), "test-k", "fake", "7.3", "gfx942") == ["K1"]
+    branch = _findings(_finding(versions=["1.0.*"]))  # a branch off a release reports its own version
+    assert kf.classify([known], branch, "test-k", "fake", "1.0.1.dev3+gabc", "gfx942") == ["K1"]
+    assert kf.classify([known], branch, "test-k", "fake", "1.1.0", "gfx942") is None
 
 
 def test_known_cases_do_not_stop_the_row_and_an_unknown_one_fails_it(register, tmp_path):
@@ -346,7 +349,7 @@ def test_repro_replays_under_its_subject_and_reads_version_2(register, tmp_path,
     (["audit", "--subject", "vllm@{tmp}"], "not a vLLM tree"),
     (["audit", "--subject", "vllm@{tmp}/missing"], "no such directory"),
     (["audit", "--subject", "llama"], "unknown subject"),
-    (["audit", "--subject", "ours", "--subject", "ours"], "twice"),
+    (["audit", "--subject", "ours", "--subject", "ours"], "told apart"),
     (["zoo", "--subject", "vllm@{tmp}"], "not a vLLM tree"),
     (["repro", "x.json", "--subject", "vllm==not-a-version"], "not a release version"),
     (["subject", "show", "vllm@{tmp}"], "not a vLLM tree"),
