@@ -34,7 +34,7 @@ import types
 
 import torch
 
-from contracts.subjects import Family
+from contracts.subjects import Family, FidelityError
 from contracts.subjects.vllm.loader import REWRITES, Rewrite, register_rewrite
 
 OPS_FILE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
@@ -73,6 +73,7 @@ def build(ctx) -> Family:
     orig_loader = ops._get_aiter_sparse_prefill_opus
     orig_ragged = ops._rocm_sparse_attn_prefill_ragged_triton
     depth = _Depth()
+    missing_rewrite = _host_assert_missing(ctx)
 
     def run(fn, *args, **kw):
         """``ctx.call`` once: a helper called from inside a running entry (a seam) runs as it is."""
@@ -120,6 +121,8 @@ def build(ctx) -> Family:
         return run(call)
 
     def sparse_attn_prefill_triton(q, kv2, indices, indptr, softmax_scale, attn_sink, out, rope_head_dim):
+        if missing_rewrite:
+            raise FidelityError(missing_rewrite)
         d = int(q.shape[-1])
         run(orig_ragged, q, kv2, indices, indptr, float(softmax_scale), attn_sink, d - rope_head_dim,
             rope_head_dim, out)
@@ -141,6 +144,8 @@ def build(ctx) -> Family:
 
     def sparse_attn_prefill(q, kv, indices, softmax_scale, attn_sink=None, out=None, *, topk_length=None,
                             indptr=None, rope_head_dim=64, target=None):
+        if missing_rewrite:
+            raise FidelityError(missing_rewrite)
         d = int(q.shape[-1])
         kv3 = kv.unsqueeze(1) if kv.dim() == 2 else kv
         if out is None:
@@ -177,6 +182,20 @@ def build(ctx) -> Family:
 
 
 _ABSENT = object()
+
+
+def _host_assert_missing(ctx) -> str:
+    """Why upstream's ragged host wrapper cannot run in this binding ('' when it can): under the interpreter its
+    CPU assert must have been rewritten when this target's modules were imported."""
+    from contracts.subjects import fidelity
+
+    if not fidelity.interpreting():
+        return ""
+    ids = {r.id for r in REWRITES if r.path == OPS_FILE and r.find == _HOST_ASSERT}
+    if any(rw.get("id") in ids and rw.get("file") == OPS_FILE for rw in ctx.loaded.rewrites):
+        return ""
+    return (f"{OPS_FILE} was imported for {ctx.target.name} without the rewrite {'/'.join(sorted(ids))} (the "
+            f"ragged host wrappers' CPU assert): the subject was bound before the prefill adapter registered it")
 
 
 def _module(name: str, **attrs) -> types.ModuleType:

@@ -1,0 +1,164 @@
+"""The vllm subject's prefill and router adapters: they run upstream's own code (a bug planted into a copy of the
+tree changes the answer), the OPUS route goes through upstream's real loader with a fake AITER, and each contract
+gives a verdict (or names the entry point upstream lacks)."""
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+import torch
+
+import contracts.subjects.vllm.adapters.prefill  # noqa: F401 - registers its host-assert rewrite before a bind
+from contracts import prefill as cp
+from contracts import router as cr
+from contracts.subjects import EntryMissing, parse_subject, using
+from fuzz import prefill as fz
+from impl import router as ours_router
+from impl.targets import get_target
+
+OPS = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
+DSV2 = "vllm/model_executor/models/deepseek_v2.py"
+TARGETS = ("gfx942", "gfx950", "generic")
+
+
+def _planted(vllm_subject, tmp_path, rel, find, replace):
+    """A copy of the subject's tree with one line of ``rel`` replaced, as a subject."""
+    root = tmp_path / "tree"
+    shutil.copytree(vllm_subject.tree.root, root)
+    src = (root / rel).read_text()
+    assert src.count(find) == 1
+    (root / rel).write_text(src.replace(find, replace))
+    return parse_subject(f"vllm@{root}")
+
+
+def _eligible(sq=1024):
+    case = fz.GuardCase(sq=sq, heads=16, d=576, dtype="bfloat16", gpu="cuda:0", skv=7, combos=())
+    return fz.guard_tensors(case, [])
+
+
+def _routing_inputs(mode="dense"):
+    case = cp._routing_examples(get_target("gfx950"))[0].inputs
+    if mode == "ragged":
+        case = case.replace(mode="ragged", indptr_offset=3, tail_junk=2, invalid_rate=0.0)
+    return fz.build_prefill_inputs(case)
+
+
+# --- guard -------------------------------------------------------------------------------------------------------
+
+def test_upstream_guard_holds_the_truth_table_on_every_target(vllm_subject):
+    guard = cp._routing_examples(get_target("gfx950"))[0].guard
+    for name in TARGETS:
+        t = get_target(name)
+        with using(vllm_subject):
+            assert cp._guard_violations(guard, t) == [], name
+        # the arch flag bound at upstream's import decides: only gfx950 routes
+        got = vllm_subject.bind(t).prefill.can_use_aiter_sparse_prefill_opus(*_eligible(), target=t)
+        assert got is (name == "gfx950")
+
+
+def test_a_threshold_planted_upstream_changes_the_guard_and_the_contract_sees_it(vllm_subject, tmp_path):
+    find = "        and q.shape[0] >= _GFX950_AITER_SPARSE_PREFILL_OPUS_MIN_QUERIES"
+    planted = _planted(vllm_subject, tmp_path, OPS, find, find.replace(">=", ">"))
+    t = get_target("gfx950")
+    assert vllm_subject.bind(t).prefill.can_use_aiter_sparse_prefill_opus(*_eligible(1024), target=t) is True
+    assert planted.bind(t).prefill.can_use_aiter_sparse_prefill_opus(*_eligible(1024), target=t) is False
+    with using(planted):
+        v = cp._guard_violations(cp._routing_examples(t)[0].guard, t)
+    assert v and {x.message for x in v} == {"OPUS guard differs from SPEC 3's truth table"}
+
+
+# --- route -------------------------------------------------------------------------------------------------------
+
+def test_routed_call_reaches_opus_through_upstreams_loader_with_an_empty_second_segment(vllm_subject):
+    t = get_target("gfx942")  # the guard is faked: the route is the same code on every target
+    inp = _routing_inputs("dense")
+    aiter_before = {k for k in sys.modules if k.split(".")[0] == "aiter"}
+    with using(vllm_subject):
+        rec = cp._route(inp, t, True, "ok")
+        assert len(rec["op"]) == 1 and rec["triton"] == 0
+        assert cp._check_guard_args(rec, inp, t, "routed") == []
+        args, kw = rec["op"][0]
+        msgs = {v.message for v in cp._check_op_call(args, kw, inp, "routed")}
+    # dense rows are compacted to their valid entries (P1 fixed); the tensor keeps its R * W length
+    assert msgs == {"OPUS ragged list not packed from 0"}
+    assert bool((inp.out.float() == cp.OPUS_SENTINEL).all())
+    # the fake AITER lives only inside the call
+    assert {k for k in sys.modules if k.split(".")[0] == "aiter"} == aiter_before
+    assert vllm_subject.bind(t).prefill.get_aiter_sparse_prefill_opus() is None
+
+
+def test_a_callers_ragged_list_reaches_opus_unfiltered(vllm_subject):
+    inp = _routing_inputs("ragged")
+    t = get_target("gfx950")
+    with using(vllm_subject):
+        rec = cp._route(inp, t, True, "ok")
+    args, kw = rec["op"][0]
+    got = cp._check_op_call(args, kw, inp, "routed")
+    assert {v.message for v in got} == {"OPUS ragged list not packed from 0"}
+    assert args[3].tolist()[0] == inp.indptr_list[0] == 3  # the caller's indptr, offset and all
+
+
+def test_an_opus_failure_escapes_upstreams_entry(vllm_subject):
+    inp = _routing_inputs("dense")
+    t = get_target("gfx950")
+    with using(vllm_subject):
+        rec = cp._route(inp, t, True, "raises")
+    assert len(rec["op"]) == 1 and rec["triton"] == 0
+    assert isinstance(rec["escaped"], RuntimeError)
+    # ours catches it and runs the Triton kernel instead
+    inp = _routing_inputs("dense")
+    rec = cp._route(inp, t, True, "raises")
+    assert rec["escaped"] is None and rec["triton"] == 1
+
+
+def test_guard_false_or_no_op_runs_upstreams_triton_once(vllm_subject):
+    t = get_target("gfx950")
+    with using(vllm_subject):
+        for guard_says, op in ((False, "ok"), (True, None)):
+            rec = cp._route(_routing_inputs("ragged"), t, guard_says, op)
+            assert (len(rec["op"]), rec["triton"]) == (0, 1), (guard_says, op)
+
+
+# --- prefill numerics (upstream's Triton kernel under the corrected interpreter) ------------------------------------
+
+def test_upstream_prefill_agrees_with_the_oracle_and_a_planted_kernel_bug_does_not(vllm_subject, tmp_path):
+    t = get_target("generic")
+    examples = cp._agreement_examples(t)
+    with using(vllm_subject):
+        assert [cp.prefill_oracle_agreement(c, t) for c in examples] == [[]] * len(examples)
+    # the sink folded in without rescaling the accumulator: a dominating sink shows it
+    planted = _planted(vllm_subject, tmp_path, OPS, "            (acc * alpha[:, None]) / denom[:, None],",
+                       "            acc / denom[:, None],")
+    large_sink = examples[1]
+    with using(planted):
+        v = cp.prefill_oracle_agreement(large_sink, t)
+    assert v and all(x.message.startswith("prefill output vs float64 oracle") for x in v)
+
+
+# --- router ------------------------------------------------------------------------------------------------------
+
+def test_upstream_gate_policy_is_ours_for_the_weight_policy(vllm_subject):
+    router = vllm_subject.bind("gfx950").router
+    for bias in (True, False):
+        for aiter in (True, False):
+            for w in (torch.bfloat16, torch.float16):
+                kw = dict(has_correction_bias=bias, aiter_moe_enabled=aiter, policy="weight")
+                assert router.gate_out_dtype(w, **kw) == ours_router.gate_out_dtype(w, **kw)
+    assert router.gate_out_dtype(torch.bfloat16, has_correction_bias=True, aiter_moe_enabled=True,
+                                 policy="fp32") == torch.float32
+    assert router.correction_bias_for_gate(torch.tensor([0.1]), torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_router_row_names_the_missing_top_k_and_a_planted_gate_bug_fails(vllm_subject, tmp_path):
+    t = get_target("gfx942")
+    case = cr._examples(t)[1]  # bf16 gate: seed 000's policy
+    with using(vllm_subject), pytest.raises(EntryMissing) as exc:
+        cr.router_oracle_agreement(case, t)
+    assert exc.value.entry == "router.biased_grouped_topk" and "grouped_topk_router.py" in exc.value.why
+    find = "            self.gate.set_out_dtype(self.gate.weight.dtype)"
+    planted = _planted(vllm_subject, tmp_path, DSV2, find, "            self.gate.set_out_dtype(torch.float32)")
+    with using(planted):
+        v = cr.router_oracle_agreement(case, t)
+    assert [(x.message, x.expected, x.got) for x in v] == [
+        ("gate out dtype differs from SPEC 7's policy", "torch.bfloat16", "torch.float32")]
