@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from hypothesis import strategies as st
 
-from contracts.core import ALL_TARGETS, Violation, contract, record_margin
-from contracts.subjects import bound
+from contracts.core import ALL_TARGETS, Violation, contract, fmt, record_margin
+from contracts.subjects import SubjectUnavailable, bound, is_ours, ours
 from fuzz import decode as fz
+from fuzz import splits as fz_splits
+from fuzz.cases import Case
+from fuzz.splits import SplitCase
 from impl import splits as impl_splits
 from impl.runtime import kernel_device, triton_mode
 from impl.targets import Target
@@ -64,35 +70,71 @@ def decode_oracle_agreement(case: fz.DecodeCase, target: Target) -> list[Violati
     """
     dec = bound(target).decode
     inp = fz.build_decode_inputs(case, target)
-    b, h = case.batch, case.heads
+    plan = _decode_plan(dec, case, target, inp)
+    pools_before = [p.clone() for p in inp.pools if p is not None]
+    got = _run_decode(dec, case, target, inp, plan)
+    violations: list[Violation] = []
+    for i, (before, p) in enumerate(zip(pools_before, [p for p in inp.pools if p is not None])):
+        if not torch.equal(before, p):
+            violations.append(Violation("decode modified a cache pool", f"pool {i}", "unchanged bytes",
+                                        f"{int((before != p).sum())} bytes changed"))
+    ref = _oracle(case, target, inp)
+    violations += zeroed_nan_rows(NAN_ROW_ZEROED, got, ref.out)
+    label = (f"decode output vs float64 oracle ({target.decode_family} family, S={plan.num_splits}, "
+             f"adaptive={plan.adaptive})")
+    return violations + oracle_violations(label, got, ref, plan.num_splits)
+
+
+#: a row whose every lane is NaN in the reference (a NaN softmax denominator) comes back as all zeros: said once, in
+#: these words, and those rows are left out of the lane comparison (so this is the case's only violation for them)
+NAN_ROW_ZEROED = "decode output: a row the oracle gives as NaN is all zeros"
+NAN_ROW_ZEROED_VS_OURS = "decode output: a row ours gives as NaN is all zeros in the subject"
+
+
+def zeroed_nan_rows(message: str, got: torch.Tensor, ref_out: torch.Tensor) -> list[Violation]:
+    """Rows (b, h) that are NaN in every lane of ``ref_out`` and exactly 0 in every lane of ``got``: one violation
+    naming the first (the count in ``got``); those rows of ``got`` are set to NaN in place, so the lane comparison
+    that follows does not report them again."""
+    rows = (torch.isnan(ref_out.to(torch.float64)).all(-1) & (got.to(torch.float64) == 0).all(-1)).nonzero()
+    if not len(rows):
+        return []
+    got[tuple(rows.t())] = math.nan
+    b, h = rows[0].tolist()
+    return [Violation(message, f"out[{b}, {h}]", "NaN in every lane",
+                      f"0 in every lane ({len(rows)} such row{'s' if len(rows) > 1 else ''})")]
+
+
+def _decode_plan(dec, case: fz.DecodeCase, target: Target, inp):
+    """The case's pinned plan, else the subject's own plan for the case's sizes and CU count."""
     plan = _plan_for(case, target, dec)
     if plan is None:
-        plan = dec.plan_decode(target, b, h, inp.main_indices.numel(),
+        plan = dec.plan_decode(target, case.batch, case.heads, inp.main_indices.numel(),
                                inp.extra_indices.numel() if inp.extra_indices is not None else 0,
                                cu_count=case.cu_count)
+    return plan
+
+
+def _run_decode(dec, case: fz.DecodeCase, target: Target, inp, plan) -> torch.Tensor:
+    """``dec.sparse_attn_decode`` of the case under ``plan`` with a NaN-poisoned workspace and output; the output
+    on the CPU."""
+    b, h = case.batch, case.heads
     dev = kernel_device()
     ws = dec.DecodeWorkspace.allocate(b, plan.num_splits, h, dev, fill=math.nan)
     out = torch.full((b, h, 512), math.nan, dtype=torch.bfloat16, device=dev)
-    pools_before = [p.clone() for p in inp.pools if p is not None]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy warns on 0 * inf by design
         dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
                                inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
                                softmax_scale=inp.softmax_scale, target=target, trust_extra_nan_free=case.trust,
                                plan=plan, workspace=ws, out=out)
-    got = out.cpu().clone()
-    violations: list[Violation] = []
-    for i, (before, p) in enumerate(zip(pools_before, [p for p in inp.pools if p is not None])):
-        if not torch.equal(before, p):
-            violations.append(Violation("decode modified a cache pool", f"pool {i}", "unchanged bytes",
-                                        f"{int((before != p).sum())} bytes changed"))
-    ref = ref_decode.ref_sparse_attn_decode(
+    return out.cpu().clone()
+
+
+def _oracle(case: fz.DecodeCase, target: Target, inp):
+    return ref_decode.ref_sparse_attn_decode(
         inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache, inp.extra_indices,
         inp.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
         main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=not case.trust)
-    label = (f"decode output vs float64 oracle ({target.decode_family} family, S={plan.num_splits}, "
-             f"adaptive={plan.adaptive})")
-    return violations + oracle_violations(label, got, ref, plan.num_splits)
 
 
 def oracle_violations(label: str, got: torch.Tensor, ref, num_splits: int) -> list[Violation]:
@@ -100,10 +142,15 @@ def oracle_violations(label: str, got: torch.Tensor, ref, num_splits: int) -> li
     :mod:`oracles.compare` for this Triton mode and split count; the worst error-to-tolerance ratio is recorded as
     the case's margin. Every contract that reads the decode's output (agreement, graph replay, int64 probes) uses
     this one comparison."""
+    return attention_violations(label, got, ref.out, decode_tolerance(ref, num_splits))
+
+
+def decode_tolerance(ref, num_splits: int) -> torch.Tensor:
+    """Per-lane tolerance of a decode output with ``num_splits`` splits around the oracle's result ``ref``
+    (:mod:`oracles.compare`'s derived error model for this Triton mode)."""
     model = cmp.AttentionErrorModel.for_mode(triton_mode())
-    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
-                                  num_splits, 16, model)
-    return attention_violations(label, got, ref.out, tol)
+    return cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
+                                   num_splits, 16, model)
 
 
 def attention_violations(label: str, got: torch.Tensor, ref_out: torch.Tensor, tol: torch.Tensor) -> list[Violation]:
@@ -113,3 +160,123 @@ def attention_violations(label: str, got: torch.Tensor, ref_out: torch.Tensor, t
     if res.worst_ratio is not None:
         record_margin(res.worst_ratio)
     return [Violation(f"{label}: {m.detail}", m.where, m.expected, m.got) for m in res.mismatches]
+
+
+# --- subject-agreement -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgreementCase(Case):
+    """One comparison of the subject with ours: a decode case or a split-selector case (``family`` says which; only
+    that field is set)."""
+
+    KIND = "subject-agreement"
+    family: Literal["decode", "split"]
+    decode: fz.DecodeCase | None = None
+    split: SplitCase | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        given = [name for name in ("decode", "split") if getattr(self, name) is not None]
+        if given != [self.family]:
+            raise ValueError(f"family: {self.family!r} needs exactly its own case, got {given or 'none'}")
+
+
+def _agreement_cases(target: Target):
+    decode = fz.decode_cases(target).map(lambda c: AgreementCase("decode", decode=c))
+    if target.split_selector is None:
+        return decode
+    return st.one_of(decode, fz_splits.split_cases(target.cu_count).map(lambda c: AgreementCase("split", split=c)))
+
+
+def _agreement_examples(target: Target) -> list[AgreementCase]:
+    from contracts.splits import _split_examples
+
+    out = [AgreementCase("decode", decode=c) for c in _decode_examples(target)]
+    if target.split_selector is not None:
+        out += [AgreementCase("split", split=c) for c in _split_examples(target)]
+    return out
+
+
+@contract("subject-agreement", targets=ALL_TARGETS, cases=_agreement_cases, examples=_agreement_examples, min_cases=5,
+          max_cases=14, case_type=AgreementCase, numeric=True)
+def subject_agreement(case: AgreementCase, target: Target) -> list[Violation]:
+    """On the same cases, the subject's decode and split selection equal ours.
+
+    Decode: the case runs through ours and through the subject, each with the case's pinned plan or its own plan for
+    the case's sizes (NaN-poisoned workspace and output for both; under the interpreter both with the GPU's numerics,
+    contracts.subjects.fidelity). Where both plans are the same the outputs must be equal bit for bit (a NaN equals
+    any NaN): both sides are deterministic; a difference says whether it stays within the sum of both sides' oracle
+    tolerances (oracles.compare's error model for each side's split count) or not. Where the plans differ the
+    subject's output must lie within that sum of ours, NaN/inf masks exactly; the margin is the worst
+    error-to-tolerance ratio. A row that is NaN in every lane for ours and 0 in every lane for the subject is named
+    as such. Split selection
+    (split-K targets): the subject's split count equals ours for the same sizes and CU count, and so does its decode
+    plan (adaptive splits where the target allows them under capture). Skipped when the subject is ours. Source:
+    issue 11 (item 4: the subject's outputs equal ours, bitwise where deterministic, else within the oracle's bound).
+    """
+    if is_ours():
+        raise SubjectUnavailable("the subject is ours: nothing to compare")
+    if case.family == "split":
+        return _agree_split(case.split, target)
+    return _agree_decode(case.decode, target)
+
+
+def _agree_decode(case: fz.DecodeCase, target: Target) -> list[Violation]:
+    from contracts.subjects import fidelity
+
+    mine, theirs = ours().bind(target).decode, bound(target).decode
+    inp_o = fz.build_decode_inputs(case, target)
+    inp_s = fz.build_decode_inputs(case, target)
+    plan_o = _decode_plan(mine, case, target, inp_o)
+    plan_s = _decode_plan(theirs, case, target, inp_s)
+    # ours with the GPU's numerics too: under the interpreter a subject's kernels run corrected (ctx.call), and ours
+    # would otherwise differ from them by the interpreter's own roundings (fp32 -> bf16 truncation); natively a no-op
+    with fidelity.corrected():
+        got_o = _run_decode(mine, case, target, inp_o, plan_o)
+    got_s = _run_decode(theirs, case, target, inp_s, plan_s)
+    out = zeroed_nan_rows(NAN_ROW_ZEROED_VS_OURS, got_s, got_o)
+    ref = _oracle(case, target, inp_o)
+    tol = decode_tolerance(ref, plan_o.num_splits) + decode_tolerance(ref, plan_s.num_splits)
+    if plan_o == plan_s:
+        both_nan = torch.isnan(got_o) & torch.isnan(got_s)
+        differ = (got_o.view(torch.int16) != got_s.view(torch.int16)) & ~both_nan
+        n = int(differ.sum())
+        if n:
+            o64, s64 = got_o.to(torch.float64), got_s.to(torch.float64)
+            beyond = differ & ~((s64 - o64).abs() <= tol)  # a mask mismatch (NaN/inf on one side) is beyond
+            worst = beyond if bool(beyond.any()) else differ
+            idx = tuple(worst.nonzero()[0].tolist())
+            msg = AGREE_BEYOND if bool(beyond.any()) else AGREE_BITS
+            out.append(Violation(msg, f"out[{', '.join(map(str, idx))}] ({n} of {differ.numel()} lanes differ, "
+                                      f"{int(beyond.sum())} beyond the bound)",
+                                 fmt(float(got_o[idx])), fmt(float(got_s[idx]))))
+        return out
+    label = "decode output vs ours under a different plan"
+    return out + attention_violations(label, got_s, got_o.to(torch.float64), tol)
+
+
+#: the two ways a same-plan decode can differ from ours (finding signatures match these texts)
+AGREE_BITS = "decode output differs from ours bit for bit under the same plan, within the oracle's bound"
+AGREE_BEYOND = "decode output differs from ours beyond the oracle's bound under the same plan"
+
+
+def _agree_split(case: SplitCase, target: Target) -> list[Violation]:
+    from contracts.splits import DIFFERS_OURS, differs_message
+
+    mine, theirs = ours().bind(target), bound(target)
+    b, h, cu = case.batch, case.heads, case.cu_count
+    m, e = case.main_numel, case.extra_numel
+    sel = target.split_selector
+    where = f"{sel}(batch={b}, heads={h}, main_numel={m}, extra_numel={e}, cu={cu})"
+    want = mine.splits.select_num_splits(sel, b, h, m, e, cu)
+    got = theirs.splits.select_num_splits(sel, b, h, m, e, cu)
+    if got != want:
+        # ours equals the exact re-derivation (split-bounds), so the same diagnosis applies
+        return [Violation(differs_message(sel, got, b, h, m, e, cu, DIFFERS_OURS), where, fmt(want), fmt(got))]
+    adaptive = target.adaptive_splits_in_capture
+    p_o = mine.decode.plan_decode(target, b, h, m, e, cu_count=cu, adaptive_splits=adaptive)
+    p_s = theirs.decode.plan_decode(target, b, h, m, e, cu_count=cu, adaptive_splits=adaptive)
+    if p_o != p_s:
+        return [Violation("decode plan differs from ours", where, fmt(p_o), fmt(p_s))]
+    return []

@@ -3,7 +3,8 @@
 - ``inverse_rope_gptj`` calls upstream's ``_fused_inverse_rope_gptj`` (the host wrapper of
   ``_inverse_rope_gptj_kernel``, which ``rocm_inverse_rope_rows_`` runs over the rows the decode reduce did not
   rotate) with ``rope_head_dim = 64`` and our ``cos_sin`` as its ``cos_sin_cache`` (the same [P, 64] cos | sin
-  layout). Upstream writes bf16 only: a float32 output is :class:`~contracts.subjects.EntryMissing`.
+  layout). Upstream writes bf16 only: a float32 output is :class:`~contracts.subjects.EntryMissing`. Rows of the
+  64 RoPE lanes alone (width 64) make its kernel fail to build; that failure is re-raised as one stable ValueError.
 - ``mxfp8_quantize``: upstream has no host entry that quantizes without rotating first (``rocm_inverse_rope_mxfp8_rows``
   and the reduce's ``QUANT_OUT`` both rotate, and an identity rotation is not an identity on inf and -0 lanes:
   ``inf * 0`` is NaN, ``-0 + 0`` is +0). So a loader kernel of ours reads one 32-lane group per program as
@@ -21,6 +22,8 @@ from contracts.subjects import EntryMissing, Family
 
 ROPE_DIM = 64
 MXFP8_GROUP = 32
+NO_NOPE_LANES = ("upstream's _fused_inverse_rope_gptj cannot take rows without NoPE lanes (width 64): its kernel "
+                 "does not build")
 
 #: upstream's ``_mxfp8_quantize_rows`` of the target being called (set under the loader's lock for each call)
 _UPSTREAM_QUANTIZE_ROWS = None
@@ -52,7 +55,14 @@ def build(ctx) -> Family:
                                f"upstream's inverse RoPE writes bf16 only, {dt} was asked for")
         if out is None:
             out = torch.empty((T, H, W), dtype=torch.bfloat16, device=x.device)
-        return ctx.call(ops._fused_inverse_rope_gptj, x, positions, cos_sin, ROPE_DIM, out=out)
+        try:
+            return ctx.call(ops._fused_inverse_rope_gptj, x, positions, cos_sin, ROPE_DIM, out=out)
+        except Exception as exc:
+            if W - ROPE_DIM > 0:
+                raise
+            # its kernel sizes a NoPE block of next_power_of_2(width - 64) = 0 lanes, which no Triton can build;
+            # said in one sentence that does not depend on how this Triton words the failure
+            raise ValueError(NO_NOPE_LANES) from exc
 
     def mxfp8_quantize(x, *, codes=None, scales=None):
         lead = tuple(int(d) for d in x.shape[:-1])
