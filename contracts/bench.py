@@ -217,6 +217,28 @@ class DecodeWorkload:
 
         return run, plan
 
+    def subject_decode_call(self, subject, family: str):
+        """(callable, None): the subject's own decode entry point for ``family``'s target, called the way its
+        production caller does (its own plan and workspace; ours and upstream alike), on the same inputs as
+        :meth:`decode_call`. ``subject`` is a :class:`contracts.subjects.Subject`; a family the subject cannot run
+        here raises :class:`contracts.subjects.SubjectSkip` (the benchmark skips, saying why)."""
+        import torch
+
+        from contracts.subjects import using
+
+        sub = subject.bind(family)
+        main = self._main_for(family)
+        out = torch.empty_like(self.q)
+        decode = sub.decode.sparse_attn_decode
+
+        def run():
+            with using(subject):
+                return decode(self.q, main, self.main_idx, self.main_ptr, self.extra_cache, self.extra_idx,
+                              self.extra_ptr, attn_sink=self.sink, target=family, out=out)
+
+        run()  # a family the subject cannot run here says so before any timing
+        return run, None
+
     def reduce_call(self, family: str):
         """(callable, plan): the reduce alone, over partials one full decode left in the workspace."""
         import torch
@@ -427,6 +449,8 @@ _KIND_ORDER = {"decode": 0, "baseline": 1, "reduce": 2}
 def _impl_label(r: dict) -> str:
     if r["kind"] == "baseline":
         return "torch gather + SDPA (bf16)"
+    if r.get("subject"):
+        return f"{r['subject']} {r['family']}"
     s = f" (S={r['num_splits']})" if r.get("num_splits") is not None else ""
     return f"triton {r['family']}{s}" if r["kind"] == "decode" else f"reduce {r['family']}{s}"
 
@@ -453,10 +477,12 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
                       ", matmul ceiling not measured")
     host_bound = False
     gpu = sorted((r for r in rows if r["kind"] in _KIND_ORDER),
-                 key=lambda r: (r["batch"], _KIND_ORDER[r["kind"]], r["family"]))
+                 key=lambda r: (r["batch"], _KIND_ORDER[r["kind"]], r["family"], 1 if r.get("subject") else 0))
     if gpu:
+        subj = any(r.get("subject") for r in gpu)
+        ours_t = {(r["batch"], r["family"]): r["seconds"] for r in gpu if r["kind"] == "decode" and not r.get("subject")}
         head = (f"{'batch':>5}  {'implementation':<28} {'time us':>9} {'GB/s':>8} {'TFLOP/s':>8} {'%copy':>6} "
-                f"{'%mma':>6} {'vs torch':>8}")
+                f"{'%mma':>6} {'vs torch':>8}" + (f" {'ours/subj':>9}" if subj else ""))
         if compare:
             head += f" {'vs ' + compare_name:>14}"
         lines.append(head)
@@ -468,6 +494,10 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
                     f"{r['bytes'] / t / 1e9:>8.0f} "
                     f"{r['flops'] / t / 1e12:>8.2f} {_pct(r.get('fraction_of_copy_ceiling'))} "
                     f"{_pct(r.get('fraction_of_matmul_ceiling'))} {vs}")
+            if subj:
+                # > 1: ours is faster than the subject's kernel for the same family and batch
+                o = ours_t.get((r["batch"], r["family"])) if r.get("subject") else None
+                line += f" {t / o:>8.2f}x" if o else f" {'':>9}"
             if compare:
                 b = before.get(r["fullname"])
                 # > 1: this run is slower than the compared one

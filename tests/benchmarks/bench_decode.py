@@ -154,6 +154,36 @@ def test_decode(gpu_benchmark, workloads, refs, device, family, batch):
             bytes=w.figures["bytes"], flops=w.figures["flops"])
 
 
+@pytest.fixture(scope="module")
+def subject():
+    """The subject whose decode runs beside ours (``SMV_BENCH_SUBJECT``, e.g. ``vllm@.smv-subject/vllm``)."""
+    import os
+
+    spec = os.environ.get("SMV_BENCH_SUBJECT")
+    if not spec:
+        pytest.skip("no SMV_BENCH_SUBJECT: only our kernels run (set it to e.g. vllm==0.33.0 or vllm@PATH)")
+    from contracts.subjects import parse_subject
+
+    return parse_subject(spec)
+
+
+@BATCH
+@pytest.mark.parametrize("family", bench.FAMILIES)
+def test_decode_subject(gpu_benchmark, workloads, refs, device, subject, family, batch):
+    """The subject's decode for the same family and inputs, with its own plan: a column beside ours."""
+    from contracts.subjects import SubjectSkip
+
+    w = workloads(batch)
+    try:
+        fn, _ = w.subject_decode_call(subject, family)
+    except SubjectSkip as exc:
+        pytest.skip(exc.reason(subject.label))
+    seconds = gpu_benchmark(fn)
+    _record(gpu_benchmark, seconds, device, kind="decode", family=family, batch=batch, refs=refs.get(batch),
+            subject=subject.label, heads=w.heads, tokens_per_query=w.figures["tokens_per_query"],
+            bytes=w.figures["bytes"], flops=w.figures["flops"])
+
+
 @BATCH
 @pytest.mark.parametrize("family", bench.SPLIT_FAMILIES)
 def test_reduce(gpu_benchmark, workloads, refs, device, family, batch):

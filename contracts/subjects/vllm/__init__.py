@@ -86,6 +86,9 @@ class VllmSubject(Subject):
 
             from contracts.subjects import fidelity
 
+            # every adapter registers its rewrites when imported: all of them before the one import per target
+            for family in adapter_families():
+                importlib.import_module(f"contracts.subjects.vllm.adapters.{family}")
             fp8 = torch.float8_e4m3fnuz if t.main_cache_fp8 == "fnuz" else torch.float8_e4m3fn
             loaded = self.tree.load(t.name, fp8, t.cu_count, rewrites=fidelity.rewrites_for_host())
             for rw in loaded.rewrites:
