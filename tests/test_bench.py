@@ -540,7 +540,14 @@ def test_spawn_does_not_pass_on_an_xdist_workers_variables(monkeypatch):
     assert "PYTEST_XDIST_WORKER" not in seen["env"] and seen["env"]["SMV_KEEP_ME"] == "1" and seen["cwd"] == ROOT
 
 
-def test_the_gpu_benchmark_module_runs_end_to_end_on_fakes(pytester, monkeypatch):
+@pytest.fixture
+def triton_imported():
+    """Triton imported before pytester snapshots sys.modules: the snapshot's restore would drop it, and its C
+    extension refuses a second import in one process (a later test importing triton would abort)."""
+    import triton  # noqa: F401
+
+
+def test_the_gpu_benchmark_module_runs_end_to_end_on_fakes(triton_imported, pytester, monkeypatch):
     """A dry run of tests/benchmarks/bench_decode.py itself, here: its fixtures, its calls and its records, with
     fake CUDA events (host clock), the hardware marker lifted, tiny shapes and batch 1, under the interpreter. It
     times nothing meaningful; it proves the module the GPU host runs has no error this machine could have shown."""
@@ -580,7 +587,8 @@ def test_the_gpu_benchmark_module_runs_end_to_end_on_fakes(pytester, monkeypatch
     out = pytester.path / "dry.json"
     res = pytester.runpytest_inprocess(str(ROOT / "tests" / "benchmarks" / "bench_decode.py"), "-p",
                                        "no:cacheprovider", "-q", f"--benchmark-json={out}")
-    res.assert_outcomes(passed=3 + 2 + 1 + 2)
+    monkeypatch.delenv("SMV_BENCH_SUBJECT", raising=False)
+    res.assert_outcomes(passed=3 + 2 + 1 + 2, skipped=3)  # the subject columns need SMV_BENCH_SUBJECT
     doc = bench.load_results(out)
     infos = {b["name"]: b["extra_info"] for b in doc["benchmarks"]}
     assert set(infos) == {"test_decode[generic-b1]", "test_decode[gfx942-b1]", "test_decode[gfx950-b1]",
@@ -595,3 +603,34 @@ def test_the_gpu_benchmark_module_runs_end_to_end_on_fakes(pytester, monkeypatch
     table = bench.format_table(doc)
     for label in ("triton generic", "triton gfx942", "triton gfx950", "torch gather + SDPA", "reduce gfx950"):
         assert label in table
+
+
+def test_subject_decode_column_runs_the_subjects_entry_point(vllm_subject):
+    """The subject's column calls the subject's own decode (upstream's wrapper and kernels here, under the
+    interpreter) on the workload's inputs; its output is the same function as ours."""
+    import torch
+
+    w = bench.DecodeWorkload(1, "cpu", heads=2, swa=8, extra=16, cu_count=1)
+    fn, _ = w.subject_decode_call(vllm_subject, "generic")
+    got = fn().float()
+    ours, _ = w.decode_call("generic")
+    want = ours().float()
+    assert got.shape == want.shape and bool(torch.isfinite(got).all())
+    # both round p and the output to bf16: a few ulps of the output's scale
+    assert float((got - want).abs().max()) <= 4 * 2.0 ** -8 * float(want.abs().max())
+
+
+def test_table_gives_each_subject_row_its_time_over_ours():
+    def b(name, seconds, **info):
+        base = {"smv_bench": bench.EXTRA_INFO_VERSION, "kind": "decode", "batch": 64, "bytes": 1000, "flops": 1000}
+        base.update(info)
+        return {"name": name, "fullname": name, "stats": {"median": seconds}, "extra_info": base}
+
+    doc = {"benchmarks": [b("test_decode[gfx950-b64]", 2e-6, family="gfx950", num_splits=2),
+                          b("test_decode_subject[gfx950-b64]", 3e-6, family="gfx950", subject="vllm==0.33.0"),
+                          b("test_decode[generic-b64]", 1e-6, family="generic", num_splits=1)]}
+    table = bench.format_table(doc)
+    assert "ours/subj" in table.splitlines()[0]
+    row = _line(table, "vllm==0.33.0 gfx950")
+    assert row.split()[-1] == "1.50x"  # the subject's 3 us over our 2 us
+    assert _line(table, "triton gfx950").rstrip().endswith("x") is False or "1.50x" not in _line(table, "triton gfx950")
