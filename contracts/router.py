@@ -107,9 +107,9 @@ def router_oracle_agreement(case: RouterCase, target: Target) -> list[Violation]
     fp32 rounding, a set may differ only where the oracle's top-k (or top-group) boundary gap is positive and within
     the derived rounding bound of the inputs; weights agree within a derived bound. SPEC section 7. Margin: the worst
     weight error, or excused boundary gap, over its bound.
-    First the subject's gate policy (SPEC 7, seed 000): with AITER MoE on and a correction bias the gate emits the gate
-    weight's dtype (bf16) under the "weight" policy, fp32 under the older "fp32" one, and the fp32 bias is cast to that
-    dtype. A subject with a gate but no router entry point fails on a wrong gate policy and is otherwise skipped,
+    First, on every case, the subject's gate policy (SPEC 7, seed 000): with AITER MoE on and a correction bias the
+    gate emits the gate weight's dtype (bf16) under the "weight" policy, fp32 under the older "fp32" one, and the fp32
+    bias is cast to that dtype; the case's gate dtype picks the policy its routing runs under. A subject with a gate but no router entry point fails on a wrong gate policy and is otherwise skipped,
     naming the entry point."""
     with single_threaded():
         return _check(case, target)
@@ -141,7 +141,13 @@ def _check(case: RouterCase, target: "Target | str" = "generic") -> list[Violati
     router = bound(target).router
     logits, bias = make_inputs(case)
     policy = "weight" if case.gate_dtype == "bf16" else "fp32"
-    gate_v, out_dtype, gate_bias = _gate_violations(router, policy, bias)
+    # both policies on every case (cheap): a wrong one is seen whichever gate dtype the case draws
+    gate_v, by_policy = [], {}
+    for p in ("weight", "fp32"):
+        v, dt, b = _gate_violations(router, p, bias)
+        gate_v += v
+        by_policy[p] = (dt, b)
+    out_dtype, gate_bias = by_policy[policy]
     try:
         weights, ids = router.biased_grouped_topk(logits.to(out_dtype), gate_bias, case.topk, n_group=case.n_group,
                                                   topk_group=case.topk_group, renormalize=case.renormalize,
