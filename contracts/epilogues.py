@@ -39,10 +39,18 @@ def _check_mxfp8(case: Mxfp8Case, epi) -> list[Violation]:
     if got_s.numel() and int(got_s.max()) > ref.CODE_CAP:
         out.append(Violation("mxfp8 scale code above the cap (255 is NaN in e8m0, +inf in readers)",
                              "scales", f"<= {ref.CODE_CAP}", str(int(got_s.max()))))
-    out += compare_exact("mxfp8 e4m3 codes", got_c, _codes_at_scales(x.cpu(), got_s, want))
+    want_c = _codes_at_scales(x.cpu(), got_s, want)
+    g, w = got_c.to(torch.int64), want_c.to(torch.int64)
+    other_nan = ((g & 0x7F) == 0x7F) & ((w & 0x7F) == 0x7F) & (g != w)
+    if bool(other_nan.any()):
+        idx = tuple(other_nan.nonzero()[0].tolist())
+        out.append(Violation(MXFP8_OTHER_NAN, f"mxfp8 e4m3 codes{list(idx)} ({int(other_nan.sum())} lanes)",
+                             fmt(int(w[idx])), fmt(int(g[idx]))))
+    out += compare_exact("mxfp8 e4m3 codes", torch.where(other_nan, w, g), w)
     return out
 
 
+MXFP8_OTHER_NAN = "mxfp8 e4m3 NaN lane written as the other NaN code (0x7F and 0xFF are both NaN)"
 MXFP8_SCALE_ONE_LOW = "mxfp8 scale code one below the exact code: the group's amax exceeds 448 * 2^(code - 127)"
 
 
@@ -140,7 +148,7 @@ def epilogue_oracle_agreement(case: EpilogueCase, target: Target) -> list[Violat
     Source: SPEC 2 "Optional epilogues"; SPEC 4 (why 254: 255 is NaN in e8m0 and +inf in the readers). Margin:
     the worst RoPE lane's error over its bound (MXFP8 is byte-exact, so it adds none). A scale code one below the
     exact one is named as such, and a group's e4m3 codes are always judged at the scale code it got (so one wrong
-    scale is one violation). A subject whose inverse RoPE writes bf16 only is judged at bf16 on float32-output cases.
+    scale is one violation); a NaN lane written as 0xFF instead of 0x7F is named as such too. A subject whose inverse RoPE writes bf16 only is judged at bf16 on float32-output cases.
     """
     epi = bound(target).epilogues
     if case.epilogue == "mxfp8":

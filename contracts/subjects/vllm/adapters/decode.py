@@ -19,7 +19,8 @@
 
 Natively on NVIDIA, FNUZ fp8 does not exist: a gfx942 decode (its main cache is FNUZ) is ``SubjectUnavailable``.
 Under the interpreter the wrapper's ``assert not q.is_cpu ...`` is the named rewrite
-``decode-host-accepts-cpu-tensors``.
+``decode-host-accepts-cpu-tensors`` (a target imported before this module registered it gets a fresh import
+that has it).
 """
 from __future__ import annotations
 
@@ -107,7 +108,27 @@ def _native_fnuz_unavailable(target) -> None:
             f"NVIDIA GPUs (native Triton here)")
 
 
+def _with_host_rewrite(ctx):
+    """``ctx``, or, when this target was imported before this module registered its rewrite and the host needs it
+    (the interpreter), a context over a fresh import of upstream's modules that has it (listed in the report like
+    every rewrite)."""
+    from contracts.subjects import fidelity
+    from contracts.subjects.vllm import BoundContext
+
+    needed = any(rw.id == HOST_CPU_REWRITE.id for rw in fidelity.rewrites_for_host())
+    if not needed or any(rw["id"] == HOST_CPU_REWRITE.id for rw in ctx.loaded.rewrites):
+        return ctx
+    t = ctx.target
+    fp8 = torch.float8_e4m3fnuz if t.main_cache_fp8 == "fnuz" else torch.float8_e4m3fn
+    loaded = ctx.subject.tree.load(t.name, fp8, t.cu_count, rewrites=fidelity.rewrites_for_host())
+    for rw in loaded.rewrites:
+        if all(r["id"] != rw["id"] for r in ctx.subject.rewrites):
+            ctx.subject.rewrites.append(rw)
+    return BoundContext(ctx.subject, t, loaded)
+
+
 def build(ctx) -> Family:
+    ctx = _with_host_rewrite(ctx)
     ops = ctx["ops"]
     target = ctx.target
 

@@ -1,0 +1,239 @@
+"""The decode family on the vllm subject: upstream's split selectors (the wrapper's float averages, the CU pinned),
+the plan read off its wrapper, its decode and reduce, its layer's dispatch decisions and its epilogues (adapters
+decode, splits, dispatch, epilogues), and the subject-agreement contract."""
+from __future__ import annotations
+
+import math
+import shutil
+import warnings
+
+import pytest
+import torch
+
+import contracts.subjects.vllm.adapters.decode as vdec
+from contracts import decode as cd
+from contracts import dispatch as cdisp
+from contracts import epilogues as ce
+from contracts import splits as cs
+from contracts.subjects import EntryMissing, SubjectUnavailable, ours, parse_subject, using
+from fuzz import decode as fz
+from fuzz.dispatch import DispatchFlags
+from fuzz.epilogues import EpilogueCase, RopeCase
+from fuzz.splits import SplitCase
+from impl import decode as ours_decode
+from impl.runtime import DeviceInfo
+from impl.targets import get_target
+
+OPS = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
+ROCM = "vllm/models/deepseek_v4/amd/rocm.py"
+
+
+def _planted(tmp_path, vllm_subject, rel: str, find: str, replace: str):
+    """A copy of the subject's tree with one upstream line changed, as a subject."""
+    root = tmp_path / "tree"
+    shutil.copytree(vllm_subject.tree.root, root)
+    path = root / rel
+    src = path.read_text()
+    assert src.count(find) == 1, f"{rel}: the planted line is not there once"
+    path.write_text(src.replace(find, replace))
+    return parse_subject(f"vllm@{root}")
+
+
+def _split(b, h, avg_main, avg_extra, cu=256):
+    return SplitCase(batch=b, heads=h, avg_main=avg_main, avg_extra=avg_extra, ragged_slack=0, cu_count=cu)
+
+
+def _small_decode(target, **kw) -> fz.DecodeCase:
+    t = get_target(target)
+    fields = dict(seed=3, batch=1, heads=1, main_bs=5, extra_bs=5, main_lens=(4,), extra_lens=(9,),
+                  invalid_rate=0.0, indptr_offset=0, tail_junk=0, scale=0.11, sink="ordinary", poison="none",
+                  padded=False, q_transposed=False, cu_count=1, num_splits=1 if t.split_selector else None,
+                  int32_extremes=False)
+    fields.update(kw)
+    return fz.DecodeCase(**fields)
+
+
+# --- split selectors and the plan -----------------------------------------------------------------------------------
+
+def test_upstream_selectors_take_float_averages_and_the_pinned_cu(vllm_subject):
+    """The counterexamples of findings U1 and U2, against ours (the exact formula) on the same sizes."""
+    for target, extra, theirs, exact in (("gfx942", 8736, 4, 3), ("gfx950", 34944, 6, 4)):
+        up = vllm_subject.bind(target).splits.select_num_splits
+        assert up(target, 91, 16, 0, extra, 256) == theirs
+        assert ours().bind(target).splits.select_num_splits(target, 91, 16, 0, extra, 256) == exact
+    up942 = vllm_subject.bind("gfx942").splits.select_num_splits
+    assert up942("gfx942", 1, 1, 0, 0, 256) == 16  # both lengths 0: no snap-down (U2)
+    # the CU count is the argument's, not the host's fallback of 256: 8 queries fill 8 CUs with one split
+    assert up942("gfx942", 8, 16, 0, 4096, 8) == 1 and up942("gfx942", 8, 16, 0, 4096, 256) > 1
+
+
+def test_split_bounds_names_each_known_cause(vllm_subject):
+    with using(vllm_subject):
+        for target, case, msg in (("gfx942", _split(91, 16, 0, 96), cs.DIFFERS + cs.FLOAT_AVERAGES),
+                                  ("gfx950", _split(91, 16, 0, 384), cs.DIFFERS + cs.FLOAT_AVERAGES),
+                                  ("gfx942", _split(1, 1, 0, 0), cs.DIFFERS + cs.EMPTY)):
+            assert [v.message for v in cs.split_bounds(case, get_target(target))] == [msg]
+        for target in ("gfx942", "gfx950"):
+            assert cs.split_bounds(_split(17, 1, 128, 32), get_target(target)) == []
+
+
+def test_plan_is_read_off_upstreams_wrapper(vllm_subject):
+    for target in ("gfx942", "gfx950", "generic"):
+        mine, theirs = ours().bind(target).decode, vllm_subject.bind(target).decode
+        assert theirs.plan_decode(target, 1, 1, 128, 8192, cu_count=256) == mine.plan_decode(
+            target, 1, 1, 128, 8192, cu_count=256)
+    # gfx950 under capture: upstream's ONE_WAVE_SPLITS (CU // base = 12) is at or above S (10), which its kernel
+    # reads as S: our plan's one_wave says so
+    plan = vllm_subject.bind("gfx950").decode.plan_decode("gfx950", 20, 16, 2560, 6000, adaptive_splits=True,
+                                                          cu_count=256)
+    assert plan == ours_decode.DecodePlan("gfx950", 10, 1, True, 10)
+
+
+def test_the_adapters_call_upstreams_code(vllm_subject, tmp_path):
+    planted = _planted(tmp_path, vllm_subject, OPS, "    target_workgroups = 2 * cu", "    target_workgroups = cu")
+    sizes = (17, 1, 17 * 128, 17 * 8192)  # 17 head blocks: the workgroup target decides
+    before = vllm_subject.bind("gfx950").splits.select_num_splits("gfx950", *sizes, 256)
+    after = planted.bind("gfx950").splits.select_num_splits("gfx950", *sizes, 256)
+    assert before != after
+    assert planted.bind("gfx950").decode.plan_decode("gfx950", *sizes, cu_count=256).num_splits == after
+
+
+# --- decode and reduce ----------------------------------------------------------------------------------------------
+
+def test_upstream_decode_agrees_with_the_oracle_and_bit_for_bit_with_ours(vllm_subject):
+    t = get_target("gfx942")
+    case = _small_decode("gfx942", num_splits=2)
+    with using(vllm_subject):
+        assert cd.decode_oracle_agreement(case, t) == []
+        assert cd.subject_agreement(cd.AgreementCase("decode", decode=case), t) == []
+
+
+def test_a_planted_reduce_bug_reaches_the_decode_contracts(vllm_subject, tmp_path):
+    planted = _planted(tmp_path, vllm_subject, OPS, "        l_final = l_final + tl.exp(sink - m_final)",
+                       "        l_final = l_final")
+    t = get_target("gfx942")
+    case = _small_decode("gfx942", sink="large")
+    with using(planted):
+        assert cd.decode_oracle_agreement(case, t)
+        v = cd.subject_agreement(cd.AgreementCase("decode", decode=case), t)
+    assert v and v[0].message == cd.AGREE_BEYOND
+
+
+def test_upstream_reduce_turns_a_nan_denominator_into_zeros(vllm_subject):
+    """Finding U3 at the reduce alone: one split whose l is NaN (what an inf K lane gives)."""
+    ws = ours_decode.DecodeWorkspace.allocate(1, 1, 1, "cpu")
+    ws.part_m.fill_(0.0)
+    ws.part_l.fill_(math.nan)
+    ws.part_acc.fill_(math.nan)
+    got = vllm_subject.bind("gfx942").decode.decode_reduce(ws)
+    assert bool((got == 0).all())
+    assert bool(torch.isnan(ours().bind("gfx942").decode.decode_reduce(ws)).all())
+
+
+def test_a_nan_row_zeroed_is_one_named_violation(vllm_subject):
+    t = get_target("generic")
+    case = fz.DecodeCase(seed=0, batch=1, heads=1, main_bs=1, extra_bs=1, main_lens=(1,), extra_lens=None,
+                         invalid_rate=0.0, indptr_offset=0, tail_junk=0, scale=0.11, sink="none", poison="inf",
+                         padded=False, q_transposed=False, cu_count=1, int32_extremes=False)
+    assert cd.decode_oracle_agreement(case, t) == []  # ours propagates the NaN
+    with using(vllm_subject):
+        assert [v.message for v in cd.decode_oracle_agreement(case, t)] == [cd.NAN_ROW_ZEROED]
+        v = cd.subject_agreement(cd.AgreementCase("decode", decode=case), t)
+    assert [x.message for x in v] == [cd.NAN_ROW_ZEROED_VS_OURS]
+
+
+def test_fnuz_natively_on_nvidia_is_unavailable(vllm_subject, monkeypatch):
+    monkeypatch.setattr(vdec, "triton_mode", lambda: "native")
+    monkeypatch.setattr(vdec, "detect_device", lambda: DeviceInfo("cuda", "NVIDIA H200", "sm_90"))
+    inp = fz.build_decode_inputs(_small_decode("gfx942"), get_target("gfx942"))
+    with pytest.raises(SubjectUnavailable, match="FNUZ"):
+        vllm_subject.bind("gfx942").decode.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices,
+                                                              inp.main_indptr)
+
+
+def test_a_target_imported_before_the_decode_rewrite_gets_one_that_has_it(vllm_subject):
+    from contracts.subjects.vllm import BoundContext
+
+    t = get_target("gfx942")
+    loaded = vllm_subject.tree.load(t.name, torch.float8_e4m3fnuz, t.cu_count, rewrites=[])
+    ctx = vdec._with_host_rewrite(BoundContext(vllm_subject, t, loaded))
+    assert ctx.loaded is not loaded
+    assert any(rw["id"] == vdec.HOST_CPU_REWRITE.id for rw in ctx.loaded.rewrites)
+    assert any(rw["id"] == vdec.HOST_CPU_REWRITE.id for rw in vllm_subject.rewrites)
+
+
+# --- dispatch -------------------------------------------------------------------------------------------------------
+
+def test_dispatch_is_upstreams_layer_decisions(vllm_subject):
+    def flags(**kw):
+        base = dict(compress_ratio=128, swa_only=False, for_cudagraph_capture=True, has_extra_cache=True,
+                    kv_cache_dtype="fp8_ds_mla", has_kv_transfer=False)
+        return {**base, **kw}
+
+    d950 = vllm_subject.bind("gfx950").dispatch.decode_dispatch
+    got = d950("gfx950", **flags())
+    assert (got.kernel_family, got.split_selector, got.split_cap, got.ragged_view_rule) == ("gfx950", "gfx950", 32,
+                                                                                           "source")
+    assert got.adaptive_splits and got.trust_extra_nan_free and got.for_cudagraph_capture
+    assert not d950("gfx950", **flags(compress_ratio=4)).adaptive_splits
+    assert not d950("gfx950", **flags(has_kv_transfer=True)).trust_extra_nan_free
+    d942 = vllm_subject.bind("gfx942").dispatch.decode_dispatch("gfx942", **flags())
+    assert (d942.kernel_family, d942.split_cap, d942.main_cache_fp8, d942.ragged_view_rule) == ("gfx942", 16, "fnuz",
+                                                                                                "full")
+    assert not d942.adaptive_splits and not d942.trust_extra_nan_free
+    assert not d942.for_cudagraph_capture  # finding U4: the metadata flag is _ON_GFX950
+    with pytest.raises(ValueError, match="derives it from the compress ratio"):
+        d950("gfx950", **flags(swa_only=True))
+    with using(vllm_subject):
+        case = cdisp.DispatchCase(flags=(DispatchFlags(**flags()),))
+        assert cdisp.target_dispatch(case, get_target("gfx950")) == []
+        assert [v.message for v in cdisp.target_dispatch(case, get_target("gfx942"))] == [
+            "dispatch for_cudagraph_capture differs from the truth table"]
+
+
+# --- epilogues ------------------------------------------------------------------------------------------------------
+
+def test_epilogues_on_the_vllm_subject(vllm_subject):
+    t = get_target("gfx950")
+    epi = vllm_subject.bind(t).epilogues
+    x = torch.randn(2, 1, 512)
+    cos_sin, pos = torch.randn(3, 64), torch.tensor([2, 0])
+    with pytest.raises(EntryMissing) as missing:
+        epi.inverse_rope_gptj(x, cos_sin, pos, out=torch.empty(2, 1, 512))
+    assert missing.value.entry == "epilogues.inverse_rope_gptj" and "bf16 only" in missing.value.why
+    with pytest.raises(ValueError, match="without NoPE lanes"):
+        epi.inverse_rope_gptj(x[:, :, :64].contiguous(), cos_sin, pos, out=torch.empty(2, 1, 64,
+                                                                                       dtype=torch.bfloat16))
+    rope32 = EpilogueCase(epilogue="rope", rope=RopeCase(seed=3, tokens=2, heads=2, width=128, max_pos=5,
+                                                         positions=(4, 0), scale=1.0, in_dtype="float32",
+                                                         out_dtype="float32", cos_sin="angles"))
+    mx_edges = ce._epilogue_examples(t)[0]
+    with using(vllm_subject):
+        assert ce.epilogue_oracle_agreement(rope32, t) == []  # judged at upstream's bf16 output
+        assert [v.message for v in ce.epilogue_oracle_agreement(mx_edges, t)] == [ce.MXFP8_SCALE_ONE_LOW]  # U6
+    assert ce.epilogue_oracle_agreement(mx_edges, t) == []
+
+
+# --- subject-agreement ----------------------------------------------------------------------------------------------
+
+def test_subject_agreement_is_skipped_on_ours_and_judges_splits_on_vllm(vllm_subject):
+    t = get_target("gfx942")
+    case = cd.AgreementCase("split", split=_split(91, 16, 0, 96))
+    with pytest.raises(SubjectUnavailable, match="the subject is ours"):
+        cd.subject_agreement(case, t)
+    with using(vllm_subject):
+        assert [v.message for v in cd.subject_agreement(case, t)] == [cs.DIFFERS_OURS + cs.FLOAT_AVERAGES]
+        assert cd.subject_agreement(cd.AgreementCase("split", split=_split(17, 1, 128, 32)), t) == []
+    with pytest.raises(ValueError, match="exactly its own case"):
+        cd.AgreementCase("split", decode=_small_decode("gfx942"))
+
+
+def test_subject_agreement_sees_a_drift_the_oracle_tolerates(vllm_subject, tmp_path):
+    planted = _planted(tmp_path, vllm_subject, OPS, "        acc_rope,", "        acc_rope * 1.001,")
+    t = get_target("gfx942")
+    case = _small_decode("gfx942", heads=16, main_lens=(40,), extra_lens=(40,))
+    with using(planted), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert cd.decode_oracle_agreement(case, t) == []
+        v = cd.subject_agreement(cd.AgreementCase("decode", decode=case), t)
+    assert [x.message for x in v] == [cd.AGREE_BITS]
