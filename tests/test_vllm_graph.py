@@ -9,7 +9,6 @@ import warnings
 import pytest
 import torch
 
-# the graph adapter imports the decode adapter, whose host-wrapper rewrite must be registered before any bind
 import contracts.subjects.vllm.adapters.graph_capture as vgc
 from contracts import graph_buffers as gb
 from contracts import graph_capture as gc
