@@ -6,9 +6,14 @@
 * ``nan-free-cache``       the compressed cache is NaN-free for any input on a sanitizing target, and for finite,
   non-overflowing input elsewhere, where the trust gate must stay closed (seed 004).
 * ``trust-gate``           ``trust_extra_cache_nan_free`` equals the truth table of ``oracles.trust_gate``.
+
+The code judged is the current subject's (``bound(target).cache_writers`` / ``.compressor``); a subject without an
+SWA insert (upstream's is a C++ op) gets the compressor's cases only.
 """
 from __future__ import annotations
 
+import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -16,15 +21,16 @@ import torch
 from contracts.core import ALL_TARGETS, Violation, contract, record_margin
 from fuzz import cache_writers as fw
 from fuzz.cache_writers import CompressorCase, SwaCase, TrustGateCase, WriterCase
-from impl import formats
-from impl.cache_writers import quantize_and_insert_k_cache, trust_extra_cache_nan_free
-from impl.compressor import compress_norm_rope_store
+from contracts.formats import subject_has
+from contracts.subjects import bound
 from impl.runtime import kernel_device
 from impl.targets import Target
 from oracles import cache_writers as ocw
 from oracles import compressor as ocomp
 from oracles import trust_gate as otg
+from oracles.formats import fp8_decode as ref_fp8_decode
 from oracles.formats import fp8_ds_mla_token_spans, storage_bytes
+from oracles.formats import ue8m0_decode as ref_ue8m0_decode
 
 #: boundary bytes (end-to-end differences explained by a rounding boundary) seen by passing checks, per target
 BOUNDARY_TALLY: Counter = Counter()
@@ -39,26 +45,94 @@ class WriterComparison:
 
 # --- helpers ------------------------------------------------------------------------------------------------------
 
-def _storage_diff(what: str, got: torch.Tensor, want: torch.Tensor, cache: torch.Tensor, limit: int = 4):
+#: messages of the differences that lie in a part of a token holding a non-finite value (after the bf16 rounding the
+#: writer applies): there the writers' NaN/inf rules decide, not their arithmetic, so a finding about those rules can
+#: name them without covering a difference on finite data
+NONFINITE_GROUP = "bytes of a NoPE group holding a non-finite value differ"
+NONFINITE_LANE = "bytes of a non-finite RoPE lane differ"
+#: a token whose window holds a +-inf kv in a live row whose fp32 weight exp(score - max) underflows to 0: the oracle
+#: adds the +-inf (module docstring of impl/compressor.py), a plain kv * weight gives inf * 0 = NaN
+INF_KV_UNDERFLOW = "fp32 row NaN/inf mask differs where an infinite kv has an underflowed weight"
+INF_KV_UNDERFLOW_BYTES = "end-to-end bytes differ where an infinite kv has an underflowed weight"
+
+
+def nonfinite_parts(*rows: torch.Tensor) -> tuple[set, set]:
+    """The NoPE groups (0..6) and RoPE lanes (0..63) holding a non-finite value, after bf16 rounding, in any of the
+    fp32 ``rows``."""
+    groups, lanes = set(), set()
+    for row in rows:
+        xb = ~torch.isfinite(row.to(torch.float32).to(torch.bfloat16).to(torch.float32))
+        groups |= {g for g in range(7) if bool(xb[64 * g:64 * g + 64].any())}
+        lanes |= set(xb[448:].nonzero().flatten().tolist())
+    return groups, lanes
+
+
+def _nonfinite_offsets(cache, base: int, slot: int, groups: set, lanes: set) -> dict:
+    """Absolute storage offsets of a token's bytes in ``groups`` (fp8 bytes and scale code) and ``lanes`` -> the
+    message for a difference there."""
+    spans = fp8_ds_mla_token_spans(slot, int(cache.shape[1]), int(cache.stride(0)))
+    out = {}
+    for g in groups:
+        a = base + spans["nope"][0] + 64 * g
+        out.update({o: NONFINITE_GROUP for o in range(a, a + 64)})
+        out[base + spans["scale"][0] + g] = NONFINITE_GROUP
+    for i in lanes:
+        a = base + spans["rope"][0] + 2 * i
+        out.update({a: NONFINITE_LANE, a + 1: NONFINITE_LANE})
+    return out
+
+
+def _storage_diff(what: str, got: torch.Tensor, want: torch.Tensor, cache: torch.Tensor, limit: int = 4,
+                  special: dict | None = None):
+    """Violations for the storage bytes that differ: at most ``limit`` per message, then a count. ``special`` maps
+    storage offsets to the message a difference there gets instead of the plain one."""
     bad = (got != want).nonzero().flatten()
     if not len(bad):
         return []
     _, base = storage_bytes(cache)
-    out = []
-    for off in bad[:limit].tolist():
-        rel = off - base
-        out.append(Violation(f"{what}: cache byte differs", f"storage byte {off} (view offset {rel})",
+    out, shown, more = [], Counter(), Counter()
+    for off in bad.tolist():
+        msg = (special or {}).get(off, "cache byte differs")
+        if shown[msg] >= limit:
+            more[msg] += 1
+            continue
+        shown[msg] += 1
+        out.append(Violation(f"{what}: {msg}", f"storage byte {off} (view offset {off - base})",
                              f"{int(want[off]):#04x}", f"{int(got[off]):#04x}"))
-    if len(bad) > limit:
-        out.append(Violation(f"{what}: {len(bad) - limit} more cache bytes differ", what))
+    for msg, n in more.items():
+        plain = msg == "cache byte differs"
+        out.append(Violation(f"{what}: more cache bytes differ" if plain else f"{what}: more {msg}", what, "",
+                             f"{n} more"))
     return out
 
 
+def _token_diff_message(desc: str, groups: set, lanes: set, plain: str) -> str:
+    """The message for one of ``ocomp.classify_token_bytes``' descriptions: ``plain`` unless it names a non-finite
+    group or lane."""
+    m = re.match(r"^(scale code of group|nope byte|rope lane) (\d+)", desc)
+    if m and m.group(1) == "rope lane":
+        return NONFINITE_LANE if int(m.group(2)) in lanes else plain
+    if m:
+        g = int(m.group(2)) if m.group(1) == "scale code of group" else int(m.group(2)) // 64
+        return NONFINITE_GROUP if g in groups else plain
+    return plain
+
+
+def _inf_kv_underflow(inp: dict, t: int, pos: int, ratio: int) -> bool:
+    """Whether token ``t``'s window holds a +-inf kv in a row with a finite score whose fp32 weight
+    exp(score - max) is 0 (the max ignoring NaN)."""
+    req = int(inp["token_to_req"][t])
+    kv, sc, valid = ocomp.gather_window(inp["state"], inp["state_block_table"], req, pos, ratio)
+    m = torch.where(torch.isnan(sc), torch.full_like(sc, float("-inf")), sc).max(dim=0).values
+    live = valid[:, None] & torch.isfinite(sc) & torch.isinf(kv)
+    return bool((live & (torch.exp(sc - m) == 0)).any())
+
+
 def _run_compressor(inp: dict, cache, case: CompressorCase, target: Target, two_stage: bool, splits, intermediates):
-    compress_norm_rope_store(inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"],
-                             inp["slot_mapping"], inp["norm_weight"], inp["cos_sin_cache"], cache,
-                             ratio=case.ratio, eps=case.eps, target=target, two_stage=two_stage,
-                             splits=splits if two_stage else None, intermediates=intermediates)
+    bound(target).compressor.compress_norm_rope_store(
+        inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"], inp["slot_mapping"],
+        inp["norm_weight"], inp["cos_sin_cache"], cache, ratio=case.ratio, eps=case.eps, target=target,
+        two_stage=two_stage, splits=splits if two_stage else None, intermediates=intermediates)
 
 
 def _expected_from_rows(before, cache, refs, rows, got, target: Target):
@@ -103,7 +177,7 @@ def compare_swa(case: SwaCase, target: Target) -> WriterComparison:
     k, slots = fw.build_swa_inputs(case, dev)
     _, cache = fw.build_cache(case, dev)
     before = storage_bytes(cache)[0].cpu().clone()
-    quantize_and_insert_k_cache(k, slots, cache, target=target)
+    bound(target).cache_writers.quantize_and_insert_k_cache(k, slots, cache, target=target)
     got = storage_bytes(cache)[0].cpu().clone()
     want = ocw.swa_insert_reference(k, list(case.slots), cache, before, flavour=target.main_cache_fp8)
     return WriterComparison(_storage_diff("swa insert", got, want, cache), 0, sum(s >= 0 for s in case.slots))
@@ -127,31 +201,49 @@ def compare_compressor(case: CompressorCase, target: Target) -> WriterComparison
                                       ratio=case.ratio, eps=case.eps)
     res = WriterComparison(tokens=len(refs))
     sanitize = target.sanitizes_writer
+    # tokens where the oracle's rule for an infinite kv of an underflowed weight decides the whole row
+    underflow = {r["t"]: _inf_kv_underflow(inp, r["t"], r["pos"], case.ratio) for r in refs}
     for name, cache, before, got, rows in runs:
         # stage 1: the kernel's fp32 rows against the oracle's, derived tolerance, exact masks
         for r in refs:
             record_row_margin(rows[r["t"]], r["row"], r["tol"])
-            for item in ocomp.compare_rows(rows[r["t"]], r["row"], r["tol"]):
-                if item[0] == "more":
-                    res.violations.append(Violation(f"{name}: {item[1]} more fp32 row elements out of tolerance",
-                                                    f"token {r['t']}"))
-                    continue
-                i, e, g, tol = item
-                res.violations.append(Violation(f"{name}: fp32 row element out of tolerance or NaN/inf mask differs",
-                                                f"token {r['t']} dim {i}", f"{e!r} +- {tol:.3g}", repr(g)))
+            shown = Counter()
+            for i, e, g, tol in ocomp.compare_rows(rows[r["t"]], r["row"], r["tol"], limit=512):
+                if math.isfinite(e) and math.isfinite(g):
+                    msg = "fp32 row element out of tolerance"
+                else:
+                    msg = INF_KV_UNDERFLOW if underflow[r["t"]] else "fp32 row NaN/inf mask differs"
+                shown[msg] += 1
+                if shown[msg] <= 4:
+                    res.violations.append(Violation(f"{name}: {msg}", f"token {r['t']} dim {i}",
+                                                    f"{e!r} +- {tol:.3g}", repr(g)))
+            for msg, n in shown.items():
+                if n > 4:
+                    res.violations.append(Violation(f"{name}: more elements: {msg}", f"token {r['t']}", "",
+                                                    f"{n - 4} more"))
         # stage 2: quantization and packing of the kernel's own rows, byte-exact, everything else untouched
         want = _expected_from_rows(before, cache, refs, rows, got, target)
-        res.violations += _storage_diff(f"{name} (quantized from its own fp32 rows)", got, want, cache)
-        # stage 3: end to end against the oracle's rows, differences only at counted rounding boundaries
         _, base = storage_bytes(cache)
+        special = {}
+        for r in refs:
+            special.update(_nonfinite_offsets(cache, base, r["slot"], *nonfinite_parts(rows[r["t"]])))
+        res.violations += _storage_diff(f"{name} (quantized from its own fp32 rows)", got, want, cache,
+                                        special=special)
+        # stage 3: end to end against the oracle's rows, differences only at counted rounding boundaries
         for r in refs:
             tok = _token_bytes(got, base, cache, r["slot"])
             ref_tok = ocomp.pack_reference_row(r["row"], cap=target.writer_scale_code_cap, sanitize=sanitize)
             n, bad = ocomp.classify_token_bytes(tok, ref_tok, rows[r["t"]], r["row"], sanitize=sanitize)
             res.boundary_bytes += n
-            for b in bad[:4]:
-                res.violations.append(Violation(f"{name}: end-to-end byte differs away from a rounding boundary",
-                                                f"token {r['t']} slot {r['slot']}", "oracle bytes", b))
+            groups, lanes = nonfinite_parts(rows[r["t"]], r["row"])
+            shown = Counter()
+            for b in bad:
+                msg = (INF_KV_UNDERFLOW_BYTES if underflow[r["t"]] else
+                       _token_diff_message(b, groups, lanes, "end-to-end byte differs away from a rounding boundary"))
+                shown[msg] += 1
+                if shown[msg] <= 4:
+                    res.violations.append(Violation(f"{name}: {msg}", f"token {r['t']} slot {r['slot']}",
+                                                    "oracle bytes", b))
     if len(runs) == 2:
         (na, ca, _, ga, ra), (nb, cb, _, gb, rb) = runs
         _, base_a = storage_bytes(ca)
@@ -188,8 +280,19 @@ INF_KV_UNDERFLOW_CASE = CompressorCase(
     specials=((786, "kv", 460, "-inf"), (786, "kv", 460, "-inf"), (10099, "kv", 185, "-inf")))
 
 
+def _has_swa_insert(target: Target) -> bool:
+    return subject_has(target, "cache_writers", "quantize_and_insert_k_cache")
+
+
+def _writer_cases(target: Target):
+    """Both writers' cases; the compressor's alone for a subject without an SWA insert."""
+    if _has_swa_insert(target):
+        return fw.writer_cases()
+    return fw.compressor_cases().map(lambda c: WriterCase(compressor=c))
+
+
 def _writer_examples(target: Target) -> list[WriterCase]:
-    return [
+    examples = [
         WriterCase(swa=SwaCase(seed=7, T=3, block_size=3, padded=True, extra_blocks_before=1, spare_blocks=1,
                                num_blocks=2, slots=(4, -1, 0), log_scale=(0, -20, 25),
                                specials=((0, 5, "nan"), (2, 100, "inf"), (2, 450, "-inf"), (0, 200, "zero-group")))),
@@ -199,9 +302,10 @@ def _writer_examples(target: Target) -> list[WriterCase]:
             weight="normal", eps=1e-6, two_stage=True, splits=None, specials=())),
         WriterCase(compressor=INF_KV_UNDERFLOW_CASE),
     ]
+    return examples if _has_swa_insert(target) else [c for c in examples if c.swa is None]
 
 
-@contract("writer-oracle-exact", targets=ALL_TARGETS, cases=lambda target: fw.writer_cases(),
+@contract("writer-oracle-exact", targets=ALL_TARGETS, cases=_writer_cases,
           examples=_writer_examples, min_cases=5, case_type=WriterCase, numeric=True)
 def writer_oracle_exact(case: WriterCase, target: Target) -> list[Violation]:
     """Both DSv4 cache writers agree with their oracles (SPEC 1.2, 4; DESIGN.md "Oracles").
@@ -220,26 +324,37 @@ def writer_oracle_exact(case: WriterCase, target: Target) -> list[Violation]:
 
 # --- nan-free-cache -------------------------------------------------------------------------------------------------
 
-def cache_token_problems(tok: dict) -> list[str]:
-    """Why a stored extra-cache token would not decode to finite values (empty: it does)."""
+#: what can make a stored extra-cache token decode to a non-finite value; each is a violation message of its own
+#: (stable text, the token's numbers in where/got), so a finding's signature can name the kind it explains
+PROBLEM_SCALE_255 = "scale code 255"
+PROBLEM_NAN_BYTES = "NaN e4m3 bytes"
+PROBLEM_ROPE_NAN = "NaN RoPE lanes"
+PROBLEM_ROPE_INF = "infinite RoPE lanes"
+PROBLEM_NOPE_DECODE = "NoPE values that decode non-finite"
+
+
+def cache_token_problems(tok: dict) -> list[tuple[str, str]]:
+    """Why a stored extra-cache token would not decode to finite values: ``(kind, detail)`` pairs, ``kind`` one of
+    the ``PROBLEM_*`` texts (empty: it decodes finite). Decoded with the oracle's codecs, under both reader models."""
     out = []
     codes = tok["scale"].to(torch.int64)
     if bool((codes == 255).any()):
-        out.append(f"scale code 255 in groups {(codes == 255).nonzero().flatten().tolist()}")
+        out.append((PROBLEM_SCALE_255, f"groups {(codes == 255).nonzero().flatten().tolist()}"))
     nope = tok["nope"]
     nan_bytes = ((nope.to(torch.int64) & 0x7F) == 0x7F)
     if bool(nan_bytes.any()):
-        out.append(f"{int(nan_bytes.sum())} NaN e4m3 bytes (first at {int(nan_bytes.nonzero()[0])})")
+        out.append((PROBLEM_NAN_BYTES, f"{int(nan_bytes.sum())} bytes, first at {int(nan_bytes.nonzero()[0])}"))
     rope = tok["rope"].view(torch.bfloat16).to(torch.float32)
-    if not bool(torch.isfinite(rope).all()):
-        out.append(f"non-finite RoPE lanes {(~torch.isfinite(rope)).nonzero().flatten().tolist()[:8]}")
-    vals = formats.fp8_decode(nope, "ocp")
-    scale = formats.ue8m0_decode_reader(tok["scale"]).repeat_interleave(64)
+    for kind, bad in ((PROBLEM_ROPE_NAN, torch.isnan(rope)), (PROBLEM_ROPE_INF, torch.isinf(rope))):
+        if bool(bad.any()):
+            out.append((kind, f"lanes {bad.nonzero().flatten().tolist()[:8]}"))
+    vals = ref_fp8_decode(nope, "ocp").to(torch.float32)
+    scale = ref_ue8m0_decode(tok["scale"], reader=True).to(torch.float32).repeat_interleave(64)
     fp32_prod = vals * scale  # the gfx950 reader: fp32 product
     bf16_prod = vals.to(torch.bfloat16) * scale.to(torch.bfloat16)  # generic readers: bf16 product
     if not bool(torch.isfinite(fp32_prod).all()) or not bool(torch.isfinite(bf16_prod).all()):
         bad = (~torch.isfinite(fp32_prod) | ~torch.isfinite(bf16_prod.float())).nonzero().flatten().tolist()
-        out.append(f"NoPE dims decode to non-finite values: {bad[:8]}")
+        out.append((PROBLEM_NOPE_DECODE, f"dims {bad[:8]}"))
     return out
 
 
@@ -279,7 +394,8 @@ def nan_free_cache(case: CompressorCase, target: Target) -> list[Violation]:
     Non-sanitizing targets (gfx942, generic): the trust gate is closed, and the same holds for every token whose inputs
     are finite and whose computation cannot overflow (``oracles.compressor.is_overflow_free``)."""
     out: list[Violation] = []
-    if not target.sanitizes_writer and trust_extra_cache_nan_free(target, "fp8_ds_mla", False, True):
+    gate = bound(target).cache_writers.trust_extra_cache_nan_free
+    if not target.sanitizes_writer and gate(target, "fp8_ds_mla", False, True):
         out.append(Violation("trust gate open on a target whose compressor does not sanitize", target.name,
                              "False", "True"))
     dev = kernel_device()
@@ -296,9 +412,8 @@ def nan_free_cache(case: CompressorCase, target: Target) -> list[Violation]:
         writers = [(r["t"], r["slot"]) for r in refs if r["overflow_free"]]
     variant = "two-stage" if case.two_stage else "single-pass"
     for t, slot in writers:
-        for p in cache_token_problems(ocw.read_token(cache, slot)):
-            out.append(Violation(f"{variant} compressor stored a non-finite cache entry", f"token {t} slot {slot}",
-                                 "finite", p))
+        for kind, detail in cache_token_problems(ocw.read_token(cache, slot)):
+            out.append(Violation(f"{variant} compressor stored {kind}", f"token {t} slot {slot}", "finite", detail))
     return out
 
 
@@ -311,11 +426,12 @@ def trust_gate(case: TrustGateCase, target: Target) -> list[Violation]:
     (SPEC 4, seed 004): every row of the independent truth table in ``oracles.trust_gate`` for this target, the
     generated row, and non-bool flags rejected with TypeError instead of being read as truthy."""
     out = []
+    gate = bound(target).cache_writers.trust_extra_cache_nan_free
     rows = [((target.name, case.cache_dtype, case.has_kv_transfer, case.has_extra_cache),
              otg.trust_expected(target.name, case.cache_dtype, case.has_kv_transfer,
                                 case.has_extra_cache))] + otg.truth_table(target.name)
     for (tname, dtype, kv, extra), want in rows:
-        got = trust_extra_cache_nan_free(target, dtype, kv, extra)
+        got = gate(target, dtype, kv, extra)
         if got is not want:
             out.append(Violation("trust gate disagrees with the truth table",
                                  f"dtype={dtype!r} has_kv_transfer={kv} has_extra_cache={extra}", repr(want),
@@ -323,7 +439,7 @@ def trust_gate(case: TrustGateCase, target: Target) -> list[Violation]:
     for bad in ({"has_kv_transfer": None}, {"has_kv_transfer": 0}, {"has_extra_cache": 1}):
         args = {"has_kv_transfer": False, "has_extra_cache": True, **bad}
         try:
-            trust_extra_cache_nan_free(target, "fp8_ds_mla", **args)
+            gate(target, "fp8_ds_mla", **args)
         except TypeError:
             continue
         out.append(Violation("trust gate accepted a non-bool flag", repr(bad), "TypeError", "no error"))

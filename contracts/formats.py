@@ -1,7 +1,10 @@
 """Codec and layout contracts (``impl.formats``): the foundation every writer and reader stands on.
 
-Each compares three independent paths: the Triton device functions (impl.triton_helpers, through
-impl.codec_kernels), the host codecs (impl.formats) and the reference (oracles.formats), plus torch's own fp8 dtypes.
+Each compares three independent paths: the Triton device functions (``codec_kernels``), the host codecs
+(``formats``) and the reference (oracles.formats), plus torch's own fp8 dtypes. The first two are the current
+subject's (``bound(target)``; for ``ours``, impl.codec_kernels launching impl.triton_helpers, and impl.formats). A
+subject may have only some of them (upstream decodes most codes inline in its kernels): each check runs the paths the
+subject has, and a contract whose paths it has none of is ``skipped`` naming the first.
 """
 from __future__ import annotations
 
@@ -12,12 +15,38 @@ import torch
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
 from fuzz import formats as fz
 from fuzz.formats import Fp8Case, LayoutCase, Ue8m0Case
-from impl import codec_kernels, formats
+from contracts.subjects import EntryMissing, FidelityError, SubjectSkip, bound
+from impl import formats
 from impl.targets import Target
 from oracles import formats as ref
 
 _TORCH_FP8 = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
 ALL_CODES = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+
+
+def subject_has(target: Target, family: str, name: str) -> bool:
+    """Whether the current subject has the entry point ``family.name`` on ``target``."""
+    try:
+        getattr(getattr(bound(target), family), name)
+    except EntryMissing:
+        return False
+    return True
+
+
+def subject_entries(target: Target, *names: str) -> dict:
+    """The current subject's entry points among ``names`` ("family.name") that it has, by name; when it has none of
+    them, the first one's :class:`EntryMissing` (the row is skipped, naming it)."""
+    sub = bound(target)
+    found, first = {}, None
+    for full in names:
+        family, name = full.split(".")
+        try:
+            found[full] = getattr(getattr(sub, family), name)
+        except EntryMissing as exc:
+            first = first or exc
+    if not found:
+        raise first
+    return found
 
 
 def _flavours(target: Target) -> list[str]:
@@ -33,13 +62,19 @@ def _fp8_examples(target: Target) -> list[Fp8Case]:
     return [Fp8Case(flavour=fl, values=tuple(fz.fp8_boundary_values(fl))) for fl in _flavours(target)]
 
 
-def _decode_all_codes(flavour: str) -> list[Violation]:
+FP8_ENTRIES = ("formats.fp8_decode", "codec_kernels.fp8_decode_triton", "formats.fp8_encode",
+               "codec_kernels.fp8_encode_triton")
+
+
+def _decode_all_codes(flavour: str, entries: dict) -> list[Violation]:
     out: list[Violation] = []
     want = ref.fp8_decode(ALL_CODES, flavour)
     torch_vals = ALL_CODES.view(_TORCH_FP8[flavour]).to(torch.float64)
     out += compare_exact(f"torch {flavour} decode vs reference", torch_vals, want)
-    out += compare_exact(f"host fp8_decode[{flavour}]", formats.fp8_decode(ALL_CODES, flavour), want)
-    out += compare_exact(f"triton fp8_decode_bits[{flavour}]", codec_kernels.fp8_decode_triton(ALL_CODES, flavour), want)
+    for name, entry in (("host fp8_decode", "formats.fp8_decode"),
+                        ("triton fp8_decode_bits", "codec_kernels.fp8_decode_triton")):
+        if entry in entries:
+            out += compare_exact(f"{name}[{flavour}]", entries[entry](ALL_CODES, flavour), want)
     return out
 
 
@@ -54,11 +89,15 @@ def fp8_codec_exact(case: Fp8Case, target: Target) -> list[Violation]:
     extra cache everywhere; a flavour mix-up costs ~1.87x in scale); DESIGN "Numerics".
     """
     flavour = case.flavour
-    out = _decode_all_codes(flavour)
+    entries = subject_entries(target, *FP8_ENTRIES)
+    out = _decode_all_codes(flavour, entries)
     x = torch.tensor([fz.f32(v) for v in case.values], dtype=torch.float32)
     want = ref.fp8_encode(x, flavour)
-    for name, got in (("host fp8_encode", formats.fp8_encode(x, flavour)),
-                      ("triton fp8_encode_bits", codec_kernels.fp8_encode_triton(x, flavour))):
+    for name, entry in (("host fp8_encode", "formats.fp8_encode"), ("triton fp8_encode_bits",
+                                                                    "codec_kernels.fp8_encode_triton")):
+        if entry not in entries:
+            continue
+        got = entries[entry](x, flavour)
         bad = (got != want).nonzero().flatten().tolist()
         for i in bad[:5]:
             out.append(Violation(f"{name}[{flavour}] differs from the nearest-even reference",
@@ -84,6 +123,10 @@ def _ue8_examples(target: Target) -> list[Ue8m0Case]:
     return [Ue8m0Case(cap=target.writer_scale_code_cap, scales=tuple(fz.f32(v) for v in edges))]
 
 
+UE8M0_ENTRIES = ("formats.ue8m0_decode", "formats.ue8m0_decode_reader", "codec_kernels.ue8m0_decode_reader_triton",
+                 "formats.ue8m0_encode", "codec_kernels.ue8m0_encode_triton")
+
+
 @contract("ue8m0-codec-exact", targets=ALL_TARGETS, cases=_ue8_cases, examples=_ue8_examples, min_cases=5,
           case_type=Ue8m0Case, numeric=False)
 def ue8m0_codec_exact(case: Ue8m0Case, target: Target) -> list[Violation]:
@@ -95,18 +138,25 @@ def ue8m0_codec_exact(case: Ue8m0Case, target: Target) -> list[Violation]:
     cap 254 on sanitizing writers (gfx950) and 255 otherwise. Source: SPEC 1.2 and 4 (why cap at 254).
     """
     out: list[Violation] = []
+    entries = subject_entries(target, *UE8M0_ENTRIES)
     torch_vals = ALL_CODES.view(torch.float8_e8m0fnu).to(torch.float64)
     want_host = ref.ue8m0_decode(ALL_CODES, reader=False)
     out += compare_exact("torch float8_e8m0fnu vs reference", torch_vals, want_host)
-    out += compare_exact("host ue8m0_decode", formats.ue8m0_decode(ALL_CODES), want_host)
     want_reader = ref.ue8m0_decode(ALL_CODES, reader=True)
-    out += compare_exact("host ue8m0_decode_reader", formats.ue8m0_decode_reader(ALL_CODES), want_reader)
-    out += compare_exact("triton ue8m0_decode_reader", codec_kernels.ue8m0_decode_reader_triton(ALL_CODES), want_reader)
+    for name, entry, want in (("host ue8m0_decode", "formats.ue8m0_decode", want_host),
+                              ("host ue8m0_decode_reader", "formats.ue8m0_decode_reader", want_reader),
+                              ("triton ue8m0_decode_reader", "codec_kernels.ue8m0_decode_reader_triton",
+                               want_reader)):
+        if entry in entries:
+            out += compare_exact(name, entries[entry](ALL_CODES), want)
     cap = case.cap
     s = torch.tensor([fz.f32(v) for v in case.scales], dtype=torch.float32)
     want = ref.ue8m0_encode(s, cap)
-    for name, got in (("host ue8m0_encode", formats.ue8m0_encode(s, cap)),
-                      ("triton ue8m0_encode_bits", codec_kernels.ue8m0_encode_triton(s, cap))):
+    for name, entry in (("host ue8m0_encode", "formats.ue8m0_encode"),
+                        ("triton ue8m0_encode_bits", "codec_kernels.ue8m0_encode_triton")):
+        if entry not in entries:
+            continue
+        got = entries[entry](s, cap)
         for i in (got != want).nonzero().flatten().tolist()[:5]:
             out.append(Violation(f"{name} (cap {cap}) differs from the reference", f"scale {s[i].item()!r}",
                                  str(int(want[i])), str(int(got[i]))))
@@ -129,14 +179,60 @@ def _make_view(case: LayoutCase):
 
 
 def _layout_cases(target: Target):
-    return fz.layout_cases()
+    layouts = _subject_layouts(target)
+    if len(layouts) in (0, 3):  # none: the check skips the row, naming the missing entry point
+        return fz.layout_cases()
+    return fz.layout_cases().filter(lambda c: c.layout in layouts)
 
 
 def _layout_examples(target: Target) -> list[LayoutCase]:
+    layouts = _subject_layouts(target) or ["fp8_ds_mla", "indexer-normal", "indexer-shuffle"]
+    return [c for c in _all_layout_examples() if c.layout in layouts]
+
+
+def _all_layout_examples() -> list[LayoutCase]:
     return [LayoutCase(layout="fp8_ds_mla", block_size=64, num_blocks=2, stride_pad=64, offset_blocks=1, seed=1,
                        num_tokens=3),
             LayoutCase(layout="indexer-shuffle", block_size=16, num_blocks=2, stride_pad=0, offset_blocks=0, seed=2,
                        num_tokens=4)]
+
+
+LAYOUT_ENTRIES = {"fp8_ds_mla": ("formats.pack_fp8_ds_mla", "formats.unpack_fp8_ds_mla"),
+                  "indexer": ("formats.pack_indexer_k", "formats.unpack_indexer_k")}
+
+
+def _layout_entries(target: Target, layout: str) -> dict:
+    return subject_entries(target, *LAYOUT_ENTRIES["fp8_ds_mla" if layout == "fp8_ds_mla" else "indexer"])
+
+
+def _subject_layouts(target: Target) -> list[str]:
+    """The case layouts whose packer or unpacker the current subject has."""
+    out = []
+    for lay in ("fp8_ds_mla", "indexer-normal", "indexer-shuffle"):
+        try:
+            _layout_entries(target, lay)
+        except EntryMissing:
+            continue
+        out.append(lay)
+    return out
+
+
+def _at(where: str, violations: list[Violation]) -> list[Violation]:
+    """The violations with ``where`` in front of their location (the message stays the same for every slot)."""
+    return [Violation(v.message, f"{where} {v.where}".strip(), v.expected, v.got) for v in violations]
+
+
+def _unpack_call(out: list[Violation], what: str, fn, *args, **kw):
+    """Run a subject's unpacker; an exception on a valid cache view is a violation of its own (stable message, the
+    exception in ``got``) and gives None."""
+    try:
+        return fn(*args, **kw)
+    except (KeyboardInterrupt, SystemExit, SubjectSkip, FidelityError):  # not a verdict about the subject
+        raise
+    except Exception as exc:  # noqa: BLE001 - a valid view the unpacker cannot read is the finding
+        out.append(Violation(f"{what} raised on a valid cache view", what, "the tokens",
+                             f"{type(exc).__name__}: {exc}"[:240]))
+        return None
 
 
 @contract("cache-layout-roundtrip", targets=ALL_TARGETS, cases=_layout_cases, examples=_layout_examples,
@@ -147,9 +243,12 @@ def cache_layout_roundtrip(case: LayoutCase, target: Target) -> list[Violation]:
     fp8_ds_mla: per block a data region (448 B fp8 NoPE + 128 B bf16 RoPE per token) then a scale region (7 UE8M0
     codes + a 0 pad byte per token), blocks at ``stride(0)`` bytes (views into a shared pool). Indexer-K: fp8 region
     (NORMAL token-major or SHUFFLE 16x16 tiles) then fp32 scales. The packer's bytes are read back at the reference's
-    absolute offsets and vice versa; every byte the reference does not name keeps its sentinel.
+    absolute offsets and vice versa; every byte the reference does not name keeps its sentinel. A subject with an
+    unpacker but no packer (upstream's indexer-K gather) reads tokens the reference placed; an unpacker that raises
+    on a valid view is a violation.
     """
     out: list[Violation] = []
+    entries = _layout_entries(target, case.layout)
     g = torch.Generator().manual_seed(case.seed)
     pool, view, stride = _make_view(case)
     bs, nb = case.block_size, case.num_blocks
@@ -158,40 +257,51 @@ def cache_layout_roundtrip(case: LayoutCase, target: Target) -> list[Violation]:
     slots = torch.randperm(nslots, generator=g)[:n]
     flat, base = ref.storage_bytes(view)
     touched = torch.zeros(flat.numel(), dtype=torch.bool)
+
+    def check_or_place(packed: bool, s: int, what: str, idx: torch.Tensor, want: torch.Tensor):
+        touched[idx] = True
+        if packed:
+            out.extend(_at(f"slot {s}", compare_exact(what, flat[idx], want, limit=2)))
+        else:
+            flat[idx] = want
+
     if case.layout == "fp8_ds_mla":
+        pack, unpack = entries.get("formats.pack_fp8_ds_mla"), entries.get("formats.unpack_fp8_ds_mla")
         nope = torch.randint(0, 256, (n, 448), generator=g, dtype=torch.int32).to(torch.uint8)
         scale = torch.randint(0, 256, (n, 7), generator=g, dtype=torch.int32).to(torch.uint8)
         rope = torch.randn(n, 64, generator=g).to(torch.bfloat16)
-        formats.pack_fp8_ds_mla(view, slots, nope, scale, rope)
+        if pack is not None:
+            pack(view, slots, nope, scale, rope)
         rope_bytes = rope.view(torch.uint8).reshape(n, 128)
         for i, s in enumerate(slots.tolist()):
             spans = ref.fp8_ds_mla_token_spans(s, bs, stride)
             for name, want in (("nope", nope[i]), ("rope", rope_bytes[i]), ("scale", scale[i]),
                                ("pad", torch.zeros(1, dtype=torch.uint8))):
                 a, b = spans[name]
-                touched[base + a:base + b] = True
-                out += compare_exact(f"slot {s} {name} bytes", flat[base + a:base + b], want, limit=2)
-        # the other direction: bytes placed by the reference read back through the unpacker
-        got = formats.unpack_fp8_ds_mla(view, slots)
-        out += compare_exact("unpacked nope", got["nope"], nope, limit=2)
-        out += compare_exact("unpacked scale", got["scale"], scale, limit=2)
-        out += compare_exact("unpacked rope", got["rope"].view(torch.uint8), rope.view(torch.uint8), limit=2)
+                check_or_place(pack is not None, s, f"{name} bytes", torch.arange(base + a, base + b), want)
+        # the other direction: the tokens read back through the unpacker
+        got = _unpack_call(out, "unpack_fp8_ds_mla", unpack, view, slots) if unpack is not None else None
+        if got is not None:
+            out += compare_exact("unpacked nope", got["nope"], nope, limit=2)
+            out += compare_exact("unpacked scale", got["scale"], scale, limit=2)
+            out += compare_exact("unpacked rope", got["rope"].view(torch.uint8), rope.view(torch.uint8), limit=2)
     else:
+        pack, unpack = entries.get("formats.pack_indexer_k"), entries.get("formats.unpack_indexer_k")
         lay = case.layout.split("-")[1]
         codes = torch.randint(0, 256, (n, 128), generator=g, dtype=torch.int32).to(torch.uint8)
         kscale = torch.rand(n, generator=g, dtype=torch.float32) + 0.5
-        formats.pack_indexer_k(view, slots, codes, kscale, layout=lay)
+        if pack is not None:
+            pack(view, slots, codes, kscale, layout=lay)
         for i, s in enumerate(slots.tolist()):
             offs, so = ref.indexer_k_token_spans(s, bs, stride, lay)
-            idx = torch.tensor(offs) + base
-            touched[idx] = True
-            touched[base + so:base + so + 4] = True
-            out += compare_exact(f"slot {s} fp8 bytes ({lay})", flat[idx], codes[i], limit=2)
-            out += compare_exact(f"slot {s} scale bytes", flat[base + so:base + so + 4],
-                                 kscale[i:i + 1].view(torch.uint8), limit=2)
-        got_codes, got_scale = formats.unpack_indexer_k(view, slots, layout=lay)
-        out += compare_exact("unpacked indexer codes", got_codes, codes, limit=2)
-        out += compare_exact("unpacked indexer scales", got_scale, kscale, limit=2)
+            check_or_place(pack is not None, s, f"fp8 bytes ({lay})", torch.tensor(offs) + base, codes[i])
+            check_or_place(pack is not None, s, "scale bytes", torch.arange(base + so, base + so + 4),
+                           kscale[i:i + 1].view(torch.uint8))
+        got = _unpack_call(out, "unpack_indexer_k", unpack, view, slots, layout=lay) if unpack is not None else None
+        if got is not None:
+            got_codes, got_scale = got
+            out += compare_exact("unpacked indexer codes", got_codes, codes, limit=2)
+            out += compare_exact("unpacked indexer scales", got_scale, kscale, limit=2)
     stray = ((flat != 0xA5) & ~touched).nonzero().flatten()
     if len(stray):
         out.append(Violation("bytes outside the written tokens changed", f"storage byte {int(stray[0])}",

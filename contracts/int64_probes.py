@@ -4,7 +4,8 @@ SPEC 1.2: the product passes 2^31 at about 57K blocks. Each probe writes or read
 larger than 2^32 bytes, whose block offset computed in 32 bits would wrap to a small positive value inside the same
 pool: a wrong read or write, not a crash. The pool's start is poisoned so a wrapped access cannot agree by accident.
 Probes: the SWA insert and the compressor (writers), the decode (readers, every kernel family). A component adds its
-own with :func:`int64_probe`.
+own with :func:`int64_probe`, naming the entry points it runs; a case names the probes whose entry points the current
+subject has (``bound(target)``), so a subject without an SWA insert is probed through its compressor and decode.
 """
 from __future__ import annotations
 
@@ -19,13 +20,12 @@ from hypothesis import strategies as st
 from contracts.cache_writers import record_row_margin
 from contracts.core import ALL_TARGETS, Violation, contract
 from contracts.decode import oracle_violations
+from contracts.formats import subject_has
+from contracts.subjects import bound
 from fuzz import cache_writers as fw
 from fuzz.cases import Case
 from fuzz.cache_writers import CompressorCase
-from impl import decode as dec
 from impl import formats
-from impl.cache_writers import quantize_and_insert_k_cache
-from impl.compressor import compress_norm_rope_store
 from impl.runtime import kernel_device
 from impl.targets import Target
 from oracles import cache_writers as ocw
@@ -37,16 +37,28 @@ from oracles import decode as ref_decode
 
 #: name -> probe(target) -> violations; each probe writes at the far end of a pool larger than 2^32 bytes
 INT64_PROBES: dict[str, Callable[[Target], list[Violation]]] = {}
+#: name -> the entry points ("family.name") of the subject the probe runs
+PROBE_ENTRIES: dict[str, tuple[str, ...]] = {}
 POOL_BYTES_MIN = 2 ** 32 + 2 ** 20
 
 
-def int64_probe(name: str):
-    """Register a far-end addressing probe under ``int64-addressing`` (decode readers add theirs here); a writer's
-    probe is usually ``far_end_probe(name, write)`` with a callback that runs the writer and derives its token."""
+def int64_probe(name: str, entries: tuple[str, ...] = ()):
+    """Register a far-end addressing probe under ``int64-addressing`` (decode readers add theirs here), with the
+    subject's entry points it runs; a writer's probe is usually ``far_end_probe(name, write)`` with a callback that
+    runs the writer and derives its token."""
     def register(fn):
         INT64_PROBES[name] = fn
+        PROBE_ENTRIES[name] = tuple(entries)
         return fn
     return register
+
+
+def subject_probes(target: Target) -> tuple[str, ...]:
+    """The registered probes whose entry points the current subject has on ``target`` (all of them, when it has
+    none: the row is then skipped naming the first missing entry point)."""
+    have = tuple(name for name in sorted(INT64_PROBES)
+                 if all(subject_has(target, *e.split(".")) for e in PROBE_ENTRIES[name]))
+    return have or tuple(sorted(INT64_PROBES))
 
 
 def far_end_pool(block_size: int, device):
@@ -106,12 +118,14 @@ def far_end_probe(name: str, write: FarEndWrite, block_size: int = 3) -> list[Vi
         del flat, view  # release the > 4 GiB pool before the next probe allocates its own
 
 
-@int64_probe("swa-insert")
+@int64_probe("swa-insert", ("cache_writers.quantize_and_insert_k_cache",))
 def _probe_swa(target: Target) -> list[Violation]:
+    insert = bound(target).cache_writers.quantize_and_insert_k_cache
+
     def write(view, slot, dev):
         g = torch.Generator().manual_seed(5)
         k = (torch.randn(2, 512, generator=g) * 3).to(torch.bfloat16)
-        quantize_and_insert_k_cache(k.to(dev), torch.tensor([slot, -1], dtype=torch.int64, device=dev), view,
+        insert(k.to(dev), torch.tensor([slot, -1], dtype=torch.int64, device=dev), view,
                                     target=target)
         return ocw.quantize_pack_row(k[0], flavour=target.main_cache_fp8, cap=255, sanitize=False,
                                      rope_from_fp32=False), []
@@ -119,8 +133,10 @@ def _probe_swa(target: Target) -> list[Violation]:
     return far_end_probe("swa insert", write)
 
 
-@int64_probe("compressor")
+@int64_probe("compressor", ("compressor.compress_norm_rope_store",))
 def _probe_compressor(target: Target) -> list[Violation]:
+    compress = bound(target).compressor.compress_norm_rope_store
+
     def write(view, slot, dev):
         # the case's geometry is the far-end pool's, so it describes where the token lands
         case = CompressorCase(seed=9, ratio=4, state_block_size=4, num_reqs=1, positions=(7,), reqs=(0,),
@@ -128,9 +144,9 @@ def _probe_compressor(target: Target) -> list[Violation]:
                               block_size=int(view.shape[1]), padded=True, num_blocks=int(view.shape[0]))
         inp = fw.build_compressor_inputs(case, dev)
         inter = torch.full((1, 512), float("nan"), device=dev)
-        compress_norm_rope_store(inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"],
-                                 inp["slot_mapping"], inp["norm_weight"], inp["cos_sin_cache"], view,
-                                 ratio=case.ratio, eps=case.eps, target=target, intermediates=inter)
+        compress(inp["state"], inp["state_block_table"], inp["token_to_req"], inp["positions"], inp["slot_mapping"],
+                 inp["norm_weight"], inp["cos_sin_cache"], view, ratio=case.ratio, eps=case.eps, target=target,
+                 intermediates=inter)
         want = ocomp.pack_reference_row(inter[0].cpu(), cap=target.writer_scale_code_cap,
                                         sanitize=target.sanitizes_writer)
         ref = ocomp.token_reference(inp["state"], inp["state_block_table"], 0, case.positions[0], inp["norm_weight"],
@@ -152,7 +168,7 @@ HEAD_POISON = 0x7E
 FAR_BLOCKS = 2
 
 
-@int64_probe("decode")
+@int64_probe("decode", ("decode.plan_decode", "decode.sparse_attn_decode"))
 def int64_decode_probe(target: Target) -> list[Violation]:
     """Registered under ``int64-addressing``: for block sizes 3, 1 and 64, the decode reads tokens at the far end of
     a cache pool larger than 2^32 bytes through the main and the extra segment of the target's kernel family."""
@@ -168,6 +184,7 @@ def _decode_far_end(seed: int, bs: int, target: Target) -> list[Violation]:
     wrap to, is poisoned so a wrapped read cannot agree by accident. The oracle reads a small copy of the far-end
     blocks (same tokens, slots shifted) so it never walks the big pool. Also an invalid entry one past the last
     slot stays masked."""
+    dec = bound(target).decode
     dev = kernel_device()
     gen = torch.Generator().manual_seed(seed)
     flat, view, last_slot, wrapped = far_end_pool(bs, dev)
@@ -240,13 +257,13 @@ class Int64Case(Case):
 
 
 @contract("int64-addressing", targets=ALL_TARGETS,
-          cases=lambda target: st.builds(Int64Case, probes=st.just(tuple(sorted(INT64_PROBES)))),
+          cases=lambda target: st.builds(Int64Case, probes=st.just(subject_probes(target))),
           min_cases=1, max_cases=1, case_type=Int64Case, numeric=True)
 def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     """Every registered probe addresses the cache in int64 (SPEC 1.2, ``block * stride(0)``): the writers (SWA
     insert, compressor) store a token at the far end of a pool larger than 2^32 bytes, whose block offset wraps to
     a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
-    reads far-end tokens and agrees with the oracle."""
+    reads far-end tokens and agrees with the oracle. A case runs the probes whose entry points the subject has."""
     out = []
     for name in case.probes:
         out += INT64_PROBES[name](target)
