@@ -125,14 +125,15 @@ class SparseMLACommonMetadataBuilder(Generic[T_]):
         num_decodes = 0
         while num_decodes < R and int(q_lens[num_decodes]) <= threshold:
             num_decodes += 1
+        decode_max_q = int(q_lens[:num_decodes].max()) if num_decodes else 0
         return self.metadata_cls(
             num_reqs=R, max_query_len=int(cam.max_query_len), max_seq_len=int(cam.max_seq_len),
             num_actual_tokens=T, query_start_loc=cam.query_start_loc, slot_mapping=cam.slot_mapping,
             block_table=cam.block_table_tensor, req_id_per_token=self.req_id_per_token_buffer[:T],
             seq_lens=cam.seq_lens, block_size=self.kv_cache_spec.block_size, topk_tokens=self.topk_tokens,
             num_decodes=num_decodes, num_prefills=R - num_decodes,
-            num_decode_tokens=int(starts[num_decodes]), decode_max_query_len=int(q_lens[:num_decodes].max())
-            if num_decodes else 0, prefill_max_seq_len=0, prefill=None)
+            num_decode_tokens=int(starts[num_decodes]), decode_max_query_len=decode_max_q, prefill_max_seq_len=0,
+            prefill=None)
 
 
 class AiterMLAHelper:
@@ -276,8 +277,8 @@ class UpstreamBuild:
 
 
 def _tile(topk: int) -> int:
-    """The forward's column tile: 128 columns (its default, which needs ``topk % 128 == 0``); below that one tile of
-    the next power of two, the rows widened with -1 columns (see :meth:`fill_global_indices`)."""
+    """The width the top-k rows are converted at: ``topk`` itself when the forward's 128-column tile divides it;
+    else the next power of two, the rows widened with -1 columns (see ``fill_global_indices``)."""
     if topk % 128 == 0:
         return 128
     return 1 << (int(topk) - 1).bit_length()
@@ -291,6 +292,9 @@ def build(ctx) -> Family:
     fp8 = torch.float8_e4m3fnuz if target.main_cache_fp8 == "fnuz" else torch.float8_e4m3fn
     loaded = ctx.subject.tree.load(target.name, fp8, target.cu_count, rewrites=fidelity.rewrites_for_host(),
                                    extra_standins=_extra_standins(target))
+    for rw in loaded.rewrites:  # listed in the report like the bind's own
+        if all(r["id"] != rw["id"] or r["file"] != rw["file"] for r in ctx.subject.rewrites):
+            ctx.subject.rewrites.append(rw)
     own = BoundContext(ctx.subject, target, loaded)
     mod = loaded["builder"]
 
@@ -422,10 +426,7 @@ def build(ctx) -> Family:
             """The forward's conversion (upstream validates nothing, so ``validate`` has no effect)."""
             T, K = metadata.num_tokens, metadata.topk_tokens
             md = metadata.upstream
-            with _no_overflow_asserts():
-                return self._fill(md, metadata, topk_indices, T, K)
 
-        def _fill(self, md, metadata, topk_indices, T, K):
             def forward_conversion():  # one activation of upstream's modules for both of the forward's calls
                 rows = mod.fit_kpool_indices_to_aiter(topk_indices[:T], K)
                 if not T:
@@ -442,8 +443,9 @@ def build(ctx) -> Family:
                     BLOCK_STRIDE_ROWS=md.block_size, BLOCK_SIZE=md.block_size, NUM_TOPK_TOKENS=rows.shape[1],
                     BLOCK_N=min(width, 128))
 
-            own.call(forward_conversion)
+            with _no_overflow_asserts():
+                own.call(forward_conversion)
             return self.upstream.paged_kv_indices[:metadata.num_kv_entries]
 
     return Family("sparse_metadata", SparseMLAMetadataBuilder=SparseMLAMetadataBuilder,
-                  CommonMetadata=CommonMetadata, UpstreamBuild=UpstreamBuild, loaded=loaded)
+                  CommonMetadata=CommonMetadata)
