@@ -44,7 +44,7 @@ def compare(case: RouterCase, weights: torch.Tensor, ids: torch.Tensor, ref: lis
         if got_set != ref_set:
             kth = min(r["masked"][e] for e in r["ids"])
             gmin = min(r["group_scores"][g] for g in r["kept_groups"]) if r["grouped"] else None
-            ok = True
+            ok, tie = True, True
             for e in got_set - ref_set:
                 ge = e // per
                 if r["grouped"] and ge not in r["kept_groups"]:
@@ -55,7 +55,13 @@ def compare(case: RouterCase, weights: torch.Tensor, ids: torch.Tensor, ref: lis
                     gap = kth - r["biased"][e]
                     ok &= 0 < gap <= tol_e
                     record_margin(gap / tol_e)
-            if not ok:
+                tie &= gap == 0
+            if not ok and tie:
+                # every foreign pick scores exactly what the oracle's last pick scores: the same scores, another
+                # tie-break (said apart from a wrong selection, which a tie-break rule can never excuse)
+                v.append(Violation("expert set breaks an exact tie against the tie rule (lower group id, then lower "
+                                   "expert id)", f"token {t}", str(sorted(ref_set)), str(sorted(got_set))))
+            elif not ok:
                 v.append(Violation("expert set differs from the oracle beyond the tie rule and the rounding bound",
                                    f"token {t}", str(sorted(ref_set)), str(sorted(got_set))))
             else:

@@ -12,13 +12,14 @@ import torch
 import contracts.subjects.vllm.adapters.prefill  # noqa: F401 - registers its host-assert rewrite before a bind
 from contracts import prefill as cp
 from contracts import router as cr
-from contracts.subjects import EntryMissing, parse_subject, using
+from contracts.subjects import parse_subject, using
 from fuzz import prefill as fz
 from impl import router as ours_router
 from impl.targets import get_target
 
 OPS = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 DSV2 = "vllm/model_executor/models/deepseek_v2.py"
+GROUPED_TOPK = "vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py"
 TARGETS = ("gfx942", "gfx950", "generic")
 
 
@@ -150,15 +151,26 @@ def test_upstream_gate_policy_is_ours_for_the_weight_policy(vllm_subject):
     assert router.correction_bias_for_gate(torch.tensor([0.1]), torch.bfloat16).dtype == torch.bfloat16
 
 
-def test_router_row_names_the_missing_top_k_and_a_planted_gate_bug_fails(vllm_subject, tmp_path):
+def test_router_runs_upstreams_grouped_top_k_and_a_planted_gate_bug_fails(vllm_subject, tmp_path):
     t = get_target("gfx942")
     case = cr._examples(t)[1]  # bf16 gate: seed 000's policy
-    with using(vllm_subject), pytest.raises(EntryMissing) as exc:
-        cr.router_oracle_agreement(case, t)
-    assert exc.value.entry == "router.biased_grouped_topk" and "grouped_topk_router.py" in exc.value.why
+    router = vllm_subject.bind(t).router
+    g = torch.Generator().manual_seed(0)
+    logits, bias = torch.randn(3, 16, generator=g), torch.randn(16, generator=g) * 0.1
+    kw = dict(n_group=4, topk_group=2, renormalize=True, routed_scaling_factor=2.5)
+    w_up, ids_up = router.biased_grouped_topk(logits, bias, 4, **kw)
+    w_ours, ids_ours = ours_router.biased_grouped_topk(logits, bias, 4, **kw)
+    order_up, order_ours = ids_up.sort(dim=-1), ids_ours.sort(dim=-1)
+    assert torch.equal(order_up.values, order_ours.values)  # fp32 logits, no ties: the same experts
+    assert torch.allclose(w_up.gather(1, order_up.indices), w_ours.gather(1, order_ours.indices), rtol=1e-5)
+    # upstream's own function runs: a planted change in its scores changes the row
+    find = "        scores = gating_output.sigmoid()"
+    planted = _planted(vllm_subject, tmp_path / "topk", GROUPED_TOPK, find, "        scores = gating_output.tanh()")
+    w_bad, _ = planted.bind(t).router.biased_grouped_topk(logits, bias, 4, **kw)
+    assert not torch.allclose(w_bad, w_up)
     find = "            self.gate.set_out_dtype(self.gate.weight.dtype)"
     planted = _planted(vllm_subject, tmp_path, DSV2, find, "            self.gate.set_out_dtype(torch.float32)")
     with using(planted):
         v = cr.router_oracle_agreement(case, t)
-    assert [(x.message, x.expected, x.got) for x in v] == [
-        ("gate out dtype differs from SPEC 7's policy", "torch.bfloat16", "torch.float32")]
+    assert ("gate out dtype differs from SPEC 7's policy", "torch.bfloat16", "torch.float32") in [
+        (x.message, x.expected, x.got) for x in v]

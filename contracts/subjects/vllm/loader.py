@@ -48,6 +48,7 @@ NEEDED: tuple[str, ...] = (
     "vllm/models/deepseek_v4/common/ops/fused_indexer_q.py",
     "vllm/v1/attention/backends/mla/rocm_aiter_mla_sparse.py",
     "vllm/model_executor/models/deepseek_v2.py",
+    "vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py",
 )
 #: third-party packages the audited modules import at top level for names they never use on the audited paths;
 #: always inert during the import (only ``transformers``' config classes, in deepseek_v2)
@@ -256,6 +257,7 @@ SHORT = {
     "ops": "vllm.v1.attention.ops.rocm_aiter_mla_sparse",
     "rocm": "vllm.models.deepseek_v4.amd.rocm",
     "compress": "vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache",
+    "grouped_topk": "vllm.model_executor.layers.fused_moe.router.grouped_topk_router",
     "indexer_q": "vllm.models.deepseek_v4.common.ops.fused_indexer_q",
     "builder": "vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse",
     "deepseek_v2": "vllm.model_executor.models.deepseek_v2",

@@ -1,6 +1,7 @@
 """Router: upstream's gate out-dtype policy, read off ``DeepseekV2MoE.__init__`` (``model_executor/models/
-deepseek_v2.py``) run for real on stand-in collaborators; upstream's biased grouped top-k is not among the audited
-modules.
+deepseek_v2.py``) run for real on stand-in collaborators, and upstream's grouped top-k (``grouped_topk`` in
+``model_executor/layers/fused_moe/router/grouped_topk_router.py``, its torch path: the fused kernel is for CUDA and
+XPU behind a flag).
 
 ``gate_out_dtype(gate_weight_dtype, *, has_correction_bias, aiter_moe_enabled, policy)`` builds a
 ``DeepseekV2MoE`` from a minimal config (``topk_method = "noaux_tc"`` when there is a correction bias;
@@ -15,9 +16,8 @@ off, no cast).
 Not mapped: our ``"fp32"`` policy with AITER MoE off or without a bias (ours: None, the layer's default;
 upstream's ``moe_router_dtype`` gives fp32 whatever AITER does); no contract asks for it.
 
-``biased_grouped_topk`` raises ``EntryMissing`` saying why: upstream's lives in
-``vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py`` (and AITER's kernel), not among the loaded
-modules.
+``biased_grouped_topk`` calls ``grouped_topk`` with sigmoid scoring and the correction bias (DeepSeek's
+``noaux_tc``); AITER's fused grouped top-k (ROCm only) is not audited.
 """
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ from torch import nn
 
 from contracts.subjects import EntryMissing, Family
 
-GROUPED_TOPK_WHY = ("upstream's grouped top-k lives in vllm/model_executor/layers/fused_moe/router/"
-                    "grouped_topk_router.py and AITER, which the vllm subject does not load")
 #: experts and hidden size of the minimal config (the policy reads neither)
 _EXPERTS, _HIDDEN = 8, 16
 
@@ -101,8 +99,19 @@ def build(ctx) -> Family:
         moe = construct(out_dtype, has_correction_bias=True, aiter_moe_enabled=True, router_fp32=False)
         return bias.to(moe.gate.e_score_correction_bias.dtype)
 
-    def biased_grouped_topk(*args, **kw):
-        raise EntryMissing("router.biased_grouped_topk", GROUPED_TOPK_WHY)
+    def biased_grouped_topk(gating_output, correction_bias, topk, *, n_group, topk_group, renormalize,
+                            routed_scaling_factor=1.0):
+        # upstream's torch path (the fused kernel is CUDA/XPU only and behind a flag): sigmoid scores, the bias for
+        # selection, top-2 group sums, -inf masking, weights from the unbiased scores
+        gt = ctx["grouped_topk"]
+        # upstream wraps it in torch.compile with its platform's backend; the audit runs the function itself
+        # (the code the compiler would trace), not a compiler the stand-in platform does not have
+        fn = getattr(gt.grouped_topk, "_torchdynamo_orig_callable", gt.grouped_topk)
+        hidden = torch.empty(int(gating_output.shape[0]), 1, dtype=gating_output.dtype, device=gating_output.device)
+        return ctx.call(fn, hidden_states=hidden, gating_output=gating_output, topk=int(topk),
+                        renormalize=bool(renormalize), num_expert_group=int(n_group), topk_group=int(topk_group),
+                        scoring_func="sigmoid", routed_scaling_factor=float(routed_scaling_factor),
+                        e_score_correction_bias=correction_bias)
 
     return Family("router", gate_out_dtype=gate_out_dtype, correction_bias_for_gate=correction_bias_for_gate,
                   biased_grouped_topk=biased_grouped_topk)
