@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import sys
 
-import pytest
 import torch
 
 import contracts.subjects.vllm.adapters.prefill  # noqa: F401 - registers its host-assert rewrite before a bind

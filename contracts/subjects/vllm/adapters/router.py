@@ -26,7 +26,7 @@ import types
 import torch
 from torch import nn
 
-from contracts.subjects import EntryMissing, Family
+from contracts.subjects import Family
 
 #: experts and hidden size of the minimal config (the policy reads neither)
 _EXPERTS, _HIDDEN = 8, 16
