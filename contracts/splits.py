@@ -40,7 +40,9 @@ def split_bounds(case: SplitCase, target: Target) -> list[Violation]:
     equals an independent re-derivation of SPEC's formula, for any sizes and CU counts; the selector sees only
     sizes (numel), never indptr values. On gfx950 the adaptive host plan (on iff base >= 16 and S > 4; ONE_WAVE in
     [1, S]) matches too. Source: SPEC section 2 "Split count"; seed 004's review (the shared gfx942 selector must
-    keep its 16-split cap while gfx950 gets 32).
+    keep its 16-split cap while gfx950 gets 32). A mismatch with the re-derivation names its cause when it is one
+    of two recognisable ones: both index tensors empty, or a count that equals the re-derivation at lengths averaged
+    in floating point (numel * (1.0 / batch)).
     """
     sub = bound(target)
     b, h, cu = case.batch, case.heads, case.cu_count
