@@ -135,7 +135,9 @@ def check_contract_on_device(arch: str, contract_id: str, props: FakeDevicePrope
     assert row.cases >= c.min_cases
 
 
-ROWS = [(a, cid) for a in ARCHS for cid in sorted(CONTRACTS) if CONTRACTS[cid].applies_to(a)]
+# subject-agreement compares a subject with ours: on ours it is skipped by design (tests/test_vllm_decode.py)
+ROWS = [(a, cid) for a in ARCHS for cid in sorted(CONTRACTS)
+        if CONTRACTS[cid].applies_to(a) and not CONTRACTS[cid].extra.get("skipped_on_ours")]
 
 
 @pytest.mark.parametrize(("arch", "contract_id"),
