@@ -610,7 +610,9 @@ def test_subject_decode_column_runs_the_subjects_entry_point(vllm_subject):
     interpreter) on the workload's inputs; its output is the same function as ours."""
     import torch
 
-    w = bench.DecodeWorkload(1, "cpu", heads=2, swa=8, extra=16, cu_count=1)
+    from impl.runtime import kernel_device
+
+    w = bench.DecodeWorkload(1, kernel_device(), heads=2, swa=8, extra=16, cu_count=1)
     fn, _ = w.subject_decode_call(vllm_subject, "generic")
     got = fn().float()
     ours, _ = w.decode_call("generic")

@@ -15,6 +15,13 @@ from contracts.subjects import SubjectUnavailable, parse_subject, using
 from fuzz.sparse_metadata import MetadataCase
 from impl.targets import get_target
 from oracles import sparse_metadata as oracle
+from impl.runtime import triton_mode  # noqa: E402
+
+# these drive upstream's kernels on CPU tensors under the Triton interpreter (with its fidelity corrections);
+# natively the vllm subject is judged by its audit (ci/gpu_validate.sh's subject step)
+pytestmark = pytest.mark.skipif(triton_mode() == "native", reason="interpreter-only: upstream's kernels on CPU "
+                                "tensors; natively the vllm subject is judged by `smv audit --subject`")
+
 
 BUILDER = "vllm/v1/attention/backends/mla/rocm_aiter_mla_sparse.py"
 M2 = "paged_kv_indices: past the extent (must be zero) differs from a fresh full build"

@@ -19,6 +19,13 @@ from fuzz.formats import LayoutCase, Ue8m0Case
 from impl.compressor import num_two_stage_splits
 from impl.targets import get_target
 from oracles import compressor as ocomp
+from impl.runtime import triton_mode  # noqa: E402
+
+# these drive upstream's kernels on CPU tensors under the Triton interpreter (with its fidelity corrections);
+# natively the vllm subject is judged by its audit (ci/gpu_validate.sh's subject step)
+pytestmark = pytest.mark.skipif(triton_mode() == "native", reason="interpreter-only: upstream's kernels on CPU "
+                                "tensors; natively the vllm subject is judged by `smv audit --subject`")
+
 
 COMPRESS = "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py"
 OPS = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
