@@ -56,6 +56,7 @@ import torch
 from contracts.subjects import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters.work_partition import FakeAiter, fake_aiter
 from impl.sparse_metadata import BuildCounters, CommonMetadata
+from impl.runtime import triton_mode
 from impl.targets import effective_cu_count, get_target
 
 MIN_MLA_HEADS = 16
@@ -313,6 +314,11 @@ def build(ctx) -> Family:
                                          "(pass use_aiter=False or an aiter_module)")
             self.target = t
             self.device = torch.device(device)
+            if self.device.type == "cpu" and triton_mode() == "native":
+                # upstream's builder launches Triton kernels on its metadata tensors: natively they must live on
+                # the GPU, and this adapter (like ours' builder) keeps them on the host
+                raise SubjectUnavailable("upstream's builder launches Triton kernels on its metadata tensors; this "
+                                         "adapter keeps them on the host, which only the Triton interpreter runs")
             self.max_tokens = int(max_tokens)
             self.num_heads = int(num_heads)
             self.topk_tokens = int(topk_tokens)
