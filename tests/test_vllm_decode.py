@@ -4,7 +4,6 @@ decode, splits, dispatch, epilogues), and the subject-agreement contract."""
 from __future__ import annotations
 
 import math
-import shutil
 import warnings
 
 import pytest
@@ -15,6 +14,7 @@ from contracts import decode as cd
 from contracts import dispatch as cdisp
 from contracts import epilogues as ce
 from contracts import splits as cs
+from contracts.subjects.vllm.loader import planted_copy
 from contracts.subjects import EntryMissing, SubjectUnavailable, ours, parse_subject, using
 from fuzz import decode as fz
 from fuzz.dispatch import DispatchFlags
@@ -37,13 +37,7 @@ ROCM = "vllm/models/deepseek_v4/amd/rocm.py"
 
 def _planted(tmp_path, vllm_subject, rel: str, find: str, replace: str):
     """A copy of the subject's tree with one upstream line changed, as a subject."""
-    root = tmp_path / "tree"
-    shutil.copytree(vllm_subject.tree.root, root)
-    path = root / rel
-    src = path.read_text()
-    assert src.count(find) == 1, f"{rel}: the planted line is not there once"
-    path.write_text(src.replace(find, replace))
-    return parse_subject(f"vllm@{root}")
+    return parse_subject(f"vllm@{planted_copy(vllm_subject.tree.root, str(tmp_path / 'tree'), rel, find, replace)}")
 
 
 def _split(b, h, avg_main, avg_extra, cu=256):

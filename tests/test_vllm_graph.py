@@ -3,7 +3,6 @@ launch observer, and its dense-to-ragged conversion (adapters graph_buffers, gra
 from __future__ import annotations
 
 import re
-import shutil
 import warnings
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 import contracts.subjects.vllm.adapters.graph_capture as vgc
 from contracts import graph_buffers as gb
 from contracts import graph_capture as gc
+from contracts.subjects.vllm.loader import planted_copy
 from contracts.subjects import parse_subject, using
 from fuzz.graph_buffers import GraphBufferCase
 from impl import ragged as ours_ragged
@@ -34,13 +34,7 @@ DEFECTS = ("indices-buffer-short", "indptr-buffer-short", "source-too-wide", "nn
 
 def _planted(tmp_path, vllm_subject, rel: str, find: str, replace: str):
     """A copy of the subject's tree with one upstream line changed, as a subject."""
-    root = tmp_path / "tree"
-    shutil.copytree(vllm_subject.tree.root, root)
-    path = root / rel
-    src = path.read_text()
-    assert src.count(find) == 1, f"{rel}: the planted line is not there once"
-    path.write_text(src.replace(find, replace))
-    return parse_subject(f"vllm@{root}")
+    return parse_subject(f"vllm@{planted_copy(vllm_subject.tree.root, str(tmp_path / 'tree'), rel, find, replace)}")
 
 
 # --- ragged-view-capacity ------------------------------------------------------------------------------------------

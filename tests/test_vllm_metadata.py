@@ -3,7 +3,6 @@ fake AITER (a bug planted into a copy of the tree changes what it builds), its m
 M2 and M3 (present), and a verdict of each metadata contract on the subject."""
 from __future__ import annotations
 
-import shutil
 import sys
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 
 from contracts import sparse_metadata as csm
 from contracts.core import CONTRACTS
+from contracts.subjects.vllm.loader import planted_copy
 from contracts.subjects import SubjectUnavailable, parse_subject, using
 from fuzz.sparse_metadata import MetadataCase
 from impl.targets import get_target
@@ -35,12 +35,7 @@ def _one_thread():
 
 
 def _planted(vllm_subject, tmp_path, find, replace):
-    root = tmp_path / "tree"
-    shutil.copytree(vllm_subject.tree.root, root)
-    src = (root / BUILDER).read_text()
-    assert src.count(find) == 1
-    (root / BUILDER).write_text(src.replace(find, replace))
-    return parse_subject(f"vllm@{root}")
+    return parse_subject(f"vllm@{planted_copy(vllm_subject.tree.root, str(tmp_path / 'tree'), BUILDER, find, replace)}")
 
 
 def _builder(subject, target="gfx942", cfg=None):

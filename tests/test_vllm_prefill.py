@@ -3,7 +3,6 @@ tree changes the answer), the OPUS route goes through upstream's real loader wit
 gives a verdict (or names the entry point upstream lacks)."""
 from __future__ import annotations
 
-import shutil
 import sys
 
 import torch
@@ -11,6 +10,7 @@ import torch
 import contracts.subjects.vllm.adapters.prefill  # noqa: F401 - registers its host-assert rewrite before a bind
 from contracts import prefill as cp
 from contracts import router as cr
+from contracts.subjects.vllm.loader import planted_copy
 from contracts.subjects import parse_subject, using
 from fuzz import prefill as fz
 from impl import router as ours_router
@@ -31,13 +31,8 @@ TARGETS = ("gfx942", "gfx950", "generic")
 
 
 def _planted(vllm_subject, tmp_path, rel, find, replace):
-    """A copy of the subject's tree with one line of ``rel`` replaced, as a subject."""
-    root = tmp_path / "tree"
-    shutil.copytree(vllm_subject.tree.root, root)
-    src = (root / rel).read_text()
-    assert src.count(find) == 1
-    (root / rel).write_text(src.replace(find, replace))
-    return parse_subject(f"vllm@{root}")
+    """A copy of the subject's tree with one upstream line changed, as a subject."""
+    return parse_subject(f"vllm@{planted_copy(vllm_subject.tree.root, str(tmp_path / 'tree'), rel, find, replace)}")
 
 
 def _eligible(sq=1024):

@@ -4,7 +4,6 @@ contracts with stable violation messages (F1: infinite RoPE lanes under SANITIZE
 upstream lacks is skipped naming it and why."""
 from __future__ import annotations
 
-import shutil
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch
 from contracts import cache_writers as cw
 from contracts import formats as cf
 from contracts import int64_probes as ci
+from contracts.subjects.vllm.loader import planted_copy
 from contracts.subjects import EntryMissing, parse_subject, using
 from fuzz import cache_writers as fw
 from fuzz.cache_writers import CompressorCase
@@ -34,13 +34,8 @@ TARGETS = ("gfx942", "gfx950", "generic")
 
 
 def _planted(vllm_subject, tmp_path, rel, find, replace):
-    """A copy of the subject's tree with one piece of ``rel`` replaced, as a subject."""
-    root = tmp_path / "tree"
-    shutil.copytree(vllm_subject.tree.root, root)
-    src = (root / rel).read_text()
-    assert src.count(find) == 1
-    (root / rel).write_text(src.replace(find, replace))
-    return parse_subject(f"vllm@{root}")
+    """A copy of the subject's tree with one upstream line changed, as a subject."""
+    return parse_subject(f"vllm@{planted_copy(vllm_subject.tree.root, str(tmp_path / 'tree'), rel, find, replace)}")
 
 
 def _case(**kw) -> CompressorCase:

@@ -606,3 +606,17 @@ def _install(part: str, dest: str) -> None:
     finally:
         if old:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def planted_copy(root: str, dest: str, rel: str, find: str, replace: str) -> str:
+    """A copy of the tree at ``root`` in ``dest`` with the one occurrence of ``find`` in ``rel`` replaced: a
+    planted bug, auditable as ``vllm@dest``. ``find`` must occur exactly once (else ``ValueError``)."""
+    shutil.copytree(root, dest)
+    path = os.path.join(dest, rel)
+    with open(path, encoding="utf-8") as fh:
+        src = fh.read()
+    if src.count(find) != 1:
+        raise ValueError(f"{rel}: the text to replace occurs {src.count(find)} times, not once: {_short(find)}")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(src.replace(find, replace))
+    return dest
