@@ -243,10 +243,13 @@ def cmd_targets(args) -> int:
 
 
 def _zoo_by_contract() -> dict[str, list]:
-    from contracts.zoo.runner import load_catalogs
+    """The planted bugs naming each contract: ours' catalogs, then the upstream ones (planted into a subject's
+    source; subject-agreement's live only there)."""
+    from contracts.zoo.runner import UPSTREAM_CATALOG_DIR, load_catalog, load_catalogs
 
     out: dict[str, list] = {}
-    for m in load_catalogs():
+    upstream = [m for p in sorted(UPSTREAM_CATALOG_DIR.glob("*.toml")) for m in load_catalog(p)]
+    for m in load_catalogs() + upstream:
         for cid in m.expect:
             out.setdefault(cid, []).append(m)
     return out

@@ -72,7 +72,11 @@ def test_list_json_shape_full_sentences_no_markup_and_zoo_ids(capsys):
     assert set(doc) == {"schema_version", "contracts"} and doc["schema_version"] == cli.LIST_SCHEMA_VERSION
     contracts = load_all()
     assert [c["id"] for c in doc["contracts"]] == sorted(contracts)
+    from contracts.zoo.runner import UPSTREAM_CATALOG_DIR, load_catalog
+
+    # ours' planted bugs, then the ones planted into upstream's source
     mutants = {m.id: m for m in load_catalogs()}
+    mutants.update({m.id: m for p in sorted(UPSTREAM_CATALOG_DIR.glob("*.toml")) for m in load_catalog(p)})
     for c in doc["contracts"]:
         assert set(c) == {"id", "targets", "summary", "doc", "zoo"}
         assert c["targets"] == list(contracts[c["id"]].targets)
