@@ -50,6 +50,11 @@ class WriterComparison:
 #: name them without covering a difference on finite data
 NONFINITE_GROUP = "bytes of a NoPE group holding a non-finite value differ"
 NONFINITE_LANE = "bytes of a non-finite RoPE lane differ"
+#: a NoPE group holding a finite value whose e4m3 rounding at the group's scale can decode past FLT_MAX (|v| above
+#: 240 * 2^120: at the largest finite scale code, 247, such a value rounds to 256 * 2^120 = 2^128): there too the
+#: writers' overflow rules decide (ours bounds the code's value so that the reader stays finite), not their arithmetic
+NEAR_OVERFLOW_GROUP = "bytes of a NoPE group whose values round past FLT_MAX differ"
+_NEAR_OVERFLOW = 240.0 * 2.0 ** 120
 #: a token whose window holds a +-inf kv in a live row whose fp32 weight exp(score - max) underflows to 0: the oracle
 #: adds the +-inf (module docstring of impl/compressor.py), a plain kv * weight gives inf * 0 = NaN
 INF_KV_UNDERFLOW = "fp32 row NaN/inf mask differs where an infinite kv has an underflowed weight"
@@ -65,6 +70,26 @@ def nonfinite_parts(*rows: torch.Tensor) -> tuple[set, set]:
         groups |= {g for g in range(7) if bool(xb[64 * g:64 * g + 64].any())}
         lanes |= set(xb[448:].nonzero().flatten().tolist())
     return groups, lanes
+
+
+def near_overflow_groups(*rows: torch.Tensor) -> set:
+    """The NoPE groups (0..6) holding a finite value (after bf16 rounding) above 240 * 2^120 in any of ``rows``."""
+    out = set()
+    for row in rows:
+        xb = row.to(torch.float32).to(torch.bfloat16).to(torch.float32)
+        big = torch.isfinite(xb) & (xb.abs() > _NEAR_OVERFLOW)
+        out |= {g for g in range(7) if bool(big[64 * g:64 * g + 64].any())}
+    return out
+
+
+def _near_overflow_offsets(cache, base: int, slot: int, groups: set) -> dict:
+    spans = fp8_ds_mla_token_spans(slot, int(cache.shape[1]), int(cache.stride(0)))
+    out = {}
+    for g in groups:
+        a = base + spans["nope"][0] + 64 * g
+        out.update({o: NEAR_OVERFLOW_GROUP for o in range(a, a + 64)})
+        out[base + spans["scale"][0] + g] = NEAR_OVERFLOW_GROUP
+    return out
 
 
 def _nonfinite_offsets(cache, base: int, slot: int, groups: set, lanes: set) -> dict:
@@ -106,15 +131,15 @@ def _storage_diff(what: str, got: torch.Tensor, want: torch.Tensor, cache: torch
     return out
 
 
-def _token_diff_message(desc: str, groups: set, lanes: set, plain: str) -> str:
+def _token_diff_message(desc: str, groups: set, lanes: set, plain: str, near: set = frozenset()) -> str:
     """The message for one of ``ocomp.classify_token_bytes``' descriptions: ``plain`` unless it names a non-finite
-    group or lane."""
+    group or lane, or a group whose values round past FLT_MAX (``near``)."""
     m = re.match(r"^(scale code of group|nope byte|rope lane) (\d+)", desc)
     if m and m.group(1) == "rope lane":
         return NONFINITE_LANE if int(m.group(2)) in lanes else plain
     if m:
         g = int(m.group(2)) if m.group(1) == "scale code of group" else int(m.group(2)) // 64
-        return NONFINITE_GROUP if g in groups else plain
+        return NONFINITE_GROUP if g in groups else NEAR_OVERFLOW_GROUP if g in near else plain
     return plain
 
 
@@ -226,6 +251,7 @@ def compare_compressor(case: CompressorCase, target: Target) -> WriterComparison
         _, base = storage_bytes(cache)
         special = {}
         for r in refs:
+            special.update(_near_overflow_offsets(cache, base, r["slot"], near_overflow_groups(rows[r["t"]])))
             special.update(_nonfinite_offsets(cache, base, r["slot"], *nonfinite_parts(rows[r["t"]])))
         res.violations += _storage_diff(f"{name} (quantized from its own fp32 rows)", got, want, cache,
                                         special=special)
@@ -236,10 +262,12 @@ def compare_compressor(case: CompressorCase, target: Target) -> WriterComparison
             n, bad = ocomp.classify_token_bytes(tok, ref_tok, rows[r["t"]], r["row"], sanitize=sanitize)
             res.boundary_bytes += n
             groups, lanes = nonfinite_parts(rows[r["t"]], r["row"])
+            near = near_overflow_groups(rows[r["t"]], r["row"])
             shown = Counter()
             for b in bad:
                 msg = (INF_KV_UNDERFLOW_BYTES if underflow[r["t"]] else
-                       _token_diff_message(b, groups, lanes, "end-to-end byte differs away from a rounding boundary"))
+                       _token_diff_message(b, groups, lanes, "end-to-end byte differs away from a rounding boundary",
+                                           near))
                 shown[msg] += 1
                 if shown[msg] <= 4:
                     res.violations.append(Violation(f"{name}: {msg}", f"token {r['t']} slot {r['slot']}",

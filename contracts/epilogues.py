@@ -46,11 +46,29 @@ def _check_mxfp8(case: Mxfp8Case, epi) -> list[Violation]:
         idx = tuple(other_nan.nonzero()[0].tolist())
         out.append(Violation(MXFP8_OTHER_NAN, f"mxfp8 e4m3 codes{list(idx)} ({int(other_nan.sum())} lanes)",
                              fmt(int(w[idx])), fmt(int(g[idx]))))
-    out += compare_exact("mxfp8 e4m3 codes", torch.where(other_nan, w, g), w)
+    # a group holding +-inf has the cap's scale code: its finite lanes are scaled by 2^(127 - code), a subnormal
+    # fp32 factor, and the infinite lane's code is the conversion's overflow rule; differences there are named once
+    # two kinds of group sit at the ends of fp32's range, where the quantizer's arithmetic (not its rules) decides
+    # the last code: one holding +-inf (its scale code is the cap, its finite lanes scaled by a subnormal factor
+    # 2^(127 - code)) and one whose amax / 448 is fp32-subnormal (amax < 448 * 2^-126, U6's other end, where the
+    # fp32 quotient and log2 lose bits): differences there are named once
+    xf = x.cpu().to(torch.float32).reshape(rows, width // 32, 32)
+    named = other_nan.clone()
+    for msg, grp in ((MXFP8_INF_GROUP, torch.isinf(xf).any(-1)),
+                     (MXFP8_SUBNORMAL_GROUP, torch.nan_to_num(xf.abs(), nan=0.0).amax(-1) < 448 * 2.0 ** -126)):
+        lanes = grp.repeat_interleave(32, dim=1) & (g != w) & ~named
+        if bool(lanes.any()):
+            idx = tuple(lanes.nonzero()[0].tolist())
+            out.append(Violation(msg, f"mxfp8 e4m3 codes{list(idx)} ({int(lanes.sum())} lanes)",
+                                 fmt(int(w[idx])), fmt(int(g[idx]))))
+            named |= lanes
+    out += compare_exact("mxfp8 e4m3 codes", torch.where(named, w, g), w)
     return out
 
 
 MXFP8_OTHER_NAN = "mxfp8 e4m3 NaN lane written as the other NaN code (0x7F and 0xFF are both NaN)"
+MXFP8_INF_GROUP = "mxfp8 e4m3 codes differ in a group holding an infinite value (its scale code is the cap)"
+MXFP8_SUBNORMAL_GROUP = "mxfp8 e4m3 codes differ in a group whose amax / 448 is fp32-subnormal"
 MXFP8_SCALE_ONE_LOW = "mxfp8 scale code one below the exact code: the group's amax exceeds 448 * 2^(code - 127)"
 
 
