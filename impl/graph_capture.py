@@ -60,7 +60,8 @@ def default_mode() -> str:
 
 
 
-def _describe_diff(i: int, want: LaunchRecord, got: LaunchRecord, limit: int = 4) -> str:
+def describe_launch_diff(i: int, want: LaunchRecord, got: LaunchRecord, limit: int = 4) -> str:
+    """One line saying how replayed launch ``i`` differs from the captured one (at most ``limit`` differences)."""
     diffs = []
     if want.kernel != got.kernel:
         diffs.append(f"kernel {want.kernel} at capture, {got.kernel} at replay")
@@ -97,7 +98,7 @@ class _LaunchVerifier:
             raise GraphReplayError(f"replay issued launch {i} ({record.kernel}), but capture recorded only "
                                    f"{len(self.expected)} launches")
         if record != self.expected[i]:
-            raise GraphReplayError(_describe_diff(i, self.expected[i], record))
+            raise GraphReplayError(describe_launch_diff(i, self.expected[i], record))
         self.count += 1
 
     def finish(self) -> None:

@@ -45,6 +45,7 @@ from contracts.subjects.vllm.adapters.graph_buffers import same_target
 from contracts.subjects.vllm.adapters.splits import pinned_cu
 from impl import formats
 from impl.decode import LaunchRecord, TensorArg
+from impl.graph_capture import describe_launch_diff
 from impl.runtime import triton_mode
 from impl.targets import effective_cu_count
 from impl.validation import dtype_name
@@ -162,21 +163,6 @@ def _record(normalize: _Normalizer, arg_names: dict, name: str, grid, args, kwar
                         tuple(sorted((k, normalize(v)) for k, v in kwargs.items())))
 
 
-def _describe_diff(i: int, want: LaunchRecord, got: LaunchRecord, limit: int = 4) -> str:
-    diffs = []
-    if want.kernel != got.kernel:
-        diffs.append(f"kernel {want.kernel} at capture, {got.kernel} at replay")
-    if want.grid != got.grid:
-        diffs.append(f"grid {want.grid} at capture, {got.grid} at replay")
-    for label, a, b in (("argument", want.args, got.args), ("meta-parameter", want.meta, got.meta)):
-        da, db = dict(a), dict(b)
-        for n in list(da) + [n for n in db if n not in da]:
-            if da.get(n, "<absent>") != db.get(n, "<absent>"):
-                diffs.append(f"{label} {n}: {da.get(n, '<absent>')} at capture, {db.get(n, '<absent>')} at replay")
-    more = f" (and {len(diffs) - limit} more)" if len(diffs) > limit else ""
-    return f"launch {i} ({want.kernel}) differs from the captured one: " + "; ".join(diffs[:limit]) + more
-
-
 class _Observer:
     """``edit`` hook of the launch proxies: records each launch (``expected`` None) or checks it against the
     captured sequence before it runs."""
@@ -193,7 +179,7 @@ class _Observer:
                 raise GraphReplayError(f"replay issued launch {i} ({name}), but capture recorded only "
                                        f"{len(self.expected)} launches")
             if rec != self.expected[i]:
-                raise GraphReplayError(_describe_diff(i, self.expected[i], rec))
+                raise GraphReplayError(describe_launch_diff(i, self.expected[i], rec))
         self.records.append(rec)
         return args, kwargs
 
