@@ -82,25 +82,16 @@ def near_overflow_groups(*rows: torch.Tensor) -> set:
     return out
 
 
-def _near_overflow_offsets(cache, base: int, slot: int, groups: set) -> dict:
-    spans = fp8_ds_mla_token_spans(slot, int(cache.shape[1]), int(cache.stride(0)))
-    out = {}
-    for g in groups:
-        a = base + spans["nope"][0] + 64 * g
-        out.update({o: NEAR_OVERFLOW_GROUP for o in range(a, a + 64)})
-        out[base + spans["scale"][0] + g] = NEAR_OVERFLOW_GROUP
-    return out
-
-
-def _nonfinite_offsets(cache, base: int, slot: int, groups: set, lanes: set) -> dict:
+def _nonfinite_offsets(cache, base: int, slot: int, groups: set, lanes: set,
+                       group_message: str = NONFINITE_GROUP) -> dict:
     """Absolute storage offsets of a token's bytes in ``groups`` (fp8 bytes and scale code) and ``lanes`` -> the
-    message for a difference there."""
+    message for a difference there (``group_message`` for the groups)."""
     spans = fp8_ds_mla_token_spans(slot, int(cache.shape[1]), int(cache.stride(0)))
     out = {}
     for g in groups:
         a = base + spans["nope"][0] + 64 * g
-        out.update({o: NONFINITE_GROUP for o in range(a, a + 64)})
-        out[base + spans["scale"][0] + g] = NONFINITE_GROUP
+        out.update({o: group_message for o in range(a, a + 64)})
+        out[base + spans["scale"][0] + g] = group_message
     for i in lanes:
         a = base + spans["rope"][0] + 2 * i
         out.update({a: NONFINITE_LANE, a + 1: NONFINITE_LANE})
@@ -251,7 +242,8 @@ def compare_compressor(case: CompressorCase, target: Target) -> WriterComparison
         _, base = storage_bytes(cache)
         special = {}
         for r in refs:
-            special.update(_near_overflow_offsets(cache, base, r["slot"], near_overflow_groups(rows[r["t"]])))
+            special.update(_nonfinite_offsets(cache, base, r["slot"], near_overflow_groups(rows[r["t"]]), set(),
+                                              NEAR_OVERFLOW_GROUP))
             special.update(_nonfinite_offsets(cache, base, r["slot"], *nonfinite_parts(rows[r["t"]])))
         res.violations += _storage_diff(f"{name} (quantized from its own fp32 rows)", got, want, cache,
                                         special=special)
