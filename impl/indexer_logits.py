@@ -1,0 +1,525 @@
+"""The sparse indexer's logits and top-k (SPEC sections 1.3 and 5): which compressed rows a C4A query attends.
+
+For a query row t with head weights w[t, h] and a key s (128 fp8 lanes with one fp32 scale kscale[s]):
+
+    logit[t, s] = kscale[s] * sum_h w[t, h] * relu(q[t, h] . k[s])        (fp32 arithmetic)
+
+``fp8_mqa_logits`` (prefill) scores every key of a gathered ``k_fp8 [S, 128]`` and masks s outside [ks[t], ke[t]) to
+-inf. ``fp8_paged_mqa_logits`` (decode) reads the keys straight from the paged indexer-K cache ``[nb, bs, 132]``
+(per block: bs*128 fp8 bytes in the NORMAL or SHUFFLE order of :class:`impl.formats.IndexerKLayout`, then bs fp32
+scales) through a block table. Request b has ``next_n`` query rows (1 = plain decode, more = MTP verification);
+row j of a request with context ``ctx`` sees positions n <= ctx - next_n + j, every later position is -inf. With
+``context_lens`` of shape [B, next_n] the row's visible length is given directly: row (b, j) sees n < ctx[b, j].
+Every column of the output, up to ``max_model_len``, is written: a visible position gets its logit, every other one
+-inf (no column is left holding whatever the buffer held before).
+
+Numbers. q and the keys are e4m3 codes of the target's platform flavour (``Target.main_cache_fp8``: FNUZ on gfx942,
+OCP elsewhere), decoded from their bits by :func:`impl.triton_helpers.fp8_decode_bits` (so FNUZ runs on NVIDIA too).
+Every fp8 value is exact in bf16, so the head dot products run as bf16 MMA with fp32 accumulation on a GPU (the
+products of two e4m3 values are exact in fp32) and in fp32 under the interpreter (:func:`impl.triton_helpers.dot`);
+the relu, the weight, the head sum and the scale are fp32. The error against exact arithmetic is therefore that of
+fp32 accumulation over 128 lanes and H heads (the contract ``indexer-logits-agreement`` states the bound).
+
+Non-finite values (what is promised). e4m3 has no infinity, only NaN codes. A NaN code in q[t, h] makes every
+visible logit of row t NaN; a NaN code in a key, or a NaN scale, makes that key's logit NaN in every row that sees
+it; the relu keeps NaN (``where(s < 0, 0, s)``, not a max that may drop it), and a NaN is never multiplied away by
+a zero weight. An infinite scale gives +-inf by the sign of the fp32 head sum (NaN when it is exactly 0). A masked
+position is -inf whatever its bytes hold: bytes past a row's visible length, in the tail of its last page or in a
+block no visible position maps to, are never read.
+
+Top-k (``topk_indices``, ``topk_indices_prefill``; torch ops). A logit is a candidate unless it is -inf or NaN (a
+poisoned key never wins a slot; +inf does). Candidates rank by value, larger first; **equal values (and -0.0 vs
++0.0) rank the lower column first**. Row r of the int32 output holds its min(k, count_r) best columns in rank order
+and -1 in every later entry (the buffer is filled with -1 first), which is what
+``impl.ragged.compute_global_topk_ragged_indices_and_indptr`` reads (entries >= 0, -1 = none). The prefill variant
+ranks only columns in [ks[r], ke[r]) and returns them relative to ks[r] (local to the request's first gathered key),
+as upstream's prefill top-k does after ``_localize_aiter_prefill_topk``.
+
+Validation reads the lengths and the block table on the host once (a sync, so not for use inside graph capture):
+a block table narrower than a request's pages, a referenced block id outside the pool, a visible length past
+``max_model_len``, ks/ke outside [0, S] or ks > ke, lengths that disagree, wrong dtypes, layouts or devices raise
+ValueError/TypeError naming the argument before anything is launched.
+
+Sources: vllm-project/vllm ``vllm/v1/attention/ops/rocm_aiter_mla_sparse.py`` (``fp8_paged_mqa_logits_torch``,
+``_fp8_paged_mqa_logits_decode_kernel``, ``rocm_fp8_paged_mqa_logits``, ``fp8_mqa_logits_torch``,
+``rocm_aiter_sparse_attn_indexer``, ``_localize_aiter_prefill_topk``), restated in SPEC 5.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from impl.formats import INDEXER_HEAD_DIM, INDEXER_TOKEN_BYTES, IndexerKLayout, default_indexer_layout
+from impl.runtime import kernel_device, native_without_gpu_hint
+from impl.targets import Target, get_target
+from impl.triton_helpers import INTERPRETER, dot, fp8_decode_bits
+from impl.validation import dtype_name, require_tensor
+
+D = INDEXER_HEAD_DIM
+#: positions per program (one tile of keys against all heads)
+BLOCK_KV = 64
+INT_DTYPES = (torch.int32, torch.int64)
+FP8_TORCH = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
+_NEG_INF = float("-inf")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _heads_pad(h: int) -> int:
+    """Heads padded to a power of two of at least 16 (the smallest MMA tile)."""
+    return max(16, _next_pow2(h))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Triton device functions and kernels
+# ---------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _mma_operand(x):
+    """fp32 values that are fp8 values -> the dot operand: bf16 on a GPU (exact), fp32 under the interpreter."""
+    if INTERPRETER:
+        return x
+    else:
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _weighted_head_sum(k_codes, q_op, w, h_ok, BLOCK_ROWS: tl.constexpr, H_PAD: tl.constexpr,
+                       IS_FNUZ: tl.constexpr):
+    """sum_h w[h] * relu(k . q[h]) for a [BLOCK_ROWS, 128] tile of key codes; padded heads contribute exactly 0
+    (masked after the product, so a NaN key cannot leak through a zero pad weight)."""
+    k = _mma_operand(fp8_decode_bits(k_codes, IS_FNUZ))
+    s = dot(k, tl.trans(q_op), tl.zeros((BLOCK_ROWS, H_PAD), dtype=tl.float32))
+    s = tl.where(s < 0, 0.0, s)  # relu that keeps NaN
+    p = s * w[None, :]
+    p = tl.where(h_ok[None, :], p, 0.0)
+    return tl.sum(p, axis=1)
+
+
+@triton.jit
+def _load_q_heads(q_row, stride_qh, NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, IS_FNUZ: tl.constexpr):
+    h = tl.arange(0, H_PAD)
+    d = tl.arange(0, 128)
+    h_ok = h < NUM_HEADS
+    codes = tl.load(q_row + h[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0)
+    return _mma_operand(fp8_decode_bits(codes, IS_FNUZ)), h_ok
+
+
+@triton.jit
+def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
+                             cache_ptr, stride_cache_blk, block_size,
+                             w_ptr, stride_w,
+                             ctx_ptr, stride_ctx_b, stride_ctx_n,
+                             bt_ptr, stride_bt,
+                             out_ptr, stride_out, max_model_len,
+                             NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, NEXT_N: tl.constexpr,
+                             BLOCK: tl.constexpr, CTX_PER_ROW: tl.constexpr, SHUFFLE: tl.constexpr,
+                             IS_FNUZ: tl.constexpr):
+    """Grid ``(B * next_n, cdiv(max_model_len, BLOCK))``: program (row, tile) writes columns
+    [tile*BLOCK, (tile+1)*BLOCK) of output row ``row`` = b * next_n + j.
+
+    Layout: q codes [B, next_n, H, 128] (lane stride 1); cache block ``page`` at page*stride_cache_blk holds the fp8
+    bytes of position p at p*128 + d (NORMAL) or (p//16)*2048 + (d//16)*256 + (p%16)*16 + d%16 (SHUFFLE), and its
+    fp32 scale as 4 little-endian bytes at block_size*128 + 4p (assembled from bytes: a strided pool need not be
+    4-byte aligned); page = block_table[b, n // block_size], p = n % block_size.
+    Invariant (checked on the host): every visible position's table column exists and names a block of the pool, and
+    the visible length is at most max_model_len. Only visible positions are loaded (a masked lane reads nothing), so
+    bytes past the visible length are never touched; every column is stored, -inf where not visible."""
+    row = tl.program_id(0)
+    tile = tl.program_id(1)
+    b = row // NEXT_N
+    j = row % NEXT_N
+    if CTX_PER_ROW:
+        visible = tl.load(ctx_ptr + b * stride_ctx_b + j * stride_ctx_n).to(tl.int32)
+    else:
+        visible = tl.load(ctx_ptr + b * stride_ctx_b).to(tl.int32) - NEXT_N + j + 1
+    start = tile * BLOCK
+    pos = start + tl.arange(0, BLOCK)
+    in_row = pos < max_model_len
+    out_row = out_ptr + row.to(tl.int64) * stride_out
+    if start >= visible:
+        tl.store(out_row + pos, tl.full((BLOCK,), float("-inf"), tl.float32), mask=in_row)
+    else:
+        live = pos < visible
+        q_op, h_ok = _load_q_heads(q_ptr + b.to(tl.int64) * stride_qb + j * stride_qn, stride_qh,
+                                   NUM_HEADS, H_PAD, IS_FNUZ)
+        w = tl.load(w_ptr + row.to(tl.int64) * stride_w + tl.arange(0, H_PAD), mask=h_ok, other=0.0)
+        page = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + pos // block_size, mask=live, other=0).to(tl.int64)
+        p = pos % block_size
+        d = tl.arange(0, 128)
+        if SHUFFLE:
+            off = ((p // 16) * 2048 + (p % 16) * 16)[:, None] + ((d // 16) * 256 + d % 16)[None, :]
+        else:
+            off = p[:, None] * 128 + d[None, :]
+        block = cache_ptr + page * stride_cache_blk
+        codes = tl.load(block[:, None] + off, mask=live[:, None], other=0)
+        sp = block + block_size * 128 + p * 4
+        sbits = tl.load(sp, mask=live, other=0).to(tl.int32)
+        sbits = sbits | (tl.load(sp + 1, mask=live, other=0).to(tl.int32) << 8)
+        sbits = sbits | (tl.load(sp + 2, mask=live, other=0).to(tl.int32) << 16)
+        sbits = sbits | (tl.load(sp + 3, mask=live, other=0).to(tl.int32) << 24)
+        scale = sbits.to(tl.float32, bitcast=True)
+        total = _weighted_head_sum(codes, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ)
+        logit = total * scale
+        tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
+
+
+@triton.jit
+def _mqa_logits_kernel(q_ptr, stride_qt, stride_qh,
+                       k_ptr, stride_k, ks_scale_ptr, stride_kscale,
+                       w_ptr, stride_w,
+                       row_start_ptr, row_end_ptr,
+                       out_ptr, stride_out, num_keys,
+                       NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, BLOCK: tl.constexpr,
+                       IS_FNUZ: tl.constexpr):
+    """Grid ``(T, cdiv(S, BLOCK))``: program (t, tile) writes columns [tile*BLOCK, (tile+1)*BLOCK) of row t.
+
+    Layout: q codes [T, H, 128], key codes [S, 128] (lane stride 1), fp32 key scales [S], weights [T, H].
+    Invariant (checked on the host): 0 <= ks[t] <= ke[t] <= S. Keys outside [ks[t], ke[t]) are not loaded; their
+    columns are -inf."""
+    t = tl.program_id(0)
+    tile = tl.program_id(1)
+    ks = tl.load(row_start_ptr + t).to(tl.int32)
+    ke = tl.load(row_end_ptr + t).to(tl.int32)
+    start = tile * BLOCK
+    pos = start + tl.arange(0, BLOCK)
+    in_row = pos < num_keys
+    out_row = out_ptr + t.to(tl.int64) * stride_out
+    if (start >= ke) | (start + BLOCK <= ks):
+        tl.store(out_row + pos, tl.full((BLOCK,), float("-inf"), tl.float32), mask=in_row)
+    else:
+        live = (pos >= ks) & (pos < ke)
+        q_op, h_ok = _load_q_heads(q_ptr + t.to(tl.int64) * stride_qt, stride_qh, NUM_HEADS, H_PAD, IS_FNUZ)
+        w = tl.load(w_ptr + t.to(tl.int64) * stride_w + tl.arange(0, H_PAD), mask=h_ok, other=0.0)
+        d = tl.arange(0, 128)
+        codes = tl.load(k_ptr + pos.to(tl.int64)[:, None] * stride_k + d[None, :], mask=live[:, None], other=0)
+        scale = tl.load(ks_scale_ptr + pos.to(tl.int64) * stride_kscale, mask=live, other=0.0)
+        total = _weighted_head_sum(codes, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ)
+        logit = total * scale
+        tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host-side validation
+# ---------------------------------------------------------------------------------------------------------------
+
+def _fp8_codes(name: str, t, tgt: Target, dim: int, last: int) -> torch.Tensor:
+    """``t`` as uint8 codes of the target's platform fp8: a uint8 tensor (raw codes) or torch's fp8 dtype of that
+    flavour; the other flavour's dtype is a TypeError (its bits mean other numbers)."""
+    want = FP8_TORCH[tgt.main_cache_fp8]
+    require_tensor(name, t, (torch.uint8, want), dim=dim)
+    if t.shape[-1] != last:
+        raise ValueError(f"{name}: expected last dim {last}, got shape {list(t.shape)}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: expected unit stride along the last dim, got strides {list(t.stride())}")
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def _check_fp8_dtype_message(name: str, t, tgt: Target) -> None:
+    other = {v: k for k, v in FP8_TORCH.items()}.get(getattr(t, "dtype", None))
+    if other is not None and other != tgt.main_cache_fp8:
+        raise TypeError(f"{name}: target {tgt.name} reads {tgt.main_cache_fp8.upper()} fp8 "
+                        f"({dtype_name(FP8_TORCH[tgt.main_cache_fp8])} or raw uint8 codes), got "
+                        f"{dtype_name(t.dtype)} ({other.upper()})")
+
+
+def _same_device(device, **tensors) -> None:
+    want = kernel_device()
+    if device.type != want:
+        raise ValueError(f"q: kernels run on '{want}' here, got a tensor on {device}{native_without_gpu_hint()}")
+    for name, t in tensors.items():
+        if t is not None and t.device != device:
+            raise ValueError(f"{name}: expected device {device} (the device of q), got {t.device}")
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    return v
+
+
+def _check_out(out, rows: int, cols: int, device) -> None:
+    if out is None:
+        return
+    require_tensor("out", out, torch.float32, dim=2)
+    if tuple(out.shape) != (rows, cols):
+        raise ValueError(f"out: expected shape [{rows}, {cols}], got {list(out.shape)}")
+    if out.device != device:
+        raise ValueError(f"out: expected device {device} (the device of q), got {out.device}")
+    if cols > 1 and out.stride(1) != 1:
+        raise ValueError(f"out: expected unit stride along the columns, got strides {list(out.stride())}")
+
+
+def _visible_lengths(context_lens: torch.Tensor, batch: int, next_n: int) -> torch.Tensor:
+    """Host int64 [B, next_n]: how many positions row (b, j) sees."""
+    cl = context_lens.to("cpu", torch.int64)
+    if cl.dim() == 2:
+        return cl.clone()
+    j = torch.arange(next_n, dtype=torch.int64)
+    return cl[:, None] - next_n + j[None, :] + 1
+
+
+def _validate_paged(q, kv_cache, weights, context_lens, block_tables, max_model_len, layout, out, tgt):
+    for name, t in (("q", q), ("kv_cache", kv_cache), ("weights", weights), ("context_lens", context_lens),
+                    ("block_tables", block_tables)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    _check_fp8_dtype_message("q", q, tgt)
+    q8 = _fp8_codes("q", q, tgt, 4, D)
+    B, next_n, H, _ = q8.shape
+    if H < 1 or next_n < 1:
+        raise ValueError(f"q: expected at least one query row per request and one head, got shape {list(q.shape)}")
+    require_tensor("kv_cache", kv_cache, torch.uint8)
+    if kv_cache.dim() == 4 and kv_cache.shape[2] == 1:
+        kv_cache = kv_cache.squeeze(2)  # upstream's [nb, bs, 1, 132] view of the same bytes
+    if kv_cache.dim() != 3 or kv_cache.shape[2] != INDEXER_TOKEN_BYTES:
+        raise ValueError(f"kv_cache: expected shape [num_blocks, block_size, {INDEXER_TOKEN_BYTES}], got "
+                         f"{list(kv_cache.shape)}")
+    if kv_cache.stride(2) != 1 or (kv_cache.shape[1] > 1 and kv_cache.stride(1) != INDEXER_TOKEN_BYTES):
+        raise ValueError(f"kv_cache: each block must be contiguous, got strides {list(kv_cache.stride())}")
+    nb, bs = int(kv_cache.shape[0]), int(kv_cache.shape[1])
+    lay = IndexerKLayout(bs, default_indexer_layout(bs) if layout is None else layout)
+    require_tensor("weights", weights, torch.float32, dim=2)
+    if tuple(weights.shape) != (B * next_n, H):
+        raise ValueError(f"weights: expected shape [B * next_n, H] = [{B * next_n}, {H}], got {list(weights.shape)}")
+    if H > 1 and weights.stride(1) != 1:
+        raise ValueError(f"weights: expected unit stride along the heads, got strides {list(weights.stride())}")
+    require_tensor("context_lens", context_lens, INT_DTYPES)
+    if context_lens.dim() == 2 and context_lens.shape[1] == 1 and next_n == 1:
+        context_lens = context_lens.reshape(-1)
+    if context_lens.dim() == 1:
+        if context_lens.shape[0] != B:
+            raise ValueError(f"context_lens: expected {B} entries (one per request of q), got {context_lens.shape[0]}")
+    elif context_lens.dim() == 2:
+        if tuple(context_lens.shape) != (B, next_n):
+            raise ValueError(f"context_lens: expected [B] = [{B}] or [B, next_n] = [{B}, {next_n}], got "
+                             f"{list(context_lens.shape)}")
+    else:
+        raise ValueError(f"context_lens: expected [B] or [B, next_n], got shape {list(context_lens.shape)}")
+    require_tensor("block_tables", block_tables, INT_DTYPES, dim=2)
+    if block_tables.shape[0] != B:
+        raise ValueError(f"block_tables: expected {B} rows (one per request of q), got {block_tables.shape[0]}")
+    if block_tables.shape[1] > 1 and block_tables.stride(1) != 1:
+        raise ValueError(f"block_tables: expected unit stride along the columns, got {list(block_tables.stride())}")
+    max_model_len = _positive_int("max_model_len", max_model_len)
+    _same_device(q.device, kv_cache=kv_cache, weights=weights, context_lens=context_lens,
+                 block_tables=block_tables)
+    _check_out(out, B * next_n, max_model_len, q.device)
+    # host checks: one read of the lengths and the table
+    cl = context_lens.to("cpu", torch.int64)
+    if bool((cl < 0).any()):
+        raise ValueError(f"context_lens: expected lengths >= 0, got {cl.tolist()}")
+    vis = _visible_lengths(context_lens, B, next_n).clamp(min=0)
+    if B and int(vis.max()) > max_model_len:
+        r = int(vis.reshape(-1).argmax())
+        raise ValueError(f"context_lens: row {r} sees {int(vis.reshape(-1)[r])} positions, more than max_model_len = "
+                         f"{max_model_len}")
+    pages = (vis.max(dim=1).values + bs - 1) // bs if B else torch.zeros(0, dtype=torch.int64)
+    W = int(block_tables.shape[1])
+    if B and int(pages.max()) > W:
+        b = int(pages.argmax())
+        raise ValueError(f"block_tables: request {b} needs {int(pages[b])} blocks (ceil({int(vis[b].max())} / "
+                         f"block_size {bs})), but the table has {W} columns")
+    if B and int(pages.max()) > 0:
+        bt = block_tables.to("cpu", torch.int64)
+        need = torch.arange(W)[None, :] < pages[:, None]
+        bad = need & ((bt < 0) | (bt >= nb))
+        if bool(bad.any()):
+            b, c = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"block_tables: request {b}, column {c} names block {int(bt[b, c])}, outside the pool of "
+                             f"{nb} blocks")
+    return q8, kv_cache, lay, B, next_n, H, context_lens, max_model_len
+
+
+def _validate_prefill(q, k_fp8, k_scale, weights, ks, ke, out, tgt):
+    for name, t in (("q", q), ("k_fp8", k_fp8), ("k_scale", k_scale), ("weights", weights), ("ks", ks),
+                    ("ke", ke)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    _check_fp8_dtype_message("q", q, tgt)
+    _check_fp8_dtype_message("k_fp8", k_fp8, tgt)
+    q8 = _fp8_codes("q", q, tgt, 3, D)
+    k8 = _fp8_codes("k_fp8", k_fp8, tgt, 2, D)
+    T, H, _ = q8.shape
+    S = int(k8.shape[0])
+    if H < 1:
+        raise ValueError(f"q: expected at least one head, got shape {list(q.shape)}")
+    require_tensor("k_scale", k_scale, (torch.float32, torch.uint8))
+    if k_scale.dtype == torch.uint8:  # cp-gather's [S, 4] bytes
+        if tuple(k_scale.shape) != (S, 4) or k_scale.stride(1) != 1:
+            raise ValueError(f"k_scale: uint8 scales must be [S, 4] = [{S}, 4] bytes with unit stride, got shape "
+                             f"{list(k_scale.shape)}")
+        k_scale = k_scale.view(torch.float32).reshape(S)
+    elif tuple(k_scale.shape) not in ((S,), (S, 1)):
+        raise ValueError(f"k_scale: expected [S] or [S, 1] = [{S}] float32 (one per key of k_fp8), got "
+                         f"{list(k_scale.shape)}")
+    k_scale = k_scale.reshape(S)
+    require_tensor("weights", weights, torch.float32, dim=2)
+    if tuple(weights.shape) != (T, H):
+        raise ValueError(f"weights: expected shape [T, H] = [{T}, {H}], got {list(weights.shape)}")
+    if H > 1 and weights.stride(1) != 1:
+        raise ValueError(f"weights: expected unit stride along the heads, got strides {list(weights.stride())}")
+    for name, t in (("ks", ks), ("ke", ke)):
+        require_tensor(name, t, INT_DTYPES, dim=1)
+        if t.shape[0] != T:
+            raise ValueError(f"{name}: expected {T} entries (one per query row of q), got {t.shape[0]}")
+    _same_device(q.device, k_fp8=k_fp8, k_scale=k_scale, weights=weights, ks=ks, ke=ke)
+    _check_out(out, T, S, q.device)
+    lo, hi = ks.to("cpu", torch.int64), ke.to("cpu", torch.int64)
+    bad = (lo < 0) | (hi > S) | (lo > hi)
+    if bool(bad.any()):
+        t = int(bad.nonzero()[0])
+        raise ValueError(f"ks/ke: row {t} has the range [{int(lo[t])}, {int(hi[t])}); expected 0 <= ks <= ke <= S = {S}")
+    return q8, k8, k_scale, T, H, S
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------------------------------------
+
+def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len, *, layout=None,
+                         out=None, target=None) -> torch.Tensor:
+    """Decode indexer logits from the paged indexer-K cache: -> fp32 ``[B * next_n, max_model_len]``.
+
+    ``q`` [B, next_n, H, 128] platform-fp8 (or its uint8 codes); ``kv_cache`` [nb, bs, 132] uint8 (or upstream's
+    [nb, bs, 1, 132]); ``weights`` [B * next_n, H] fp32; ``context_lens`` [B] (row j of request b sees positions
+    n <= ctx - next_n + j) or [B, next_n] (row (b, j) sees n < ctx[b, j]); ``block_tables`` [B, W] with W >= the
+    pages of every request; ``layout`` "normal" | "shuffle" | None (``impl.formats.default_indexer_layout``: NORMAL
+    for bs == 1, SHUFFLE otherwise; C4A caches are NORMAL). ``out``: an fp32 buffer to write (every column is
+    written). Semantics in the module docstring."""
+    tgt = get_target(target)
+    q8, cache, lay, B, next_n, H, context_lens, max_model_len = _validate_paged(
+        q, kv_cache, weights, context_lens, block_tables, max_model_len, layout, out, tgt)
+    rows = B * next_n
+    if out is None:
+        out = torch.empty(rows, max_model_len, dtype=torch.float32, device=q.device)
+    if rows == 0:
+        return out
+    per_row = context_lens.dim() == 2
+    block = min(BLOCK_KV, max(16, _next_pow2(max_model_len)))
+    grid = (rows, triton.cdiv(max_model_len, block))
+    _paged_mqa_logits_kernel[grid](
+        q8, q8.stride(0), q8.stride(1), q8.stride(2),
+        cache, cache.stride(0), lay.block_size,
+        weights, weights.stride(0),
+        context_lens, context_lens.stride(0), context_lens.stride(1) if per_row else 0,
+        block_tables, block_tables.stride(0),
+        out, out.stride(0), max_model_len,
+        NUM_HEADS=H, H_PAD=_heads_pad(H), NEXT_N=next_n, BLOCK=block, CTX_PER_ROW=per_row,
+        SHUFFLE=lay.layout == "shuffle", IS_FNUZ=tgt.main_cache_is_fnuz, num_warps=4,
+    )
+    return out
+
+
+def fp8_mqa_logits(q, k_fp8, k_scale, weights, ks, ke, *, out=None, target=None) -> torch.Tensor:
+    """Prefill indexer logits over gathered keys: -> fp32 ``[T, S]``, -inf outside [ks[t], ke[t]).
+
+    ``q`` [T, H, 128] platform-fp8 (or uint8 codes); ``k_fp8`` [S, 128] likewise (cp-gather's output); ``k_scale``
+    fp32 [S] or [S, 1], or cp-gather's uint8 [S, 4] bytes; ``weights`` [T, H] fp32; ``ks``/``ke`` [T] int32/int64
+    with 0 <= ks <= ke <= S (ks == ke: an empty row)."""
+    tgt = get_target(target)
+    q8, k8, k_scale, T, H, S = _validate_prefill(q, k_fp8, k_scale, weights, ks, ke, out, tgt)
+    if out is None:
+        out = torch.empty(T, S, dtype=torch.float32, device=q.device)
+    if T == 0 or S == 0:
+        return out
+    block = min(BLOCK_KV, max(16, _next_pow2(S)))
+    grid = (T, triton.cdiv(S, block))
+    _mqa_logits_kernel[grid](
+        q8, q8.stride(0), q8.stride(1),
+        k8, k8.stride(0), k_scale, k_scale.stride(0),
+        weights, weights.stride(0),
+        ks, ke,
+        out, out.stride(0), S,
+        NUM_HEADS=H, H_PAD=_heads_pad(H), BLOCK=block, IS_FNUZ=tgt.main_cache_is_fnuz, num_warps=4,
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Top-k
+# ---------------------------------------------------------------------------------------------------------------
+
+_INT64_MIN = -(2 ** 63)
+
+
+def _rank_keys(logits: torch.Tensor, allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A unique int64 key per column whose order is the ranking (value, then the lower column), and the count of
+    candidates per row. key = monotone(fp32 bits) * 2^32 + (2^32 - 1 - column); non-candidates get INT64_MIN."""
+    R, W = logits.shape
+    x = logits + 0.0  # -0.0 + 0.0 = +0.0: the two zeros are one value
+    bits = x.contiguous().view(torch.int32).to(torch.int64)
+    mono = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    col = torch.arange(W, device=logits.device, dtype=torch.int64)
+    key = mono * (2 ** 32) + (2 ** 32 - 1 - col)[None, :]
+    cand = ~(torch.isnan(logits) | (logits == float("-inf")))
+    if allowed is not None:
+        cand = cand & allowed
+    key = torch.where(cand, key, torch.full_like(key, _INT64_MIN))
+    return key, cand.sum(dim=1)
+
+
+def _check_topk_args(logits, k, out) -> tuple[int, int]:
+    require_tensor("logits", logits, torch.float32, dim=2)
+    _positive_int("k", k)
+    R = int(logits.shape[0])
+    if out is not None:
+        require_tensor("out", out, torch.int32, dim=2)
+        if tuple(out.shape) != (R, k):
+            raise ValueError(f"out: expected shape [{R}, {k}] (rows of logits, k), got {list(out.shape)}")
+        if out.device != logits.device:
+            raise ValueError(f"out: expected device {logits.device} (the device of logits), got {out.device}")
+    return R, int(logits.shape[1])
+
+
+def _fill_topk(key: torch.Tensor, count: torch.Tensor, k: int, out, device, offset=None) -> torch.Tensor:
+    R, W = key.shape
+    if out is None:
+        out = torch.empty(R, k, dtype=torch.int32, device=device)
+    out.fill_(-1)
+    n = min(k, W)
+    if R == 0 or n == 0:
+        return out
+    top = torch.topk(key, n, dim=1, largest=True, sorted=True).indices
+    if offset is not None:
+        top = top - offset[:, None]
+    valid = torch.arange(n, device=device)[None, :] < count[:, None]
+    out[:, :n] = torch.where(valid, top.to(torch.int32), out[:, :n])
+    return out
+
+
+def topk_indices(logits, k, *, out=None) -> torch.Tensor:
+    """int32 ``[rows, k]``: each row's best min(k, count) columns (candidates: not -inf, not NaN), larger logit
+    first, equal logits the lower column first; -1 in every later entry. ``out`` ([rows, k] int32, any strides) is
+    filled with -1 first and written in place."""
+    _check_topk_args(logits, k, out)
+    key, count = _rank_keys(logits)
+    return _fill_topk(key, count, k, out, logits.device)
+
+
+def topk_indices_prefill(logits, ks, ke, k, *, out=None) -> torch.Tensor:
+    """The prefill top-k: row r ranks only columns in [ks[r], ke[r]) (as :func:`topk_indices`) and returns them
+    relative to ks[r] (local to the request's first gathered key); -1 past the count."""
+    R, W = _check_topk_args(logits, k, out)
+    for name, t in (("ks", ks), ("ke", ke)):
+        require_tensor(name, t, INT_DTYPES, dim=1)
+        if t.shape[0] != R:
+            raise ValueError(f"{name}: expected {R} entries (one per row of logits), got {t.shape[0]}")
+        if t.device != logits.device:
+            raise ValueError(f"{name}: expected device {logits.device} (the device of logits), got {t.device}")
+    lo, hi = ks.to(torch.int64), ke.to(torch.int64)
+    lo_h, hi_h = lo.cpu(), hi.cpu()
+    bad = (lo_h < 0) | (hi_h > W) | (lo_h > hi_h)
+    if bool(bad.any()):
+        r = int(bad.nonzero()[0])
+        raise ValueError(f"ks/ke: row {r} has the range [{int(lo_h[r])}, {int(hi_h[r])}); expected "
+                         f"0 <= ks <= ke <= {W} (the columns of logits)")
+    col = torch.arange(W, device=logits.device)[None, :]
+    allowed = (col >= lo[:, None]) & (col < hi[:, None])
+    key, count = _rank_keys(logits, allowed)
+    return _fill_topk(key, count, k, out, logits.device, offset=lo)
