@@ -88,20 +88,23 @@ def _rescale(acc, f):
 
 
 @triton.jit
-def _pool_rows(state_ptr, st_block_stride, st_row_stride, bt_row, state_block_size, pos, row_begin, row_end,
-               RATIO: tl.constexpr, R: tl.constexpr, COFF: tl.constexpr, ROWS: tl.constexpr):
-    """Online per-dimension softmax over window rows [row_begin, row_end) (a multiple of ROWS apart).
+def pool_window_rows(state_ptr, st_block_stride, st_row_stride, bt_row, state_block_size, pos, row_begin, row_end,
+                     RATIO: tl.constexpr, R: tl.constexpr, COFF: tl.constexpr, ROWS: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, GROUPS: tl.constexpr):
+    """Online per-dimension softmax over window rows [row_begin, row_end) (a multiple of ROWS apart) of a state whose
+    rows are ``[kv (COFF*HEAD_DIM) | score (COFF*HEAD_DIM)]``, HEAD_DIM = GROUPS * 64 (512 here, 128 for the indexer
+    variant in :mod:`impl.indexer_writer`).
 
-    Returns ``(m, s, acc)``, each ``[8, 64]`` fp32 (dimension d = 64*g + l): m the NaN-ignoring running max, s the sum
-    of exp(score - m), acc the sum of kv * exp(score - m) (a +-inf kv of a row with score > -inf adds +-inf whatever
-    its weight, and +-inf sums are not rescaled: the NaN rules of the module docstring). Rows at positions < 0 are
-    masked (score -inf, kv 0)."""
-    g = tl.arange(0, 8)[None, :, None]
+    Returns ``(m, s, acc)``, each ``[GROUPS, 64]`` fp32 (dimension d = 64*g + l): m the NaN-ignoring running max, s the
+    sum of exp(score - m), acc the sum of kv * exp(score - m) (a +-inf kv of a row with score > -inf adds +-inf
+    whatever its weight, and +-inf sums are not rescaled: the NaN rules of the module docstring). Rows at positions
+    < 0 are masked (score -inf, kv 0)."""
+    g = tl.arange(0, GROUPS)[None, :, None]
     lane = tl.arange(0, 64)[None, None, :]
     dim = g * 64 + lane
-    m = tl.full([8, 64], float("-inf"), tl.float32)
-    s = tl.zeros([8, 64], tl.float32)
-    acc = tl.zeros([8, 64], tl.float32)
+    m = tl.full([GROUPS, 64], float("-inf"), tl.float32)
+    s = tl.zeros([GROUPS, 64], tl.float32)
+    acc = tl.zeros([GROUPS, 64], tl.float32)
     for r0 in range(row_begin, row_end, ROWS):
         i = r0 + tl.arange(0, ROWS)
         p = pos - R + 1 + i
@@ -109,11 +112,11 @@ def _pool_rows(state_ptr, st_block_stride, st_row_stride, bt_row, state_block_si
         p_safe = tl.where(valid, p, 0)
         blk = tl.load(bt_row + p_safe // state_block_size, mask=valid, other=0).to(tl.int64)
         row_off = blk * st_block_stride + (p_safe % state_block_size) * st_row_stride
-        half = (i >= RATIO).to(tl.int64) * 512
+        half = (i >= RATIO).to(tl.int64) * HEAD_DIM
         base = state_ptr + (row_off + half)[:, None, None] + dim
         v3 = valid[:, None, None]
         kv = tl.load(base, mask=v3, other=0.0)
-        sc = tl.load(base + COFF * 512, mask=v3, other=float("-inf"))
+        sc = tl.load(base + COFF * HEAD_DIM, mask=v3, other=float("-inf"))
         m_blk = tl.max(tl.where(sc == sc, sc, float("-inf")), axis=0)
         m_new = tl.maximum(m, m_blk)
         alpha = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_new))
@@ -124,6 +127,14 @@ def _pool_rows(state_ptr, st_block_stride, st_row_stride, bt_row, state_block_si
         acc = _rescale(acc, alpha) + tl.sum(kv_e, axis=0)
         m = m_new
     return m, s, acc
+
+
+@triton.jit
+def _pool_rows(state_ptr, st_block_stride, st_row_stride, bt_row, state_block_size, pos, row_begin, row_end,
+               RATIO: tl.constexpr, R: tl.constexpr, COFF: tl.constexpr, ROWS: tl.constexpr):
+    """:func:`pool_window_rows` for head 512: ``(m, s, acc)`` as ``[8, 64]`` tiles."""
+    return pool_window_rows(state_ptr, st_block_stride, st_row_stride, bt_row, state_block_size, pos, row_begin,
+                            row_end, RATIO, R, COFF, ROWS, 512, 8)
 
 
 @triton.jit
