@@ -17,6 +17,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.cache_writers",
     "contracts.graph_capture",
     "contracts.prefill",
+    "contracts.cp_gather",
     "contracts.int64_probes",
 )
 

@@ -1,0 +1,333 @@
+"""Contracts of the indexer-K gather (``cp_gather_indexer_k_quant_cache``, SPEC 5, seed 004 item 4).
+
+* ``gather-oracle-exact``  every output byte equals the byte-level oracle's (``oracles.cp_gather``): copied tokens,
+  zero scales of invalid blocks, untouched rows of invalid tokens; the cache is never written.
+* ``compile-once``         gfx950's variant compiles one specialization for one cache and table geometry whatever
+  the token and batch counts.
+
+``compile-once`` judges a kernel's specializations without compiling on the CPU: each launch of the kernel the
+subject names (``bound(target).cp_gather.gather_kernel(target)``) is captured by wrapping the kernel object's
+``run`` for the duration of the case (the kernel itself is not edited), and :func:`specialization_key` derives the
+key Triton would cache the compilation under from the kernel's own JIT metadata and the launch's argument values.
+Natively the compiled kernels Triton returns are counted as well and the two partitions of the launches must agree.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import strategies as st
+
+from contracts.core import ALL_TARGETS, Violation, contract, fmt
+from contracts.subjects import bound
+from fuzz import cp_gather as fg
+from fuzz.cp_gather import CompileOnceCase, CpGatherCase
+from impl.runtime import kernel_device
+from impl.targets import Target
+from oracles import cp_gather as ocg
+from oracles.formats import storage_bytes
+
+# --- gather-oracle-exact ------------------------------------------------------------------------------------------
+
+
+def host_refusal_reasons(case: CpGatherCase) -> list[str]:
+    """What in ``case``'s metadata a subject may refuse before launching (with outputs untouched), instead of
+    masking it: sequences longer than their table row covers. (Invalid batch ids, token ranges and block ids live
+    in token_to_seq and block_table, which the gather masks.)"""
+    return [f"sequence {b} needs more than {case.table_width} table columns" for b in case.narrow_table]
+
+
+def _row_diffs(what: str, got: torch.Tensor, want: torch.Tensor, kinds: dict, limit: int = 3) -> list[Violation]:
+    """One violation per differing row (at most ``limit`` per message), named by what the gather does to it."""
+    bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+    words = {"copied": "a gathered token", "zero-scale": "a token whose block is invalid (scale must be 0)",
+             "untouched": "an invalid token (rows must stay untouched)"}
+    out, shown, more = [], Counter(), Counter()
+    for t in bad:
+        msg = f"{what} row of {words[kinds[t]]} differs from the oracle"
+        if shown[msg] >= limit:
+            more[msg] += 1
+            continue
+        shown[msg] += 1
+        lanes = (got[t] != want[t]).nonzero().flatten().tolist()
+        out.append(Violation(msg, f"{what}[{t}] bytes {lanes[:6]}{'...' if len(lanes) > 6 else ''}",
+                             fmt(want[t][lanes[:6]]), fmt(got[t][lanes[:6]])))
+    out += [Violation(f"{msg}: {n} more rows", what) for msg, n in more.items()]
+    return out
+
+
+def _run_gather(gather, inp: dict, target: Target, check_metadata: bool):
+    return gather(inp["k_cache"], inp["k_fp8"], inp["k_scale"], inp["block_table"], inp["cu_seqlen"],
+                  inp["token_to_seq"], layout=inp["layout"], target=target, check_metadata=check_metadata)
+
+
+def _compare(label: str, case: CpGatherCase, inp: dict, k_fp8_before, k_scale_before, pool_before) -> list:
+    got_f, got_s = inp["k_fp8"].cpu().clone(), inp["k_scale"].cpu().clone()
+    cache_cpu = _cpu_view(inp["pool"], inp["k_cache"])
+    want_f, want_s = ocg.ref_cp_gather(cache_cpu, k_fp8_before, k_scale_before, case.table, case.cu_seqlen,
+                                       case.token_to_seq, case.resolved_layout)
+    kinds = ocg.gathered_tokens(case.table, case.cu_seqlen, case.token_to_seq, case.num_blocks, case.block_size)
+    out = _row_diffs(f"{label}k_fp8", got_f, want_f, kinds) + _row_diffs(f"{label}k_scale", got_s, want_s, kinds)
+    changed = int((inp["pool"].cpu() != pool_before).sum())
+    if changed:
+        out.append(Violation(f"{label}the gather wrote into the cache pool", "k_cache's pool", "unchanged",
+                             f"{changed} bytes changed"))
+    return out
+
+
+def _cpu_view(pool: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    cpu = pool.cpu()
+    _, base = storage_bytes(view)
+    _, pool_base = storage_bytes(pool)
+    return cpu[base - pool_base:].as_strided(tuple(view.shape), tuple(view.stride()))
+
+
+def _gather_examples(target: Target) -> list[CpGatherCase]:
+    return fg.gather_examples()
+
+
+@contract("gather-oracle-exact", targets=ALL_TARGETS, cases=lambda target: fg.gather_cases(),
+          examples=_gather_examples, min_cases=5, case_type=CpGatherCase, numeric=False)
+def gather_oracle_exact(case: CpGatherCase, target: Target) -> list[Violation]:
+    """The indexer-K gather copies bytes exactly as the byte-level oracle does (SPEC 5, 1.3).
+
+    For NORMAL, SHUFFLE and the default layout, odd block sizes and caches that are strided views into a larger
+    pool, with outputs poisoned by random bytes: a token whose chain token_to_seq -> cu_seqlen range -> table
+    column -> block id holds gets its 128 fp8 bytes and 4 scale bytes; a valid token whose table column or block
+    id is invalid gets a zero scale and keeps its fp8 row; an invalid token (batch id outside [0, B), or a token
+    outside its sequence's range, or a row past the last sequence) keeps both rows; no cache byte changes. Metadata
+    the subject may refuse before launching (a sequence longer than its table row) is either refused with a
+    ValueError/TypeError and untouched outputs, then judged again with ``check_metadata=False`` (the kernel's masks),
+    or masked as above."""
+    gather = bound(target).cp_gather.cp_gather_indexer_k_quant_cache
+    dev = kernel_device()
+    inp = fg.build_gather_inputs(case, dev)
+    k_fp8_before, k_scale_before = inp["k_fp8"].cpu().clone(), inp["k_scale"].cpu().clone()
+    pool_before = inp["pool"].cpu().clone()
+    refusable = host_refusal_reasons(case)
+    try:
+        _run_gather(gather, inp, target, True)
+    except (ValueError, TypeError) as exc:
+        if not refusable:
+            return [Violation("the gather refused valid input", "call", "a gather", f"{type(exc).__name__}: {exc}")]
+        out = []
+        if not (torch.equal(inp["k_fp8"].cpu(), k_fp8_before) and torch.equal(inp["k_scale"].cpu(), k_scale_before)):
+            out.append(Violation("a refused gather changed its outputs", "k_fp8 / k_scale", "untouched", "written"))
+        inp["k_fp8"].copy_(k_fp8_before.to(dev))
+        inp["k_scale"].copy_(k_scale_before.to(dev))
+        _run_gather(gather, inp, target, False)
+        return out + _compare("with check_metadata=False: ", case, inp, k_fp8_before, k_scale_before, pool_before)
+    return _compare("", case, inp, k_fp8_before, k_scale_before, pool_before)
+
+
+# --- the specialization key ---------------------------------------------------------------------------------------
+
+#: torch dtype -> Triton's type name of a pointer to it (Triton's ``*`` + canonical name)
+_TRITON_TYPE = {
+    torch.bool: "i1", torch.uint8: "u8", torch.int8: "i8", torch.int16: "i16", torch.int32: "i32",
+    torch.int64: "i64", torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64", torch.float16: "fp16",
+    torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64", torch.float8_e4m3fn: "fp8e4nv",
+    torch.float8_e4m3fnuz: "fp8e4b8", torch.float8_e5m2: "fp8e5", torch.float8_e5m2fnuz: "fp8e5b16",
+}
+
+
+def kernel_params(kernel) -> list:
+    """The kernel's parameters as Triton's own ``KernelParam`` objects: ``kernel.params`` of a ``JITFunction``; for
+    the interpreter's ``InterpretedFunction`` (which keeps only the function and the ``@triton.jit`` keywords) the
+    same objects built the way ``JITFunction.__init__`` builds them."""
+    from triton.runtime.jit import KernelParam
+
+    params = getattr(kernel, "params", None)
+    if params and all(isinstance(p, KernelParam) for p in params):
+        return list(params)
+    fn = getattr(kernel, "fn", None)
+    if fn is None:
+        raise TypeError(f"kernel: expected a Triton JITFunction or InterpretedFunction, got {type(kernel).__name__}")
+    kw = getattr(kernel, "kwargs", {}) or {}
+    dns = list(kw.get("do_not_specialize") or [])
+    dns_oa = list(kw.get("do_not_specialize_on_alignment") or [])
+    return [KernelParam(i, p, i in dns or p.name in dns, i in dns_oa or p.name in dns_oa)
+            for i, p in enumerate(inspect.signature(fn).parameters.values())]
+
+
+def _int_type(v: int) -> str:
+    if -2 ** 31 <= v < 2 ** 31:
+        return "i32"
+    if v >= 2 ** 63:
+        return "u64"
+    return "i64"
+
+
+def specialize_value(value, param) -> tuple:
+    """Triton's specialization of one argument (the rules of Triton 3.x's ``specialize_impl`` / the backend's
+    ``get_int_specialization``): a constexpr parameter is keyed by its value; None is a constexpr; a bool is
+    ``u1``; an int equal to 1 becomes the constexpr 1 unless ``do_not_specialize``; other ints are ``i32``/``i64``
+    /``u64`` with attribute "D" when divisible by 16 ("" otherwise, None when not specialized); a float is ``fp32``;
+    a tensor is a pointer to its dtype with "D" when its address is 16-byte aligned. Alignment attributes are
+    dropped under ``do_not_specialize_on_alignment``."""
+    if param.is_constexpr:
+        return ("constexpr", value)
+    spec = not param.do_not_specialize
+    align = not param.do_not_specialize_on_alignment
+    if value is None:
+        key = ("constexpr", None)
+    elif isinstance(value, bool):
+        key = ("u1", None)
+    elif isinstance(value, int):
+        if spec and value == 1:
+            key = ("constexpr", 1)
+        else:
+            key = (_int_type(value), ("D" if align and value % 16 == 0 else "") if spec else None)
+    elif isinstance(value, float):
+        key = ("fp32", None)
+    elif isinstance(value, torch.Tensor):
+        ty = ("*k" if param.is_const else "*") + _TRITON_TYPE.get(value.dtype, str(value.dtype))
+        key = (ty, ("D" if align and value.data_ptr() % 16 == 0 else "") if spec else None)
+    else:
+        raise TypeError(f"{param.name}: no specialization rule for a {type(value).__name__} argument")
+    ann = param.annotation_type
+    if ann and key[0] != "constexpr":
+        if ann == "u1" or ann[:2] in ("fp", "bf") or not spec:
+            return (ann, None)
+        return (ann,) + key[1:]
+    return key
+
+
+def specialization_key(kernel, args: tuple, kwargs: dict) -> tuple:
+    """The key a launch ``kernel[grid](*args, **kwargs)`` is compiled under: one (name, specialization) per
+    parameter, then the launch options (keywords that are not parameters, e.g. ``num_warps``)."""
+    params = kernel_params(kernel)
+    names = [p.name for p in params]
+    fn = getattr(kernel, "fn", None)
+    sig = inspect.signature(fn)
+    bound_args = sig.bind(*args, **{k: v for k, v in kwargs.items() if k in names})
+    bound_args.apply_defaults()
+    spec = tuple((p.name, specialize_value(bound_args.arguments[p.name], p)) for p in params)
+    options = tuple(sorted((k, repr(v)) for k, v in kwargs.items() if k not in names))
+    return spec + (("options", options),)
+
+
+@dataclass
+class Launch:
+    args: tuple
+    kwargs: dict
+    key: tuple
+    #: what Triton's ``run`` returned: the compiled kernel natively, None under the interpreter
+    compiled: object = None
+
+
+@dataclass
+class Capture:
+    launches: list = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def captured_launches(kernel):
+    """Record every launch of ``kernel`` while the block runs (its key, and the compiled kernel Triton returns),
+    by putting a pass-through ``run`` on the kernel object (``kernel[grid](...)`` calls ``self.run``)."""
+    cap = Capture()
+    own = "run" in vars(kernel)
+    previous = vars(kernel).get("run")
+    original = kernel.run
+
+    def run(*args, grid, warmup, **kwargs):
+        launch = Launch(args, dict(kwargs), specialization_key(kernel, args, kwargs))
+        cap.launches.append(launch)
+        launch.compiled = original(*args, grid=grid, warmup=warmup, **kwargs)
+        return launch.compiled
+
+    kernel.run = run
+    try:
+        yield cap
+    finally:
+        if own:
+            kernel.run = previous
+        else:
+            del kernel.run
+
+
+def native_variants(kernel) -> int | None:
+    """How many compiled variants Triton holds for ``kernel`` on the current device (None under the
+    interpreter, which compiles nothing)."""
+    caches = getattr(kernel, "device_caches", None)
+    if caches is None:
+        return None
+    from triton.runtime.driver import driver
+
+    entry = caches.get(driver.active.get_current_device())
+    return 0 if entry is None else len(entry[0])
+
+
+def key_differences(keys: list) -> str:
+    """The parameters whose specialization differs between the distinct ``keys``, with each value seen."""
+    first = dict(keys[0])
+    seen: dict = {}
+    for k in keys:
+        for name, val in k:
+            seen.setdefault(name, [])
+            if val not in seen[name]:
+                seen[name].append(val)
+    diff = [f"{name}: {' / '.join(map(str, vals))}" for name, vals in seen.items() if len(vals) > 1]
+    return "; ".join(diff) if diff else f"(keys differ outside the parameters: {sorted(first)})"
+
+
+def _compile_examples(target: Target) -> list[CompileOnceCase]:
+    return fg.compile_once_examples()
+
+
+@contract("compile-once", targets=("gfx950",), cases=lambda target: fg.compile_once_cases(),
+          examples=_compile_examples, min_cases=3, max_cases=5, case_type=CompileOnceCase, numeric=False,
+          skip_reason="only gfx950's cp-gather variant promises one compilation across token and batch counts "
+                      "(the legacy variant of gfx942 and generic specializes on the token count)")
+def compile_once(case: CompileOnceCase, target: Target) -> list[Violation]:
+    """gfx950's cp-gather compiles ONE specialization across five or more different token and batch counts
+    (seed 004 item 4: ``do_not_specialize`` on the runtime counts, table width and block count constexpr; the
+    "compile explosion" of a kernel specialized on the token count).
+
+    For one cache and table geometry, the launches of the kernel the subject names for the target
+    (``gather_kernel``) with token counts and batch counts that Triton's integer specialization tells apart (1,
+    multiples of 16, others) all share one specialization key, derived from the kernel's JIT metadata
+    (constexpr parameters, ``do_not_specialize``, the integer and pointer-alignment rules) and the launch's
+    arguments. Natively, the compiled kernels Triton returns are one object too, and they partition the launches
+    as the derived keys do. Every entry call launches that kernel exactly once."""
+    sub = bound(target).cp_gather
+    gather, kernel = sub.cp_gather_indexer_k_quant_cache, sub.gather_kernel(target)
+    dev = kernel_device()
+    g = torch.Generator().manual_seed(case.seed)
+    cache = fg.build_compile_cache(case, dev, g)
+    out: list[Violation] = []
+    before = native_variants(kernel)
+    with captured_launches(kernel) as cap:
+        for T, B in case.launches:
+            n = len(cap.launches)
+            inp = fg.build_launch_inputs(case, T, B, dev, g)
+            gather(cache, inp["k_fp8"], inp["k_scale"], inp["block_table"], inp["cu_seqlen"], inp["token_to_seq"],
+                   layout=case.layout, target=target)
+            if len(cap.launches) != n + 1:
+                out.append(Violation("an entry call did not launch the kernel gather_kernel names exactly once",
+                                     f"T={T}, B={B}", "1 launch", f"{len(cap.launches) - n}"))
+    if not cap.launches:
+        return out
+    keys = list(dict.fromkeys(launch.key for launch in cap.launches))
+    if len(keys) > 1:
+        groups = [[f"(T={T}, B={B})" for (T, B), launch in zip(case.launches, cap.launches) if launch.key == k]
+                  for k in keys]
+        out.append(Violation(f"the {target.name} cp-gather specializes on the launch's counts: "
+                             f"{len(keys)} compilations for one geometry", key_differences(keys), "1 specialization",
+                             f"{len(keys)}: " + " | ".join(", ".join(gr) for gr in groups)))
+    compiled = [launch.compiled for launch in cap.launches]
+    if before is not None and all(c is not None for c in compiled):
+        objects = list({id(c): c for c in compiled}.values())
+        if len(objects) > 1:
+            out.append(Violation("Triton compiled the cp-gather more than once for one geometry", "native",
+                                 "1 compiled kernel", f"{len(objects)} (kernel cache {before} -> "
+                                 f"{native_variants(kernel)} entries)"))
+        by_key = [keys.index(launch.key) for launch in cap.launches]
+        by_obj = [next(i for i, o in enumerate(objects) if o is c) for c in compiled]
+        if not len(set(zip(by_key, by_obj))) == len(keys) == len(objects):
+            out.append(Violation("the derived specialization keys group the launches unlike Triton's compiled "
+                                 "kernels", "native", f"derived groups {by_key}", f"compiled groups {by_obj}"))
+    return out

@@ -1,0 +1,48 @@
+"""The indexer-K gather: upstream's ``cp_gather_indexer_k_quant_cache_triton`` (``vllm/v1/attention/ops/
+rocm_aiter_mla_sparse.py``) behind our signature.
+
+Upstream picks its kernel with the import-time ``_ON_GFX950`` (bound per target by the loader):
+``_cp_gather_indexer_quant_cache_gfx950_kernel`` (``do_not_specialize=["num_batches"]``, table width and block
+count constexpr, no token count argument) on gfx950, ``_cp_gather_indexer_quant_cache_kernel`` (token, batch,
+table-width and block counts as plain, specialized ints) elsewhere. ``gather_kernel`` names that kernel object,
+which ``compile-once`` counts the specializations of.
+
+Arguments: our uint8 ``k_fp8 [T, 128]`` is handed over as a view in upstream's fp8 dtype (``FP8_DTYPE``, the same
+bytes), our uint8 ``k_scale [T, 4]`` as it is (upstream views it as fp32 itself); ``layout`` None / "normal" /
+"shuffle" becomes ``cache_layout`` None / "NORMAL" / "SHUFFLE" (None keeps upstream's own default rule).
+``check_metadata`` is accepted and changes nothing: upstream makes no host checks (its kernels mask).
+``adapters/formats.py``'s ``unpack_indexer_k`` calls the same upstream function as a cache reader.
+"""
+from __future__ import annotations
+
+from contracts.subjects import Family
+from impl.targets import get_target
+
+LAYOUTS = {None: None, "normal": "NORMAL", "shuffle": "SHUFFLE"}
+
+
+def build(ctx) -> Family:
+    ops = ctx["ops"]
+    tgt = ctx.target
+
+    def _check_target(target) -> None:
+        if target is not None and get_target(target).name != tgt.name:
+            raise ValueError(f"target: this binding of the subject is for {tgt.name}, got {get_target(target).name}")
+
+    def gather_kernel(target=None):
+        """The kernel upstream's host function launches on this binding's target."""
+        _check_target(target)
+        if ops._ON_GFX950:
+            return ops._cp_gather_indexer_quant_cache_gfx950_kernel
+        return ops._cp_gather_indexer_quant_cache_kernel
+
+    def cp_gather_indexer_k_quant_cache(k_cache, k_fp8, k_scale, block_table, cu_seqlen, token_to_seq, *,
+                                        layout=None, target=None, check_metadata=True):
+        _check_target(target)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: expected None, 'normal' or 'shuffle', got {layout!r}")
+        ctx.call(ops.cp_gather_indexer_k_quant_cache_triton, k_cache, k_fp8.view(ops.FP8_DTYPE), k_scale,
+                 block_table, cu_seqlen, token_to_seq, cache_layout=LAYOUTS[layout])
+
+    return Family("cp_gather", cp_gather_indexer_k_quant_cache=cp_gather_indexer_k_quant_cache,
+                  gather_kernel=gather_kernel)

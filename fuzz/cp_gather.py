@@ -1,0 +1,270 @@
+"""Cases and strategies for the indexer-K gather (``cp_gather_indexer_k_quant_cache``); tensors are built from a
+case by :func:`build_gather_inputs`.
+
+What they reach: NORMAL, SHUFFLE and the default layout; odd block sizes (1, 3, 5) and 16, 32, 64 (SHUFFLE
+positions past the first 16-token tile); caches that are strided views into a larger pool (padded block stride,
+view offset into the pool); empty sequences, rows past the last sequence (nothing to gather), batch ids -1, B and
+INT32 extremes, batch ids naming a sequence whose range does not hold the token; tables narrower than a sequence
+(invalid table columns), table entries -1, nb and INT32 extremes (invalid blocks); int32 and int64 metadata.
+Outputs are poisoned with seeded random bytes before each run. Cache bytes are random, scales included (any fp32
+bit pattern: the gather copies bytes).
+
+:class:`CompileOnceCase`: one cache and table geometry, and five or more launches with different token and batch
+counts, among them the values Triton's integer specialization distinguishes (1, multiples of 16, others).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+from hypothesis import strategies as st
+
+from fuzz.cases import Case
+
+TOKEN_BYTES = 132
+HEAD_BYTES = 128
+INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
+
+GatherLayout = Literal["normal", "shuffle", "default"]
+IndexDtype = Literal["int32", "int64"]
+NORMAL_BLOCK_SIZES = (1, 3, 5, 16, 64)
+SHUFFLE_BLOCK_SIZES = (16, 32, 64)
+DEFAULT_BLOCK_SIZES = (1, 16, 64)
+
+
+def _check_layout(layout: str, block_size: int) -> None:
+    if block_size < 1:
+        raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
+    resolved = ("normal" if block_size == 1 else "shuffle") if layout == "default" else layout
+    if resolved == "shuffle" and block_size % 16:
+        raise ValueError(f"block_size: the shuffle layout needs a multiple of 16, got {block_size}")
+
+
+@dataclass(frozen=True)
+class CpGatherCase(Case):
+    """One gather: a ``[num_blocks, block_size, 132]`` cache view ``offset_blocks`` blocks into a random byte pool
+    (blocks ``block_size * 132 + stride_pad`` bytes apart); sequences of ``seq_lens`` tokens (cu_seqlen their
+    prefix sums), each with a ``table_width``-wide row of ``table``; ``extra_tokens`` rows past the last sequence
+    (their token_to_seq names the last sequence, or 0 with none); ``token_to_seq_edits`` (t, value) then replace
+    entries. ``layout`` "default" passes ``layout=None``."""
+
+    KIND: ClassVar[str] = "cp-gather"
+
+    seed: int
+    layout: GatherLayout
+    block_size: int
+    num_blocks: int
+    seq_lens: tuple[int, ...]
+    table_width: int
+    table: tuple[tuple[int, ...], ...]
+    stride_pad: int = 0
+    offset_blocks: int = 0
+    extra_tokens: int = 0
+    token_to_seq_edits: tuple[tuple[int, int], ...] = ()
+    index_dtype: IndexDtype = "int32"
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_layout(self.layout, self.block_size)
+        if self.num_blocks < 1:
+            raise ValueError(f"num_blocks: expected a positive int, got {self.num_blocks!r}")
+        if self.stride_pad < 0 or self.stride_pad % 4 or self.offset_blocks < 0 or self.extra_tokens < 0:
+            raise ValueError("stride_pad (a multiple of 4), offset_blocks and extra_tokens must be >= 0")
+        if any(n < 0 for n in self.seq_lens):
+            raise ValueError(f"seq_lens: expected lengths >= 0, got {list(self.seq_lens)}")
+        if self.table_width < 0 or len(self.table) != len(self.seq_lens) or any(
+                len(r) != self.table_width for r in self.table):
+            raise ValueError(f"table: expected {len(self.seq_lens)} rows of {self.table_width} entries")
+        for t, v in self.token_to_seq_edits:
+            if not 0 <= t < self.num_tokens:
+                raise ValueError(f"token_to_seq_edits: token {t} outside [0, {self.num_tokens})")
+        if any(not INT32_MIN <= v <= INT32_MAX for row in self.table for v in row) or any(
+                not INT32_MIN <= v <= INT32_MAX for _, v in self.token_to_seq_edits):
+            raise ValueError("table and token_to_seq_edits hold int32 values")
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.seq_lens) + self.extra_tokens
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def resolved_layout(self) -> str:
+        if self.layout != "default":
+            return self.layout
+        return "normal" if self.block_size == 1 else "shuffle"
+
+    @property
+    def cu_seqlen(self) -> list[int]:
+        cu = [0]
+        for n in self.seq_lens:
+            cu.append(cu[-1] + n)
+        return cu
+
+    @property
+    def token_to_seq(self) -> list[int]:
+        tts = [b for b, n in enumerate(self.seq_lens) for _ in range(n)]
+        tts += [max(self.num_batches - 1, 0)] * self.extra_tokens
+        for t, v in self.token_to_seq_edits:
+            tts[t] = v
+        return tts
+
+    @property
+    def narrow_table(self) -> list[int]:
+        """The sequences longer than their table row covers (their tail tokens have no table column)."""
+        return [b for b, n in enumerate(self.seq_lens) if -(-n // self.block_size) > self.table_width]
+
+
+def build_gather_inputs(case: CpGatherCase, device) -> dict:
+    """The pool and its cache view, poisoned outputs and the metadata of ``case`` on ``device``."""
+    g = torch.Generator().manual_seed(case.seed)
+    stride = case.block_size * TOKEN_BYTES + case.stride_pad
+    pool_blocks = case.offset_blocks + case.num_blocks + 1
+    pool = torch.randint(0, 256, (pool_blocks * stride,), dtype=torch.uint8, generator=g).to(device)
+    cache = pool[case.offset_blocks * stride:].as_strided((case.num_blocks, case.block_size, TOKEN_BYTES),
+                                                          (stride, TOKEN_BYTES, 1))
+    T = case.num_tokens
+    k_fp8 = torch.randint(0, 256, (T, HEAD_BYTES), dtype=torch.uint8, generator=g).to(device)
+    k_scale = torch.randint(0, 256, (T, 4), dtype=torch.uint8, generator=g).to(device)
+    idx = torch.int32 if case.index_dtype == "int32" else torch.int64
+    table = torch.tensor(case.table, dtype=idx).reshape(case.num_batches, case.table_width).to(device)
+    return {"pool": pool, "k_cache": cache, "k_fp8": k_fp8, "k_scale": k_scale, "block_table": table,
+            "cu_seqlen": torch.tensor(case.cu_seqlen, dtype=idx).to(device),
+            "token_to_seq": torch.tensor(case.token_to_seq, dtype=idx).to(device),
+            "layout": None if case.layout == "default" else case.layout}
+
+
+def _invalid_blocks(nb: int) -> list[int]:
+    return [-1, nb, nb + 7, INT32_MAX, INT32_MIN]
+
+
+@st.composite
+def gather_cases(draw):
+    """A :class:`CpGatherCase`: mostly valid chains with a few breaks of each kind."""
+    layout = draw(st.sampled_from(["normal", "normal", "shuffle", "default"]))
+    sizes = {"normal": NORMAL_BLOCK_SIZES, "shuffle": SHUFFLE_BLOCK_SIZES, "default": DEFAULT_BLOCK_SIZES}[layout]
+    bs = draw(st.sampled_from(sizes))
+    nb = draw(st.integers(1, 5))
+    B = draw(st.sampled_from([1, 2, 2, 3, 4, 0]))
+    max_len = 40 if bs >= 16 else 12
+    seq_lens = draw(st.lists(st.one_of(st.just(0), st.integers(1, max_len)), min_size=B, max_size=B))
+    need = max([-(-n // bs) for n in seq_lens] + [1])
+    W = draw(st.sampled_from([need, need, need, need + 1, max(need - 1, 0)]))
+    block = st.one_of(st.integers(0, nb - 1), st.integers(0, nb - 1), st.integers(0, nb - 1),
+                      st.sampled_from(_invalid_blocks(nb)))
+    table = draw(st.lists(st.lists(block, min_size=W, max_size=W), min_size=B, max_size=B))
+    extra = draw(st.sampled_from([0, 0, 1, 3]))
+    T = sum(seq_lens) + extra
+    bad_batch = st.sampled_from([-1, B, B + 3, INT32_MAX, INT32_MIN] + list(range(B)))
+    edits = draw(st.lists(st.tuples(st.integers(0, T - 1), bad_batch), max_size=3)) if T else []
+    return CpGatherCase(seed=draw(st.integers(0, 2 ** 31 - 1)), layout=layout, block_size=bs, num_blocks=nb,
+                        seq_lens=tuple(seq_lens), table_width=W, table=tuple(tuple(r) for r in table),
+                        stride_pad=draw(st.sampled_from([0, 0, 4, 12, 132])), offset_blocks=draw(st.integers(0, 2)),
+                        extra_tokens=extra, token_to_seq_edits=tuple(edits),
+                        index_dtype=draw(st.sampled_from(["int32", "int32", "int64"])))
+
+
+def gather_examples() -> list[CpGatherCase]:
+    """Pinned cases, first in every run: each break of the chain at once (NORMAL, odd block size, padded pool
+    view), SHUFFLE positions past the first tile across two blocks, and the default layout at block size 1."""
+    return [
+        CpGatherCase(seed=11, layout="normal", block_size=3, num_blocks=4, seq_lens=(5, 0, 7, 2), table_width=2,
+                     table=((3, 1), (2, 2), (0, -1), (4, INT32_MAX)), stride_pad=12, offset_blocks=1,
+                     extra_tokens=2, token_to_seq_edits=((1, -1), (6, 4), (7, 0), (13, INT32_MIN))),
+        CpGatherCase(seed=12, layout="shuffle", block_size=32, num_blocks=3, seq_lens=(40, 9), table_width=2,
+                     table=((2, 0), (1, 3)), stride_pad=4, offset_blocks=2, extra_tokens=1),
+        CpGatherCase(seed=13, layout="default", block_size=1, num_blocks=5, seq_lens=(3, 2), table_width=3,
+                     table=((4, 0, 2), (1, -1, 3)), index_dtype="int64"),
+    ]
+
+
+# --- compile-once ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompileOnceCase(Case):
+    """Launches of one gather geometry (cache ``num_blocks x block_size`` in ``layout``, table width
+    ``table_width``) with the (token count, batch count) pairs of ``launches``; sequences split each token count
+    over the batch (empty sequences where there are more sequences than tokens), tables of valid blocks."""
+
+    KIND: ClassVar[str] = "compile-once"
+
+    seed: int
+    layout: Literal["normal", "shuffle"]
+    block_size: int
+    num_blocks: int
+    table_width: int
+    launches: tuple[tuple[int, int], ...]
+
+    #: the contract's promise needs at least this many different token counts and batch counts
+    MIN_DISTINCT: ClassVar[int] = 5
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_layout(self.layout, self.block_size)
+        if self.num_blocks < 1 or self.table_width < 1:
+            raise ValueError("num_blocks and table_width must be >= 1")
+        for T, B in self.launches:
+            if T < 1 or B < 1:
+                raise ValueError(f"launches: token and batch counts must be >= 1, got ({T}, {B})")
+            if -(-T // B) > self.table_width * self.block_size:
+                raise ValueError(f"launches: {T} tokens over {B} sequences do not fit tables of "
+                                 f"{self.table_width} blocks of {self.block_size}")
+        if (len({T for T, _ in self.launches}) < self.MIN_DISTINCT
+                or len({B for _, B in self.launches}) < self.MIN_DISTINCT):
+            raise ValueError(f"launches: need >= {self.MIN_DISTINCT} different token counts and batch counts")
+
+
+def split_tokens(T: int, B: int) -> list[int]:
+    """T tokens over B sequences, as evenly as possible (the first T % B one longer)."""
+    return [T // B + (1 if b < T % B else 0) for b in range(B)]
+
+
+def build_launch_inputs(case: CompileOnceCase, T: int, B: int, device, generator) -> dict:
+    """Inputs of one launch: a fresh cache view of the case's geometry is NOT made here (the cache is shared by
+    every launch of the case); metadata and fresh outputs."""
+    lens = split_tokens(T, B)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    tts = [b for b, n in enumerate(lens) for _ in range(n)]
+    table = torch.randint(0, case.num_blocks, (B, case.table_width), dtype=torch.int32, generator=generator)
+    return {"k_fp8": torch.empty(T, HEAD_BYTES, dtype=torch.uint8, device=device),
+            "k_scale": torch.empty(T, 4, dtype=torch.uint8, device=device),
+            "block_table": table.to(device), "cu_seqlen": torch.tensor(cu, dtype=torch.int32, device=device),
+            "token_to_seq": torch.tensor(tts, dtype=torch.int32, device=device)}
+
+
+def build_compile_cache(case: CompileOnceCase, device, generator) -> torch.Tensor:
+    return torch.randint(0, 256, (case.num_blocks, case.block_size, TOKEN_BYTES), dtype=torch.uint8,
+                         generator=generator).to(device)
+
+
+#: token counts Triton's integer specialization tells apart: == 1, divisible by 16, neither
+_TOKEN_COUNTS = (1, 2, 3, 5, 7, 16, 17, 31, 32, 48)
+_BATCH_COUNTS = (1, 2, 3, 4, 5, 6, 16)
+
+
+@st.composite
+def compile_once_cases(draw):
+    """Six launches over one geometry whose token counts include 1, a multiple of 16 and others, and whose batch
+    counts include 1 and 16, each set with >= 5 different values."""
+    layout = draw(st.sampled_from(["normal", "shuffle"]))
+    bs = draw(st.sampled_from(SHUFFLE_BLOCK_SIZES if layout == "shuffle" else NORMAL_BLOCK_SIZES))
+    Ts = draw(st.permutations(_TOKEN_COUNTS).map(lambda p: [1, 16] + [x for x in p if x not in (1, 16)][:4]))
+    Bs = draw(st.permutations(_BATCH_COUNTS).map(lambda p: [1, 16] + [x for x in p if x not in (1, 16)][:4]))
+    order = draw(st.permutations(range(6)))
+    launches = tuple((Ts[i], Bs[j]) for i, j in zip(range(6), order))
+    width = max(-(-(-(-T // B)) // bs) for T, B in launches)
+    return CompileOnceCase(seed=draw(st.integers(0, 2 ** 31 - 1)), layout=layout, block_size=bs,
+                           num_blocks=draw(st.integers(1, 4)), table_width=width + draw(st.integers(0, 1)),
+                           launches=launches)
+
+
+def compile_once_examples() -> list[CompileOnceCase]:
+    """Token counts 1, 16, 3, 32, 5, 17 and batch counts 1, 16, 2, 3, 5, 4: every class of Triton's integer
+    specialization in both counts."""
+    return [CompileOnceCase(seed=21, layout="normal", block_size=3, num_blocks=3, table_width=6,
+                            launches=((1, 1), (16, 16), (3, 2), (32, 16), (5, 5), (17, 4)))]
