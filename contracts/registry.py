@@ -17,8 +17,13 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.cache_writers",
     "contracts.graph_capture",
     "contracts.prefill",
+    "contracts.prefill_assembly",
     "contracts.cp_gather",
+    "contracts.indexer_writer",
+    "contracts.indexer_logits",
     "contracts.int64_probes",
+    "contracts.ragged",
+    "contracts.dsv4_step",
 )
 
 _loaded = False

@@ -1,0 +1,256 @@
+"""Strategies and builders for the DSv4 prefill assembly (SPEC sections 3 and 9): chunk plans and combined
+top-k + SWA index rows.
+
+``assembly_cases``: a prefill batch of 1..8 requests for a C4A (ratio 4), C128A (ratio 128) or SWA-only (ratio 1,
+no top-k, N = 0) layer; windows 3, 4, 8 and DSv4's 128; prefixes longer and shorter than the window, empty ones and
+q_len 1; request sizes near the limits (so five of them overflow the area budget of four), small ones (many per
+chunk) or mixed, so chunks end where the budget is crossed; gather lengths shortened by a bounded replay in some
+requests. Top-k rows hold mostly causal local ids (< (pos + 1) // ratio), some invalid ones (-1, -2, N, N + 1, M,
+INT32 extremes) and the boundary N - 1; every entry past a token's topk_len and every column past ``topk`` is a
+live-looking id in [0, N), so a read past the length shows. The top-k tensor is int32 or int64, 2-D or [T, 1, K],
+contiguous, row-padded or column-major, and query_start_loc starts past 0 (decode tokens before the prefills).
+An SWA-only layer's top-k tensor is never empty (its callers pass the indexer's buffer; upstream's kernel cannot
+take zero columns).
+
+``AssemblyCase.workspace`` pins the chunk's (N, M) instead of planning (upstream's older expected table uses N 8,
+M 20); ``expect`` holds literal unpadded row prefixes for pinned examples.
+"""
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from hypothesis import strategies as st
+
+from fuzz.cases import Case
+from impl.runtime import kernel_device
+from oracles import prefill_assembly as ref
+
+INT32_MIN = -(2 ** 31)
+INT32_MAX = 2 ** 31 - 1
+Layer = Literal["c4a", "c128a", "swa_only"]
+LAYER_RATIO = {"c4a": 4, "c128a": 128, "swa_only": 1}
+TopkLayout = Literal["contiguous", "padded", "colmajor"]
+TOPK_LAYOUTS: tuple[str, ...] = typing.get_args(TopkLayout)
+#: extra columns of the padded top-k layout (never read)
+TOPK_ROW_PAD = 5
+
+
+@dataclass(frozen=True)
+class AssemblyCase(Case):
+    """One prefill batch: per request ``seq_lens`` / ``query_lens``, ``replay_cut`` prefix tokens below a replay
+    start (the exact gather is q_len + min(max(prefix - cut, 0), window - 1)); a layer of ``ratio`` with ``topk``
+    top-k entries (0: SWA-only) in rows ``topk_extra`` columns wider; the planner's ``max_model_len`` and
+    ``max_num_batched_tokens``; top-k values invalid with probability ``invalid_rate`` (INT32 extremes among them
+    when ``int32_extremes``); the top-k tensor as ``topk_dtype`` / ``topk_3d`` / ``topk_layout``; query_start_loc
+    offset by ``qsl_base``. ``workspace`` = (N, M): one chunk of every request with that workspace instead of the
+    plan. ``topk_rows``: every token's top-k row given literally (``topk + topk_extra`` wide) instead of drawn from
+    the seed. ``expect``: the literal unpadded prefix of every token's row (pinned examples only)."""
+
+    KIND = "prefill-assembly"
+    seed: int
+    ratio: int
+    topk: int
+    topk_extra: int
+    window: int
+    seq_lens: tuple[int, ...]
+    query_lens: tuple[int, ...]
+    replay_cut: tuple[int, ...]
+    max_model_len: int
+    max_num_batched_tokens: int
+    invalid_rate: float
+    int32_extremes: bool
+    topk_dtype: Literal["int32", "int64"]
+    topk_3d: bool
+    topk_layout: TopkLayout
+    qsl_base: int
+    workspace: tuple[int, int] | None = None
+    topk_rows: tuple[tuple[int, ...], ...] | None = None
+    expect: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        n = len(self.seq_lens)
+        if n < 1 or len(self.query_lens) != n or len(self.replay_cut) != n:
+            raise ValueError(f"seq_lens/query_lens/replay_cut: expected the same number (>= 1) of requests, got "
+                             f"{len(self.seq_lens)}/{len(self.query_lens)}/{len(self.replay_cut)}")
+        for name in ("ratio", "window", "max_model_len", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
+        for name in ("seed", "topk", "topk_extra", "qsl_base"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {getattr(self, name)!r}")
+        for r, (s, q, c) in enumerate(zip(self.seq_lens, self.query_lens, self.replay_cut)):
+            if not 1 <= q <= self.max_num_batched_tokens or not q <= s <= self.max_model_len or c < 0:
+                raise ValueError(f"request {r}: expected 1 <= q_len <= max_num_batched_tokens, q_len <= seq_len <= "
+                                 f"max_model_len and replay_cut >= 0, got seq {s}, q {q}, cut {c}")
+        if not 0.0 <= self.invalid_rate < 1.0:
+            raise ValueError(f"invalid_rate: expected a probability in [0, 1), got {self.invalid_rate!r}")
+        width = self.topk + self.topk_extra
+        if self.topk_rows is not None and (len(self.topk_rows) != sum(self.query_lens)
+                                           or any(len(r) != width for r in self.topk_rows)):
+            raise ValueError(f"topk_rows: expected {sum(self.query_lens)} rows of {width} entries")
+        if self.expect is not None and len(self.expect) != sum(self.query_lens):
+            raise ValueError(f"expect: expected one row per query token ({sum(self.query_lens)}), got "
+                             f"{len(self.expect)}")
+
+    @property
+    def gather_lens(self) -> list[int]:
+        """Exact gather lengths (SPEC 9's prefill gather-length kernel: the prefix below the replay start holds no
+        window KV)."""
+        return [q + min(max(s - q - c, 0), self.window - 1)
+                for s, q, c in zip(self.seq_lens, self.query_lens, self.replay_cut)]
+
+
+def _rotated(lo: int, hi: int, start: int):
+    n = hi - lo + 1
+    return st.integers(0, n - 1).map(lambda x: lo + (start - lo + x) % n)
+
+
+def assembly_cases():
+    """See the module docstring. The first derandomized cases are C4A batches that cross the budget."""
+    @st.composite
+    def build(draw):
+        layer = draw(st.sampled_from(["c4a", "c128a", "swa_only"]))
+        ratio = LAYER_RATIO[layer]
+        window = draw(st.sampled_from([4, 3, 8, 128]))
+        mnbt = draw(_rotated(2, 16, 8))
+        if layer == "c128a":
+            mml = draw(st.integers(130, 520))
+            topk = draw(st.sampled_from([4, 128]))
+        elif layer == "c4a":
+            mml = draw(st.integers(max(mnbt, 8), 72))
+            topk = draw(st.sampled_from([8, 4, 512]))
+        else:
+            mml = draw(st.integers(max(mnbt, 4), 60))
+            topk = 0
+        mml = max(mml, mnbt)
+        n = draw(_rotated(1, 8, 5))
+        sizing = draw(st.sampled_from(["near_max", "mixed", "small"]))
+        seqs, qs = [], []
+        for _ in range(n):
+            kind = sizing if sizing != "mixed" else draw(st.sampled_from(["near_max", "small"]))
+            if kind == "near_max":
+                q = draw(st.integers(max(1, mnbt - 2), mnbt))
+                s = draw(st.integers(max(q, mml - 8), mml))
+            else:
+                q = draw(st.sampled_from([1, 1, 2, 3]))
+                q = min(q, mnbt)
+                prefix = draw(st.sampled_from([0, 1, window - 1, window, window + 2, 2 * window]))
+                s = min(q + prefix, mml)
+            seqs.append(s)
+            qs.append(q)
+        cuts = draw(st.lists(st.sampled_from([0, 0, 0, 1, 2, 5, 1000]), min_size=n, max_size=n))
+        return AssemblyCase(
+            seed=draw(st.integers(0, 2 ** 31 - 1)), ratio=ratio, topk=topk,
+            topk_extra=draw(st.sampled_from([0, 3] if topk else [3, 1])), window=window, seq_lens=tuple(seqs), query_lens=tuple(qs),
+            replay_cut=tuple(cuts), max_model_len=mml, max_num_batched_tokens=mnbt,
+            invalid_rate=draw(st.sampled_from([0.2, 0.0, 0.5])), int32_extremes=draw(st.booleans()),
+            topk_dtype=draw(st.sampled_from(["int32", "int64"])), topk_3d=draw(st.booleans()),
+            topk_layout=draw(st.sampled_from(TOPK_LAYOUTS)), qsl_base=draw(st.sampled_from([3, 0])))
+
+    return build()
+
+
+# --- inputs ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class ChunkInputs:
+    """One chunk's arguments (tensors on the kernel device) and the same data as lists for the oracle."""
+
+    start: int
+    end: int
+    N: int
+    M: int
+    topk_indices: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    gather_lens: torch.Tensor
+    topk_rows: list[list[int]]
+    qsl: list[int]
+    seqs: list[int]
+    gathers: list[int]
+
+
+@dataclass
+class AssemblyInputs:
+    plan: list[tuple[int, int, int, int]]  # the oracle's (or the pinned workspace's)
+    chunks: list[ChunkInputs]
+    topk_full: torch.Tensor  # the batch's top-k tensor (the chunks' rows are views into it)
+
+
+def oracle_plan(case: AssemblyCase) -> list[tuple[int, int, int, int]]:
+    if case.workspace is not None:
+        n, m = case.workspace
+        return [(0, len(case.seq_lens), n, m)]
+    return ref.ref_plan_chunks(list(case.seq_lens), list(case.query_lens), ratio=case.ratio,
+                               max_model_len=case.max_model_len, max_num_batched_tokens=case.max_num_batched_tokens,
+                               window=case.window)
+
+
+def _randint(gen, lo: int, hi: int) -> int:
+    return lo + int(torch.randint(0, hi - lo + 1, (1,), generator=gen))
+
+
+def build_assembly_inputs(case: AssemblyCase, device: str | None = None) -> AssemblyInputs:
+    """Every tensor of ``case`` from its seed (or its literal ``topk_rows``) on the kernel device."""
+    device = device or kernel_device()
+    gen = torch.Generator().manual_seed(case.seed)
+    plan = oracle_plan(case)
+    K = case.topk + case.topk_extra
+    T = sum(case.query_lens)
+    chunk_of = {}
+    for ci, (s, e, _, _) in enumerate(plan):
+        for r in range(s, e):
+            chunk_of[r] = ci
+    rows: list[list[int]] = []
+    for r, (s, q) in enumerate(zip(case.seq_lens, case.query_lens)):
+        _, _, n_c, m_c = plan[chunk_of[r]]
+        invalid = [-1, -2, n_c, n_c + 1, m_c] + ([INT32_MIN, INT32_MAX] if case.int32_extremes else [])
+        for i in range(q):
+            pos = s - q + i
+            visible = (pos + 1) // case.ratio
+            topk_len = min(visible, case.topk)
+            row = []
+            for j in range(K):
+                if j < topk_len:
+                    u = float(torch.rand(1, generator=gen))
+                    if u < case.invalid_rate:
+                        row.append(invalid[_randint(gen, 0, len(invalid) - 1)])
+                    elif u < case.invalid_rate + 0.1 and n_c > 0:
+                        row.append(n_c - 1)  # the last id kept
+                    else:
+                        row.append(_randint(gen, 0, max(visible - 1, 0)))
+                else:  # never read: a live-looking id, so a read past topk_len changes the row
+                    row.append(_randint(gen, 0, n_c - 1) if n_c > 0 else 0)
+            rows.append(row)
+    if case.topk_rows is not None:
+        rows = [list(r) for r in case.topk_rows]
+    dt = torch.int32 if case.topk_dtype == "int32" else torch.int64
+    dense = torch.tensor(rows, dtype=torch.int64).reshape(T, K).to(dt)
+    if case.topk_layout == "padded":
+        buf = torch.full((T, K + TOPK_ROW_PAD), 0, dtype=dt)
+        buf[:, :K] = dense
+        topk_full = buf.to(device)[:, :K]
+    elif case.topk_layout == "colmajor":
+        topk_full = dense.t().contiguous().to(device).t()
+    else:
+        topk_full = dense.to(device)
+    qsl = [case.qsl_base]
+    for q in case.query_lens:
+        qsl.append(qsl[-1] + q)
+    qsl_t = torch.tensor(qsl, dtype=torch.int32, device=device)
+    seq_t = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
+    gathers = case.gather_lens
+    g_t = torch.tensor(gathers, dtype=torch.int32, device=device)
+    chunks = []
+    for s, e, n_c, m_c in plan:
+        t0, t1 = qsl[s] - qsl[0], qsl[e] - qsl[0]
+        tk = topk_full[t0:t1]
+        if case.topk_3d:
+            tk = tk.unsqueeze(1)
+        chunks.append(ChunkInputs(s, e, n_c, m_c, tk, qsl_t[s:e + 1], seq_t[s:e], g_t[s:e], rows[t0:t1],
+                                  qsl[s:e + 1], list(case.seq_lens[s:e]), gathers[s:e]))
+    return AssemblyInputs(plan, chunks, topk_full)
