@@ -56,7 +56,7 @@ from impl import formats
 from impl.cache_writers import require_kernel_device, require_tensor
 from impl.compressor import pool_window_rows
 from impl.targets import Target, get_target
-from impl.triton_helpers import bf16_round, ceil_log2_bits, fp8_encode_bits, load_as_f32
+from impl.triton_helpers import bf16_round, fp8_encode_bits, load_as_f32
 
 HEAD = formats.INDEXER_HEAD_DIM  # 128
 ROPE = 64
@@ -74,6 +74,10 @@ MXFP4_TOKEN_BYTES = MXFP4_DATA_BYTES + MXFP4_SCALE_BYTES  # 68
 SUPPORTED_RATIOS = (4,)
 #: window rows pooled per loop step (the compressor's)
 ROWS_PER_STEP = 8
+#: what these writers can write ("default": the writer picks the layout); contracts draw only the variants a subject
+#: names here (an adapter of another implementation may offer less)
+VARIANTS = {"direct_layouts": ("default", "normal", "shuffle"), "compressor_formats": KV_FORMATS,
+            "compressor_layouts": ("default", "normal", "shuffle"), "mx_scale": (False, True)}
 
 
 def window_rows(ratio: int) -> int:
@@ -95,9 +99,17 @@ def compressor_layout(ratio: int, layout: "str | None" = None) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 @triton.jit
+def ceil_log2_normal(s):
+    """Exact ceil(log2(s)) as int32 for a positive normal float32 s, 128 for +inf (no subnormal branch: the scales
+    here are >= 1e-4 / 448 and >= 2^-126; :func:`impl.triton_helpers.ceil_log2_bits` is the general one)."""
+    bits = s.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return (bits >> 23) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+
+
+@triton.jit
 def pow2_at_least(s):
     """2^ceil(log2(s)) for float32 s >= 2^-126 (normal) or +inf (-> +inf), exact, built from bits."""
-    k = ceil_log2_bits(s)
+    k = ceil_log2_normal(s)
     return ((k + 127) << 23).to(tl.float32, bitcast=True)
 
 
@@ -150,7 +162,7 @@ def quantize_mxfp4_blocks(x):
     amax = tl.max(tl.where(finite_or_inf, tl.abs(x), 0.0), axis=1)
     has_nan = tl.max(tl.where(finite_or_inf, 0, 1), axis=1) > 0
     amax = tl.maximum(amax, 6.0 * (2.0 ** -126))
-    e = ceil_log2_bits(tl.math.div_rn(amax, tl.zeros_like(amax) + 6.0))
+    e = ceil_log2_normal(tl.math.div_rn(amax, tl.zeros_like(amax) + 6.0))
     e = tl.minimum(tl.maximum(e, -127), 127)
     # 2^-e from bits: -e in [-127, 126]; 2^-127 is the fp32 subnormal 1 << 22
     k = -e

@@ -1,0 +1,340 @@
+"""Case types and strategies for the indexer-K writers (``impl.indexer_writer``); tensors are built from a case's seed
+by ``build_*``.
+
+What they reach: NaN, +-inf, huge (near FLT_MAX / the bf16 maximum), denormal and all-zero rows (the 1e-4 amax floor),
+rows whose maximum is exactly DIV * 2^j (the power-of-two scale's boundary: ceil(log2) of an exact power of two); bf16
+and fp32 k; odd block sizes (1, 3, 16, 64; SHUFFLE needs a multiple of 16) and layouts that cannot hold them (the
+writer must refuse them and leave the cache untouched); padded block strides (4-byte aligned) and views that start
+inside a pool filled with seeded random bytes (so an untouched byte is a checked byte); slot mappings with -1,
+INT32_MIN / INT64_MIN and holes; both scale formats; compressor windows that start before position 0, two requests
+with permuted state block tables, FP8 (fp32 or 4 x UE8M0 scale words) and MXFP4 records.
+Duplicate slots are not generated: the writers reject them (tests/test_indexer_writer.py checks that).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+from hypothesis import strategies as st
+
+from fuzz.cases import Case
+
+HEAD = 128
+TOKEN_BYTES = {"fp8": 132, "mxfp4": 68}
+SPECIAL_VALUES = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "huge": 3e38,
+                  "denormal": 1e-40}
+#: direct-writer specials: "zero-row" zeroes the token, "pow2-max" makes its |max| exactly DIV * 2^j
+DIRECT_KINDS = ("nan", "inf", "-inf", "huge", "denormal", "zero-row", "pow2-max")
+#: compressor specials (state rows), as the head-512 compressor's generator has them
+COMPRESSOR_KINDS = ("nan", "inf", "-inf", "huge", "denormal", "zero-group")
+WEIGHT_KINDS = ("normal", "huge", "denormal", "zero-group", "nan", "inf", "tiny")
+NEGATIVE_SLOTS = (-1, -1, -1, -2 ** 31, -2 ** 63)
+STRIDE_PADS = (0, 4, 64, 576)
+
+SpecialKind = Literal["nan", "inf", "-inf", "huge", "denormal", "zero-row", "pow2-max", "zero-group"]
+WeightKind = Literal["normal", "huge", "denormal", "zero-group", "nan", "inf", "tiny"]
+LayoutChoice = Literal["default", "normal", "shuffle"]
+
+
+def resolved_layout(layout: str, block_size: int, default: str) -> str:
+    return default if layout == "default" else layout
+
+
+def direct_default_layout(block_size: int) -> str:
+    """SPEC 1.3 ``cache_layout=None``: NORMAL when bs == 1, SHUFFLE otherwise."""
+    return "normal" if block_size == 1 else "shuffle"
+
+
+def _check_geometry(case) -> None:
+    if case.block_size < 1 or case.num_blocks < 1 or case.extra_blocks_before < 0 or case.stride_pad < 0:
+        raise ValueError("block_size and num_blocks must be >= 1, extra_blocks_before and stride_pad >= 0")
+    cap = case.num_blocks * case.block_size
+    bad = [s for s in case.slots if s >= cap]
+    if bad:
+        raise ValueError(f"slots: {bad} outside ..{cap - 1} (num_blocks * block_size)")
+    live = [s for s in case.slots if s >= 0]
+    if len(set(live)) != len(live):
+        raise ValueError(f"slots: {list(case.slots)} repeat a slot (the writers reject that)")
+
+
+@dataclass(frozen=True)
+class DirectCase(Case):
+    """A direct-writer case (``indexer_k_quant_and_cache``): ``T`` k rows of ``dtype`` (seeded, per-row scale
+    10^(log_scale/3), specials at (token, dim, kind)) written through ``slots`` (negative: skipped) into a pool of
+    the given geometry; ``layout`` "default" lets the writer pick (SPEC 1.3). A layout that cannot hold the block
+    size (SHUFFLE with bs % 16 != 0) is a case the writer must refuse."""
+
+    KIND: ClassVar[str] = "indexer-direct"
+
+    seed: int
+    T: int
+    slots: tuple[int, ...]
+    log_scale: tuple[int, ...]
+    block_size: int
+    num_blocks: int
+    layout: LayoutChoice = "default"
+    scale_fmt: Literal["ue8m0"] | None = None
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    specials: tuple[tuple[int, int, SpecialKind], ...] = ()
+    stride_pad: int = 0
+    extra_blocks_before: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.T < 1 or len(self.slots) != self.T or len(self.log_scale) != self.T:
+            raise ValueError(f"T={self.T}: slots and log_scale need one entry per token")
+        _check_geometry(self)
+        bad = [sp for sp in self.specials if not (0 <= sp[0] < self.T and 0 <= sp[1] < HEAD)]
+        if bad:
+            raise ValueError(f"specials: {bad} outside token 0..{self.T - 1}, dim 0..127")
+
+    @property
+    def layout_name(self) -> str:
+        return resolved_layout(self.layout, self.block_size, direct_default_layout(self.block_size))
+
+    @property
+    def refused(self) -> bool:
+        """The writer must raise: the layout cannot hold the block size."""
+        return self.layout_name == "shuffle" and self.block_size % 16 != 0
+
+
+@dataclass(frozen=True)
+class IndexerCompressorCase(Case):
+    """A head-128 compressor case (``compress_norm_rope_store_indexer``): tokens at ``positions`` of requests
+    ``reqs`` over seeded state rows (scores times ``score_scale``, specials at (index, "kv" | "score", dim, kind)),
+    norm weights of kind ``weight``, written through ``slots`` into a pool of ``kv_format``'s record (fp8 132 B,
+    mxfp4 68 B); ``layout`` "default" is NORMAL (C4A)."""
+
+    KIND: ClassVar[str] = "indexer-compressor"
+
+    seed: int
+    positions: tuple[int, ...]
+    reqs: tuple[int, ...]
+    slots: tuple[int, ...]
+    block_size: int
+    num_blocks: int
+    ratio: Literal[4] = 4
+    state_block_size: int = 4
+    num_reqs: int = 1
+    score_scale: float = 1.0
+    weight: WeightKind = "normal"
+    eps: float = 1e-6
+    kv_format: Literal["fp8", "mxfp4"] = "fp8"
+    layout: LayoutChoice = "default"
+    mx_scale: bool = False
+    specials: tuple[tuple[int, Literal["kv", "score"], int, SpecialKind], ...] = ()
+    stride_pad: int = 0
+    extra_blocks_before: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        n = len(self.positions)
+        if n < 1 or len(self.reqs) != n or len(self.slots) != n:
+            raise ValueError("positions, reqs and slots need one entry per token (at least one)")
+        if self.state_block_size < 1 or self.num_reqs < 1 or any(not 0 <= r < self.num_reqs for r in self.reqs):
+            raise ValueError(f"reqs: {list(self.reqs)} outside 0..{self.num_reqs - 1}, or state_block_size < 1")
+        if any(p < 0 for p in self.positions):
+            raise ValueError(f"positions: {list(self.positions)} must be >= 0")
+        if self.kv_format == "mxfp4" and (self.layout == "shuffle" or self.mx_scale):
+            raise ValueError("mxfp4: token-major records only, and no mx_scale")
+        if self.layout_name == "shuffle" and self.block_size % 16:
+            raise ValueError(f"block_size: the shuffle layout needs a multiple of 16, got {self.block_size}")
+        _check_geometry(self)
+        bad = [sp for sp in self.specials if not (sp[0] >= 0 and 0 <= sp[2] < HEAD)]
+        if bad:
+            raise ValueError(f"specials: {bad} need index >= 0 and dim 0..127")
+
+    @property
+    def layout_name(self) -> str:
+        return resolved_layout(self.layout, self.block_size, "normal")
+
+
+@dataclass(frozen=True)
+class IndexerWriterCase(Case):
+    """An ``indexer-writer-exact`` case: exactly one of a direct-writer and a compressor case."""
+
+    KIND: ClassVar[str] = "indexer-writer"
+
+    direct: DirectCase | None = None
+    compressor: IndexerCompressorCase | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if (self.direct is None) == (self.compressor is None):
+            raise ValueError("an indexer-writer case holds exactly one of direct and compressor")
+
+
+# --- strategies -------------------------------------------------------------------------------------------------
+
+#: what a subject can write (``impl.indexer_writer.VARIANTS`` has this shape; an adapter may offer less)
+ALL_VARIANTS = {"direct_layouts": ("default", "normal", "shuffle"), "compressor_formats": ("fp8", "mxfp4"),
+                "compressor_layouts": ("default", "normal", "shuffle"), "mx_scale": (False, True)}
+
+
+def _slots(draw, n_tokens: int, n_slots: int, allow_skip: bool = True) -> tuple[int, ...]:
+    perm = draw(st.permutations(range(n_slots)))
+    out = []
+    for i in range(n_tokens):
+        skip = allow_skip and draw(st.sampled_from((False, False, False, True)))
+        out.append(draw(st.sampled_from(NEGATIVE_SLOTS)) if skip else perm[i])
+    return tuple(out)
+
+
+def _geometry(draw, block_sizes, n_tokens: int) -> dict:
+    bs = draw(st.sampled_from(block_sizes))
+    spare = draw(st.integers(0, 2))
+    nb = -(-n_tokens // bs) + spare
+    return {"block_size": bs, "num_blocks": nb, "stride_pad": draw(st.sampled_from(STRIDE_PADS)),
+            "extra_blocks_before": draw(st.integers(0, 2))}
+
+
+@st.composite
+def direct_cases(draw, variants=ALL_VARIANTS) -> DirectCase:
+    T = draw(st.integers(1, 4))
+    layout = draw(st.sampled_from(variants["direct_layouts"]))
+    if layout == "shuffle" or (layout == "default" and draw(st.booleans())):
+        # mostly block sizes the layout can hold; sometimes one it cannot (a refused call)
+        sizes = (16, 64) if draw(st.integers(0, 7)) else (3, 5)
+    else:
+        sizes = (1, 3, 16, 64)
+    geo = _geometry(draw, sizes, T)
+    return DirectCase(
+        seed=draw(st.integers(0, 2 ** 31 - 1)), T=T, layout=layout, **geo,
+        slots=_slots(draw, T, geo["block_size"] * geo["num_blocks"]),
+        log_scale=tuple(draw(st.lists(st.integers(-30, 30), min_size=T, max_size=T))),
+        scale_fmt=draw(st.sampled_from((None, "ue8m0"))),
+        dtype=draw(st.sampled_from(("bfloat16", "float32"))),
+        specials=tuple(draw(st.lists(st.tuples(st.integers(0, T - 1), st.integers(0, HEAD - 1),
+                                               st.sampled_from(DIRECT_KINDS)), max_size=4))),
+    )
+
+
+@st.composite
+def compressor_cases(draw, variants=ALL_VARIANTS) -> IndexerCompressorCase:
+    kv_format = draw(st.sampled_from(variants["compressor_formats"]))
+    layouts = [l for l in variants["compressor_layouts"] if kv_format == "fp8" or l != "shuffle"]
+    layout = draw(st.sampled_from(layouts))
+    sbs = draw(st.sampled_from((4, 3)))
+    n_req = draw(st.integers(1, 2))
+    T = draw(st.integers(1, 3))
+    positions, reqs = [], []
+    for _ in range(T):
+        k = draw(st.integers(1, 5))
+        positions.append(4 * k - 1 - draw(st.sampled_from((0, 0, 0, 1))))
+        reqs.append(draw(st.integers(0, n_req - 1)))
+    geo = _geometry(draw, (16, 64) if layout == "shuffle" else (1, 3, 16), T)
+    return IndexerCompressorCase(
+        seed=draw(st.integers(0, 2 ** 31 - 1)), positions=tuple(positions), reqs=tuple(reqs), num_reqs=n_req,
+        state_block_size=sbs, **geo, slots=_slots(draw, T, geo["block_size"] * geo["num_blocks"]),
+        score_scale=draw(st.sampled_from((0.0, 1.0, 4.0, 30.0))), weight=draw(st.sampled_from(WEIGHT_KINDS)),
+        eps=draw(st.sampled_from((1e-6, 1e-20, 0.0))), kv_format=kv_format, layout=layout,
+        mx_scale=kv_format == "fp8" and draw(st.sampled_from(variants["mx_scale"])),
+        specials=tuple(draw(st.lists(
+            st.tuples(st.integers(0, 10 ** 6), st.sampled_from(("kv", "score")), st.integers(0, HEAD - 1),
+                      st.sampled_from(COMPRESSOR_KINDS)), max_size=4))),
+    )
+
+
+def indexer_writer_cases(variants=ALL_VARIANTS):
+    return st.one_of(direct_cases(variants).map(lambda c: IndexerWriterCase(direct=c)),
+                     compressor_cases(variants).map(lambda c: IndexerWriterCase(compressor=c)))
+
+
+# --- building tensors from a case ---------------------------------------------------------------------------------
+
+def build_pool(case, token_bytes: int, device):
+    """(pool, view): ``view`` is ``[num_blocks, bs, token_bytes]`` uint8 with block stride bs*token_bytes +
+    stride_pad, starting ``extra_blocks_before`` blocks into a pool one block longer than it needs; every byte is
+    seeded random."""
+    stride0 = case.block_size * token_bytes + case.stride_pad
+    n = (case.extra_blocks_before + case.num_blocks + 1) * stride0
+    g = torch.Generator().manual_seed(case.seed ^ 0x5EED)
+    pool = torch.randint(0, 256, (n,), generator=g, dtype=torch.int64).to(torch.uint8).to(device)
+    view = torch.as_strided(pool, (case.num_blocks, case.block_size, token_bytes), (stride0, token_bytes, 1),
+                            case.extra_blocks_before * stride0)
+    return pool, view
+
+
+def pow2_max_value(dtype: str) -> float:
+    """A |max| of exactly 448 * 2^j (also 224 * 2^(j+1)): the power-of-two scale's boundary on both flavours."""
+    return 448.0 * 2.0 ** -3
+
+
+def build_direct_inputs(case: DirectCase, device):
+    g = torch.Generator().manual_seed(case.seed)
+    k = torch.randn(case.T, HEAD, generator=g, dtype=torch.float64)
+    k *= torch.tensor([10.0 ** (s / 3) for s in case.log_scale], dtype=torch.float64)[:, None]
+    dt = torch.bfloat16 if case.dtype == "bfloat16" else torch.float32
+    k = k.to(dt).to(torch.float64)
+    for t, d, kind in case.specials:
+        if kind == "zero-row":
+            k[t] = 0.0
+        elif kind == "pow2-max":
+            # every other value of the row below half the maximum (earlier specials of the token are dropped)
+            row = torch.where(torch.isfinite(k[t]), k[t], torch.zeros_like(k[t]))
+            m = float(row.abs().max())
+            k[t] = (row * (pow2_max_value(case.dtype) * 0.5 / m) if m > 0 else row).to(dt).to(torch.float64)
+            k[t, d] = pow2_max_value(case.dtype) * (1 if d % 2 else -1)
+        else:
+            v = SPECIAL_VALUES[kind]
+            k[t, d] = -v if kind in ("huge", "denormal") and d % 2 == 0 else v
+    k = k.to(dt).to(device)
+    return k, torch.tensor(case.slots, dtype=torch.int64, device=device)
+
+
+def build_compressor_inputs(case: IndexerCompressorCase, device) -> dict:
+    """Tensors for ``compress_norm_rope_store_indexer`` (head 128, ratio 4: state rows [kv 256 | score 256])."""
+    g = torch.Generator().manual_seed(case.seed)
+    ratio, sbs = case.ratio, case.state_block_size
+    coff = 2 if ratio == 4 else 1
+    R = coff * ratio
+    max_pos = max(case.positions)
+    cols = max_pos // sbs + 1
+    n_state_blocks = cols * case.num_reqs + 1
+    state = torch.randn(n_state_blocks, sbs, 2 * coff * HEAD, generator=g)
+    state[:, :, coff * HEAD:] *= case.score_scale
+    table = torch.stack([torch.randperm(n_state_blocks, generator=g)[:cols]
+                         for _ in range(case.num_reqs)]).to(torch.int32)
+    positions, reqs = case.positions, case.reqs
+    for idx, part, d, kind in case.specials:
+        t = idx % len(positions)
+        p = positions[t] - (idx // len(positions)) % R
+        if p < 0:
+            p = positions[t]
+        i = p - (positions[t] - R + 1)
+        half = HEAD if (ratio == 4 and i >= ratio) else 0
+        col0 = (coff * HEAD if part == "score" else 0) + half
+        if kind == "zero-group":
+            lo = (d // 64) * 64
+            for q in range(max(positions[t] - R + 1, 0), positions[t] + 1):
+                qi = q - (positions[t] - R + 1)
+                h = HEAD if (ratio == 4 and qi >= ratio) else 0
+                state[int(table[reqs[t], q // sbs]), q % sbs, h + lo:h + lo + 64] = 0.0
+        else:
+            v = SPECIAL_VALUES[kind]
+            if kind in ("huge", "denormal") and d % 2 == 0:
+                v = -v
+            state[int(table[reqs[t], p // sbs]), p % sbs, col0 + d] = v
+    w = 1.0 + 0.25 * torch.randn(HEAD, generator=g)
+    if case.weight == "huge":
+        w[::3] = 1e38
+    elif case.weight == "denormal":
+        w[1::4] = 1e-40
+    elif case.weight == "zero-group":
+        w[64:128] = 0.0
+    elif case.weight == "nan":
+        w[7] = float("nan")
+    elif case.weight == "inf":
+        w[100] = float("inf")
+    elif case.weight == "tiny":
+        w *= 1e-30  # normed values below the 1e-4 amax floor
+    ang = torch.rand(max_pos + 1, 32, generator=g, dtype=torch.float64) * 6.283185307179586
+    cos_sin = torch.cat([ang.cos(), ang.sin()], dim=1).to(torch.float32)
+    return {
+        "state": state.to(device), "state_block_table": table.to(device),
+        "token_to_req": torch.tensor(reqs, dtype=torch.int32, device=device),
+        "positions": torch.tensor(positions, dtype=torch.int64, device=device),
+        "slot_mapping": torch.tensor(case.slots, dtype=torch.int64, device=device),
+        "norm_weight": w.to(device), "cos_sin_cache": cos_sin.to(device),
+    }
