@@ -89,16 +89,17 @@ def _mma_operand(x):
 
 
 @triton.jit
-def _weighted_head_sum(k_codes, q_op, w, h_ok, BLOCK_ROWS: tl.constexpr, H_PAD: tl.constexpr,
-                       IS_FNUZ: tl.constexpr):
-    """sum_h w[h] * relu(k . q[h]) for a [BLOCK_ROWS, 128] tile of key codes; padded heads contribute exactly 0
-    (masked after the product, so a NaN key cannot leak through a zero pad weight)."""
+def _key_logits(k_codes, scale, q_op, w, h_ok, BLOCK_ROWS: tl.constexpr, H_PAD: tl.constexpr,
+                IS_FNUZ: tl.constexpr):
+    """scale[s] * sum_h w[h] * relu(k[s] . q[h]) for a [BLOCK_ROWS, 128] tile of key codes; padded heads contribute
+    exactly 0 (masked after the product, so a NaN key cannot leak through a zero pad weight); the key scale
+    multiplies the head sum once, after the relu (a scale of either sign gives the formula's value)."""
     k = _mma_operand(fp8_decode_bits(k_codes, IS_FNUZ))
     s = dot(k, tl.trans(q_op), tl.zeros((BLOCK_ROWS, H_PAD), dtype=tl.float32))
     s = tl.where(s < 0, 0.0, s)  # relu that keeps NaN
     p = s * w[None, :]
     p = tl.where(h_ok[None, :], p, 0.0)
-    return tl.sum(p, axis=1)
+    return tl.sum(p, axis=1) * scale
 
 
 @triton.jit
@@ -164,8 +165,7 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
         sbits = sbits | (tl.load(sp + 2, mask=live, other=0).to(tl.int32) << 16)
         sbits = sbits | (tl.load(sp + 3, mask=live, other=0).to(tl.int32) << 24)
         scale = sbits.to(tl.float32, bitcast=True)
-        total = _weighted_head_sum(codes, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ)
-        logit = total * scale
+        logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ)
         tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
 
 
@@ -199,8 +199,7 @@ def _mqa_logits_kernel(q_ptr, stride_qt, stride_qh,
         d = tl.arange(0, 128)
         codes = tl.load(k_ptr + pos.to(tl.int64)[:, None] * stride_k + d[None, :], mask=live[:, None], other=0)
         scale = tl.load(ks_scale_ptr + pos.to(tl.int64) * stride_kscale, mask=live, other=0.0)
-        total = _weighted_head_sum(codes, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ)
-        logit = total * scale
+        logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ)
         tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
 
 

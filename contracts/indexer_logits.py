@@ -1,0 +1,252 @@
+"""Contract ``indexer-logits-agreement`` (the subject's ``indexer_logits`` family): the sparse indexer's decode
+(paged) and prefill logits against a float64 oracle read from the same bytes, and its top-k against a set-based
+oracle with the tie rule. Cases and inputs come from :mod:`fuzz.indexer_logits`.
+
+Error model (the derived bound). Each e4m3 x e4m3 product is exact in fp32; the subject sums 128 of them per head
+(fp32 accumulation, any order), applies the relu (1-Lipschitz), multiplies by the head weight (one rounding), sums
+H heads (any order) and multiplies by the key scale (one rounding). With A[t, s] = sum_h |w[t, h]| * sum_d
+|q[t, h, d] k[s, d]| (the oracle's ``absum``), standard forward error analysis gives
+
+    |logit_fp32 - logit_exact| <= |kscale| * (gamma_n * A + (H + 1) * 2^-149) + 2^-149,
+    gamma_n = n u / (1 - n u),  n = 128 + H + 2,  u = 2^-23,
+
+where u is one ulp (2^-23 relative) per operation rather than round-to-nearest's half: MMA units may truncate while
+accumulating. The 2^-149 terms cover fp32 underflow (each rounding may lose one subnormal ulp absolutely). No fp32
+overflow is reachable from the generated inputs (|logit| < 1e10 for finite scales).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from contracts.core import ALL_TARGETS, Violation, contract, record_margin, single_threaded
+from contracts.subjects import EntryMissing, bound
+from fuzz.indexer_logits import (IndexerLogitsCase, build_decode_inputs, build_prefill_inputs,
+                                 indexer_logits_cases)
+from impl.targets import Target
+from oracles import indexer_logits as oracle
+
+U = 2.0 ** -23
+ETA = 2.0 ** -149
+#: a plausible column, not -1: what a top-k that does not pre-fill its buffer leaves in the unwritten entries
+TOPK_POISON = 0
+LIMIT = 4  # violations reported per kind
+
+
+def _gamma(heads: int) -> float:
+    n = 128 + heads + 2
+    return n * U / (1 - n * U)
+
+
+def tolerances(ref: dict, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bound on the logit error, bound on the head-sum error) per position (float64), from the module's model."""
+    tol_sum = _gamma(heads) * ref["absum"] + (heads + 1) * ETA
+    return ref["scale"].abs() * tol_sum + ETA, tol_sum
+
+
+def _cls(x: float) -> str:
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "+inf" if x > 0 else "-inf"
+    return "finite"
+
+
+def compare_logits(got: torch.Tensor, ref: dict, heads: int, label: str) -> list[Violation]:
+    """Masked positions -inf exactly; NaN and infinities exactly where the oracle has them (an infinite scale's sign
+    from the head sum, any of +-inf/NaN only where that sum is within its bound of 0); finite logits within the
+    derived bound (margins recorded). Said apart: a logit beyond the fp32 bound but within the rounding of head
+    scores stored in bf16 (|S_h| 2^-8 each), which names a subject that computes q . k in bf16."""
+    rows, cols = ref["logits"].shape
+    if tuple(got.shape) != (rows, cols) or got.dtype != torch.float32:
+        return [Violation(f"{label} logits shape/dtype", "", f"[{rows}, {cols}] float32",
+                          f"{list(got.shape)} {got.dtype}")]
+    g = got.detach().cpu().to(torch.float64)
+    r = ref["logits"]
+    vis = ref["visible"]
+    tol, tol_sum = tolerances(ref, heads)
+    v: list[Violation] = []
+    counts: dict[str, int] = {}
+
+    def add(kind: str, msg: str, where: str, expected: str, got_s: str):
+        counts[kind] = counts.get(kind, 0) + 1
+        if counts[kind] <= LIMIT:
+            v.append(Violation(msg, where, expected, got_s))
+
+    masked_bad = ~vis & ~(g == -math.inf)
+    for i, j in masked_bad.nonzero().tolist()[:LIMIT]:
+        add("mask", f"{label}: a masked position is not -inf", f"row {i}, column {j}", "-inf", repr(g[i, j].item()))
+    counts["mask"] = int(masked_bad.sum())
+    finite_scale = torch.isfinite(ref["scale"])
+    err = (g - r).abs()
+    for i, j in vis.nonzero().tolist():
+        gv, rv = g[i, j].item(), r[i, j].item()
+        where = f"row {i}, column {j}"
+        if finite_scale[i, j] or math.isnan(ref["scale"][i, j].item()):
+            want = _cls(rv)
+            if _cls(gv) != want:
+                add("class", f"{label}: a visible logit is {_cls(gv)} where the oracle's is {want}", where,
+                    f"{rv!r}", f"{gv!r}")
+            elif want == "finite" and not err[i, j] <= tol[i, j]:
+                bf16 = tol[i, j] + abs(ref["scale"][i, j].item()) * 2.0 ** -8 * ref["absum"][i, j].item()
+                if err[i, j] <= bf16:
+                    add("bf16", f"{label}: logit differs beyond the fp32 bound, within the rounding of head scores "
+                        "stored in bf16", where, f"{rv:.9g} +- {tol[i, j].item():.3g}", f"{gv:.9g}")
+                else:
+                    add("value", f"{label}: logit differs from the oracle beyond the derived bound", where,
+                        f"{rv:.9g} +- {tol[i, j].item():.3g}", f"{gv:.9g}")
+        else:  # an infinite scale
+            hs = ref["head_sum"][i, j].item()
+            if math.isnan(hs) or ref["absum"][i, j].item() == 0:
+                want = {"NaN"}
+            elif abs(hs) > tol_sum[i, j].item():
+                want = {_cls(hs * ref["scale"][i, j].item())}
+            else:
+                want = {"+inf", "-inf", "NaN"}
+            if _cls(gv) not in want:
+                add("class", f"{label}: a logit with an infinite key scale is {_cls(gv)}", where,
+                    " or ".join(sorted(want)), f"{gv!r}")
+    keep = vis & torch.isfinite(r) & torch.isfinite(g)
+    if bool(keep.any()):
+        record_margin(err[keep], tol[keep])
+    for kind, n in counts.items():
+        if n > LIMIT:
+            v.append(Violation(f"{label}: {n - LIMIT} more positions of the same kind ({kind})", "", "", ""))
+    return v
+
+
+def compare_topk(got_idx, logits: torch.Tensor, ref: dict, k: int, label: str, starts=None, ends=None
+                 ) -> list[Violation]:
+    """(a) On the subject's own logits the top-k equals the oracle's as a set, its entries past the candidate count
+    are -1, no column twice; (b) against the oracle's top-k of the exact logits the set may differ only by swaps of
+    columns whose oracle logits are within their summed bounds of each other (the k-th gap is within the bound)."""
+    rows = int(logits.shape[0])
+    if not isinstance(got_idx, torch.Tensor) or tuple(got_idx.shape) != (rows, k) or got_idx.dtype != torch.int32:
+        return [Violation(f"{label} top-k shape/dtype", "", f"[{rows}, {k}] int32",
+                          f"{list(getattr(got_idx, 'shape', []))} {getattr(got_idx, 'dtype', type(got_idx))}")]
+    gi = got_idx.detach().cpu().tolist()
+    lg = logits.detach().cpu().to(torch.float64).tolist()
+    own = oracle.topk(lg, k, starts, ends)
+    exact = oracle.topk(ref["logits"].tolist(), k, starts, ends)
+    tol = tolerances(ref, int(ref["heads"]))[0]
+    v: list[Violation] = []
+    for r in range(rows):
+        where = f"row {r}"
+        want = own[r]
+        count = sum(1 for x in want if x >= 0)
+        head, tail = gi[r][:count], gi[r][count:]
+        if any(x != -1 for x in tail):
+            v.append(Violation(f"{label}: top-k entries past the candidate count are not -1", where,
+                               f"{count} entries then -1", str(gi[r])))
+            continue
+        if len(set(head)) != len(head):
+            v.append(Violation(f"{label}: top-k holds a column twice", where, str(want), str(gi[r])))
+            continue
+        if set(head) != set(want[:count]):
+            off = 0 if starts is None else starts[r]
+            vals = lg[r]
+            kth = vals[want[count - 1] + off]
+            tie = all(vals[x + off] == kth for x in set(head) ^ set(want[:count]) if 0 <= x + off < len(vals))
+            msg = ("top-k breaks an exact tie against the tie rule (equal logits: the lower column first)" if tie
+                   else "top-k set differs from the oracle's top-k of the same logits")
+            v.append(Violation(f"{label}: {msg}", where, str(sorted(want[:count])), str(sorted(head))))
+            continue
+        # (b) the exact logits' top-k
+        ex = [x for x in exact[r] if x >= 0]
+        if len(ex) != count:
+            continue  # a class difference, already reported by the logits comparison
+        off = 0 if starts is None else starts[r]
+        extra, missing = set(head) - set(ex), set(ex) - set(head)
+        rv = ref["logits"][r]
+        for e in extra:
+            for f in missing:
+                gap = rv[f + off].item() - rv[e + off].item()
+                bnd = tol[r, f + off].item() + tol[r, e + off].item()
+                if math.isnan(gap):
+                    gap = 0.0
+                if not gap <= bnd:
+                    v.append(Violation(f"{label}: top-k set differs from the oracle's beyond the rounding bound",
+                                       f"{where}: column {e} picked, {f} left out",
+                                       f"gap {rv[f + off].item():.9g} - {rv[e + off].item():.9g} <= {bnd:.3g}",
+                                       f"gap {gap:.3g}"))
+                    break
+                if bnd > 0 and math.isfinite(bnd):
+                    record_margin(gap / bnd)
+    return v
+
+
+def _examples(target: Target) -> list[IndexerLogitsCase]:
+    base = IndexerLogitsCase(seed=11, mode="decode", heads=4, topk=40, next_n=2, block_size=16, layout="shuffle",
+                             context_lens=(17, 32, 1), max_model_len=36, extra_columns=1)
+    return [
+        base,
+        base.replace(seed=12, layout="normal", block_size=3, context_lens=(7, 0), next_n=1, topk=9,
+                     max_model_len=9, values="ties"),
+        base.replace(seed=13, block_size=64, layout="normal", context_lens=(65, 1, 2, 2), per_row=True,
+                     max_model_len=70, topk=70, heads=2, values="wide"),
+        IndexerLogitsCase(seed=14, mode="prefill", heads=8, topk=12, keys=20, row_starts=(0, 4, 9, 20),
+                          row_ends=(5, 4, 20, 20), values="ties"),
+        base.replace(seed=15, next_n=1, block_size=1, layout="normal", context_lens=(5, 3), max_model_len=6,
+                     nan_q=True, nan_k=True, bad_scale="inf", topk=8),
+    ]
+
+
+@contract("indexer-logits-agreement", targets=ALL_TARGETS, cases=lambda target: indexer_logits_cases(),
+          examples=_examples, case_type=IndexerLogitsCase, numeric=True)
+def indexer_logits_agreement(case: IndexerLogitsCase, target: Target) -> list[Violation]:
+    """The sparse indexer's logits, logit[t, s] = kscale[s] * sum_h w[t, h] * relu(q[t, h] . k[s]) (SPEC 5), agree
+    with a float64 oracle that reads the same cache bytes: decode from the paged indexer-K cache (NORMAL and SHUFFLE,
+    odd block sizes, next_n 1 and 2, per-request and per-row context lengths: row j of a request with context ctx
+    sees positions n <= ctx - next_n + j) and prefill over gathered keys (-inf outside [ks, ke)). Masked positions
+    are -inf exactly, on every column up to max_model_len, whatever the poisoned bytes past each row's length hold;
+    NaN propagates exactly (a NaN code in q or a key, a NaN scale) and an infinite scale gives the sign of the head
+    sum; finite logits are within the bound derived from fp32 accumulation over 128 lanes and H heads (module
+    docstring; the margin is the worst error over its bound). The top-k (pre-filled -1, candidates neither -inf nor
+    NaN, equal logits the lower column first; the prefill form local to ks) equals the oracle's set on the subject's
+    own logits, and differs from the exact logits' top-k only where the swapped columns' oracle logits are within
+    their summed bounds. A subject without a top-k entry point fails on wrong logits and is otherwise skipped,
+    naming the entry point."""
+    with single_threaded():
+        return _check(case, target)
+
+
+def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
+    from impl.targets import get_target
+
+    tgt = get_target(target)
+    fam = bound(tgt).indexer_logits
+    flavour = tgt.main_cache_fp8
+    if case.mode == "decode":
+        inp = build_decode_inputs(case, flavour)
+        got = fam.fp8_paged_mqa_logits(inp.q, inp.cache, inp.weights, inp.context_lens, inp.block_table,
+                                       case.max_model_len, layout=case.layout, target=tgt)
+        got_cpu = got.detach().cpu().clone()
+        ref = oracle.paged_logits(inp.q_codes, inp.cache.cpu(), inp.weights, inp.visible, inp.table,
+                                  case.max_model_len, case.layout, flavour)
+        starts = ends = None
+        label = "decode"
+    else:
+        inp = build_prefill_inputs(case, flavour)
+        got = fam.fp8_mqa_logits(inp.q, inp.k_fp8, inp.k_scale, inp.weights, inp.ks, inp.ke, target=tgt)
+        got_cpu = got.detach().cpu().clone()
+        ref = oracle.prefill_logits(inp.q_codes, inp.k_codes, inp.k_scale, inp.weights, list(case.row_starts),
+                                    list(case.row_ends), flavour)
+        starts, ends = list(case.row_starts), list(case.row_ends)
+        label = "prefill"
+    ref["heads"] = case.heads
+    v = compare_logits(got_cpu, ref, case.heads, label)
+    try:
+        rows = got.shape[0]
+        out = torch.full((rows, case.topk), TOPK_POISON, dtype=torch.int32, device=got.device)
+        if case.mode == "decode":
+            idx = fam.topk_indices(got, case.topk, out=out)
+        else:
+            idx = fam.topk_indices_prefill(got, inp.ks, inp.ke, case.topk, out=out)
+    except EntryMissing:
+        if v:
+            return v
+        raise
+    if any("shape/dtype" in x.message for x in v):
+        return v
+    return v + compare_topk(idx, got_cpu, ref, case.topk, label, starts, ends)

@@ -1,0 +1,311 @@
+"""Cases, strategies and input builders for the indexer logits and top-k (``impl.indexer_logits``).
+
+What they reach: decode with next_n 1 and 2, per-request and per-row ([B, next_n]) context lengths, lengths 0, at
+and one past a block boundary, and rows that see nothing (ctx < next_n); block sizes 1, 3, 16, 64 (SHUFFLE on 16
+and 64); a poisoned pool (every byte no visible position reads is the flavour's NaN code: unreferenced blocks,
+the tail of each request's last page, and the table columns past its pages, which name poisoned blocks, so a
+kernel that reads past a row's length returns NaN instead of -inf); prefill rows with empty ranges and keys no row
+sees (poisoned too); a top-k larger than the candidate count; exact ties (values on a coarse grid, keys repeating
+three rows: runs of equal logits at the top-k boundary, many exact zeros after the relu); NaN codes in q or in a visible key, infinite, NaN and negative key scales; heads
+counts below and at the MMA tile (1..16).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+from hypothesis import strategies as st
+
+from fuzz.cases import Case
+from impl.formats import INDEXER_TOKEN_BYTES, fp8_encode, pack_indexer_k
+from impl.runtime import kernel_device
+
+FP8_TORCH = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
+NAN_CODE = {"ocp": 0x7F, "fnuz": 0x80}
+BLOCK_SIZES = (1, 3, 16, 64)
+HEADS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class IndexerLogitsCase(Case):
+    """One logits + top-k call. ``mode`` "decode": ``context_lens`` (one per request, or one per row when
+    ``per_row``) over a paged cache of ``block_size`` in ``layout``, table columns past each request's pages
+    (``extra_columns``) and ``spare_blocks`` pool blocks no column names, all poisoned. ``mode`` "prefill":
+    ``keys`` gathered keys, row t sees [row_starts[t], row_ends[t]). ``values``: "normal" (N(0, 1) codes), "ties"
+    (a coarse grid: exact ties) or "wide" (codes drawn from every finite code: subnormals to the flavour's max;
+    scales of either sign).
+    ``nan_q``/``nan_k`` plant a NaN code in q / in one visible key; ``bad_scale`` makes one visible key's scale
+    inf, NaN or negative (bytes a writer never stores; the formula still holds)."""
+
+    KIND: ClassVar[str] = "indexer-logits-agreement"
+
+    seed: int
+    mode: Literal["decode", "prefill"]
+    heads: int
+    topk: int
+    values: Literal["normal", "ties", "wide"] = "normal"
+    nan_q: bool = False
+    nan_k: bool = False
+    bad_scale: Literal["none", "inf", "nan", "negative"] = "none"
+    next_n: int = 1
+    block_size: int = 16
+    layout: Literal["normal", "shuffle"] = "normal"
+    context_lens: tuple[int, ...] = ()
+    per_row: bool = False
+    max_model_len: int = 1
+    extra_columns: int = 0
+    spare_blocks: int = 1
+    keys: int = 0
+    row_starts: tuple[int, ...] = ()
+    row_ends: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.heads < 1 or self.topk < 1 or self.seed < 0:
+            raise ValueError("heads and topk must be >= 1, seed >= 0")
+        if self.mode == "decode":
+            if self.next_n < 1 or self.block_size < 1 or self.max_model_len < 1:
+                raise ValueError("next_n, block_size and max_model_len must be >= 1")
+            if self.layout == "shuffle" and self.block_size % 16:
+                raise ValueError(f"layout shuffle needs a block size that is a multiple of 16, got {self.block_size}")
+            if not self.context_lens or any(c < 0 for c in self.context_lens):
+                raise ValueError("context_lens: expected at least one length, all >= 0")
+            if self.per_row and len(self.context_lens) % self.next_n:
+                raise ValueError("context_lens: per-row lengths come next_n per request")
+            if max(max(v) for v in self.visible()) > self.max_model_len:
+                raise ValueError("context_lens: a row sees more than max_model_len positions")
+            if self.extra_columns < 0 or self.spare_blocks < 1:
+                raise ValueError("extra_columns must be >= 0 and spare_blocks >= 1 (the poisoned blocks)")
+        else:
+            T = len(self.row_starts)
+            if T < 1 or len(self.row_ends) != T or self.keys < 1:
+                raise ValueError("prefill: expected >= 1 row with a start and an end, and >= 1 key")
+            if any(not 0 <= lo <= hi <= self.keys for lo, hi in zip(self.row_starts, self.row_ends)):
+                raise ValueError("prefill: expected 0 <= row_starts <= row_ends <= keys")
+
+    @property
+    def batch(self) -> int:
+        return len(self.context_lens) // (self.next_n if self.per_row else 1)
+
+    def visible(self) -> list[list[int]]:
+        """Positions row (b, j) sees: ctx - next_n + j + 1 (at least 0), or the per-row length itself."""
+        n = self.next_n
+        if self.per_row:
+            return [list(self.context_lens[b * n:(b + 1) * n]) for b in range(self.batch)]
+        return [[max(c - n + j + 1, 0) for j in range(n)] for c in self.context_lens]
+
+
+def _context_len(draw, bs: int) -> int:
+    kind = draw(st.sampled_from(["zero", "boundary", "boundary+1", "boundary-1", "any", "any"]))
+    pages = draw(st.integers(1, 3 if bs < 64 else 2))
+    cap = 40 if bs == 1 else 130
+    if kind == "zero":
+        return 0
+    if kind == "boundary":
+        return min(pages * bs, cap)
+    if kind == "boundary+1":
+        return min(pages * bs + 1, cap)
+    if kind == "boundary-1":
+        return max(min(pages * bs - 1, cap), 0)
+    return draw(st.integers(0, min(3 * bs, cap)))
+
+
+def _common(draw) -> dict:
+    return dict(
+        seed=draw(st.integers(0, 2 ** 31 - 1)),
+        heads=draw(st.sampled_from(HEADS)),
+        values=draw(st.sampled_from(["normal", "normal", "ties", "wide"])),
+        nan_q=draw(st.booleans()) and draw(st.booleans()),
+        nan_k=draw(st.booleans()) and draw(st.booleans()),
+        bad_scale=draw(st.sampled_from(["none", "none", "inf", "nan", "negative"])),
+    )
+
+
+GEOMETRIES = ((1, "normal"), (3, "normal"), (16, "normal"), (16, "shuffle"), (64, "normal"), (64, "shuffle"))
+#: decode with one query row per request, MTP rows from one length per request, MTP rows with per-row lengths
+DECODE_SHAPES = ((1, False), (2, False), (2, True))
+
+
+@st.composite
+def decode_cases(draw) -> IndexerLogitsCase:
+    base = _common(draw)
+    bs, layout = draw(st.sampled_from(GEOMETRIES))
+    next_n, per_row = draw(st.sampled_from(DECODE_SHAPES))
+    B = draw(st.integers(1, 3))
+    ctx = [_context_len(draw, bs) for _ in range(B)]
+    if per_row:
+        # the MTP shape (ctx - next_n + j + 1) or any lengths, one per row
+        lens = []
+        for c in ctx:
+            if draw(st.booleans()):
+                lens += [max(c - next_n + j + 1, 0) for j in range(next_n)]
+            else:
+                lens += [draw(st.integers(0, max(c, 1))) for _ in range(next_n)]
+        ctx = lens
+    case = IndexerLogitsCase(mode="decode", topk=1, next_n=next_n, block_size=bs, layout=layout,
+                             context_lens=tuple(ctx), per_row=per_row, max_model_len=1 << 20, **base)
+    longest = max(max(v) for v in case.visible())
+    return case.replace(max_model_len=max(1, longest + draw(st.integers(0, 5))),
+                        topk=draw(st.integers(1, longest + 3)),
+                        extra_columns=draw(st.integers(0, 2)), spare_blocks=draw(st.integers(1, 2)))
+
+
+@st.composite
+def prefill_cases(draw) -> IndexerLogitsCase:
+    base = _common(draw)
+    S = draw(st.integers(1, 40))
+    T = draw(st.integers(1, 4))
+    starts, ends = [], []
+    for _ in range(T):
+        lo = draw(st.integers(0, S))
+        hi = lo if draw(st.integers(0, 4)) == 0 else draw(st.integers(lo, S))
+        starts.append(lo)
+        ends.append(hi)
+    longest = max(e - s for s, e in zip(starts, ends))
+    return IndexerLogitsCase(mode="prefill", topk=draw(st.integers(1, longest + 3)), keys=S,
+                             row_starts=tuple(starts), row_ends=tuple(ends), **base)
+
+
+@st.composite
+def indexer_logits_cases(draw) -> IndexerLogitsCase:
+    """Decode three times in four, prefill otherwise."""
+    if draw(st.integers(0, 3)) == 3:
+        return draw(prefill_cases())
+    return draw(decode_cases())
+
+
+# --- inputs ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class DecodeInputs:
+    q: torch.Tensor             # [B, next_n, H, 128] platform fp8
+    q_codes: torch.Tensor       # the same bits as uint8 (CPU)
+    cache: torch.Tensor         # [nb, bs, 132] uint8
+    weights: torch.Tensor       # [B * next_n, H] fp32
+    context_lens: torch.Tensor  # [B] or [B, next_n] int32
+    block_table: torch.Tensor   # [B, W] int32
+    table: list                 # the same as lists
+    visible: list
+
+
+@dataclass
+class PrefillInputs:
+    q: torch.Tensor        # [T, H, 128] platform fp8
+    q_codes: torch.Tensor
+    k_fp8: torch.Tensor    # [S, 128] platform fp8
+    k_codes: torch.Tensor
+    k_scale: torch.Tensor  # [S] fp32
+    weights: torch.Tensor  # [T, H] fp32
+    ks: torch.Tensor       # [T] int32
+    ke: torch.Tensor
+
+
+def _codes(gen: torch.Generator, shape, values: str, flavour: str) -> torch.Tensor:
+    if values == "ties":
+        grid = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.5, 2.0])
+        x = grid[torch.randint(0, len(grid), shape, generator=gen)]
+        return fp8_encode(x, flavour)
+    if values == "wide":
+        c = torch.randint(0, 256, shape, generator=gen).to(torch.uint8)
+        nan = NAN_CODE[flavour]
+        bad = (c == nan) | ((c & 0x7F) == 0x7F) if flavour == "ocp" else (c == nan)
+        return torch.where(bad, torch.zeros_like(c), c)
+    return fp8_encode(torch.randn(shape, generator=gen), flavour)
+
+
+def _key_codes(gen: torch.Generator, n: int, values: str, flavour: str) -> torch.Tensor:
+    """[n, 128] key codes; with "ties" every key is one of three rows, so a row's logits take at most three values
+    and a top-k boundary falls inside a run of equal logits."""
+    codes = _codes(gen, (n, 128), values, flavour)
+    if values == "ties" and n:
+        codes = codes[:3][torch.randint(0, min(3, n), (n,), generator=gen)]
+    return codes
+
+
+def _scales(gen: torch.Generator, n: int, values: str) -> torch.Tensor:
+    if values == "ties":
+        return torch.full((n,), 0.25)
+    e = torch.randint(-10, 1, (n,), generator=gen).to(torch.float32)
+    s = (torch.rand(n, generator=gen) + 0.5) * torch.exp2(e)
+    if values == "wide":  # any bytes: a negative scale too (the writer never stores one; the formula holds)
+        s = torch.where(torch.rand(n, generator=gen) < 0.5, -s, s)
+    return s.to(torch.float32)
+
+
+def _weights(gen: torch.Generator, shape, values: str) -> torch.Tensor:
+    if values == "ties":
+        grid = torch.tensor([1.0, 0.5, -0.5, 0.25])
+        return grid[torch.randint(0, len(grid), shape, generator=gen)].to(torch.float32)
+    return (torch.randn(shape, generator=gen) * 0.5).to(torch.float32)
+
+
+def _plant(gen, case: IndexerLogitsCase, q_codes, k_codes, k_scale, live_keys: list[int], flavour: str) -> None:
+    """NaN in q, NaN in a visible key, a non-finite scale on a visible key, as the case asks (in place)."""
+    if case.nan_q:
+        idx = tuple(int(torch.randint(0, s, (1,), generator=gen)) for s in q_codes.shape)
+        q_codes[idx] = NAN_CODE[flavour]
+    if live_keys and case.nan_k:
+        s = live_keys[int(torch.randint(0, len(live_keys), (1,), generator=gen))]
+        k_codes[s, int(torch.randint(0, 128, (1,), generator=gen))] = NAN_CODE[flavour]
+    if live_keys and case.bad_scale != "none":
+        s = live_keys[int(torch.randint(0, len(live_keys), (1,), generator=gen))]
+        k_scale[s] = {"inf": float("inf"), "nan": float("nan"), "negative": -abs(float(k_scale[s]))}[case.bad_scale]
+
+
+def build_decode_inputs(case: IndexerLogitsCase, flavour: str, device: str | None = None) -> DecodeInputs:
+    device = device or kernel_device()
+    gen = torch.Generator().manual_seed(case.seed)
+    bs, n, H = case.block_size, case.next_n, case.heads
+    vis = case.visible()
+    B = len(vis)
+    pages = [(max(v) + bs - 1) // bs for v in vis]
+    W = max(1, max(pages) + case.extra_columns)
+    real = sum(pages)
+    nb = real + case.spare_blocks
+    perm = torch.randperm(nb, generator=gen).tolist()
+    live_blocks, poisoned = perm[:real], perm[real:]
+    table, slots = [], []
+    it = iter(live_blocks)
+    for b in range(B):
+        row = [next(it) for _ in range(pages[b])]
+        row += [poisoned[int(torch.randint(0, len(poisoned), (1,), generator=gen))] for _ in range(W - pages[b])]
+        table.append(row)
+        slots += [row[p // bs] * bs + p % bs for p in range(max(vis[b]))]
+    cache = torch.full((nb, bs, INDEXER_TOKEN_BYTES), NAN_CODE[flavour], dtype=torch.uint8)
+    k_codes = _key_codes(gen, len(slots), case.values, flavour)
+    k_scale = _scales(gen, len(slots), case.values)
+    q_codes = _codes(gen, (B, n, H, 128), case.values, flavour)
+    _plant(gen, case, q_codes, k_codes, k_scale, list(range(len(slots))), flavour)
+    if slots:
+        pack_indexer_k(cache, slots, k_codes, k_scale, layout=case.layout)
+    weights = _weights(gen, (B * n, H), case.values)
+    if case.per_row:
+        ctx = torch.tensor(case.context_lens, dtype=torch.int32).reshape(B, n)
+    else:
+        ctx = torch.tensor(case.context_lens, dtype=torch.int32)
+    q_dev = q_codes.to(device)
+    return DecodeInputs(q=q_dev.view(FP8_TORCH[flavour]), q_codes=q_codes, cache=cache.to(device),
+                        weights=weights.to(device), context_lens=ctx.to(device),
+                        block_table=torch.tensor(table, dtype=torch.int32).to(device), table=table, visible=vis)
+
+
+def build_prefill_inputs(case: IndexerLogitsCase, flavour: str, device: str | None = None) -> PrefillInputs:
+    device = device or kernel_device()
+    gen = torch.Generator().manual_seed(case.seed)
+    S, T, H = case.keys, len(case.row_starts), case.heads
+    seen = sorted({s for lo, hi in zip(case.row_starts, case.row_ends) for s in range(lo, hi)})
+    k_codes = _key_codes(gen, S, case.values, flavour)
+    k_scale = _scales(gen, S, case.values)
+    unseen = torch.ones(S, dtype=torch.bool)
+    unseen[seen] = False
+    k_codes[unseen] = NAN_CODE[flavour]  # poison: no row may read these keys
+    k_scale[unseen] = float("nan")
+    q_codes = _codes(gen, (T, H, 128), case.values, flavour)
+    _plant(gen, case, q_codes, k_codes, k_scale, seen, flavour)
+    weights = _weights(gen, (T, H), case.values)
+    fp8 = FP8_TORCH[flavour]
+    return PrefillInputs(q=q_codes.to(device).view(fp8), q_codes=q_codes, k_fp8=k_codes.to(device).view(fp8),
+                         k_codes=k_codes, k_scale=k_scale.to(device), weights=weights.to(device),
+                         ks=torch.tensor(case.row_starts, dtype=torch.int32).to(device),
+                         ke=torch.tensor(case.row_ends, dtype=torch.int32).to(device))

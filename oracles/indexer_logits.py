@@ -1,0 +1,134 @@
+"""Reference indexer logits and top-k (SPEC 1.3 and 5), in float64 from the cache bytes.
+
+logit[t, s] = kscale[s] * sum_h w[t, h] * relu(q[t, h] . k[s]); the relu keeps NaN (a NaN score stays NaN, as
+torch.relu does); masked positions are -inf. Keys are read byte by byte at the absolute offsets SPEC 1.3 gives
+(:func:`oracles.formats.indexer_k_token_spans`), the fp8 codes decoded by :func:`oracles.formats.fp8_decode`, the
+scale read as a little-endian fp32 (NaN and infinities kept). Every product of two e4m3 values and every sum of
+128 of them is exact in float64, so the reference is the exact value of the formula up to float64 rounding.
+
+Besides the logits the references return what a tolerance needs: the head sum before the scale, its absolute
+counterpart sum_h |w[t, h]| * sum_d |q[t, h, d] * k[s, d]| and the scale, on every visible position, and the
+``visible`` mask itself.
+
+The top-k is a sort of (value, column) pairs: candidates are the logits that are neither -inf nor NaN, ranked by
+value, larger first, equal values (-0.0 == +0.0) the lower column first; a row has min(k, count) entries, then -1.
+"""
+from __future__ import annotations
+
+import math
+import struct
+
+import torch
+
+from oracles.formats import fp8_decode, indexer_k_token_spans, storage_bytes
+
+
+def _scale_from_bytes(four: list[int]) -> float:
+    return struct.unpack("<f", bytes(four))[0]
+
+
+def _read_keys(cache: torch.Tensor, slots: list[int], layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 codes [n, 128] and float64 scales [n] of the given slots of an indexer-K cache view [nb, bs, 132]."""
+    flat, base = storage_bytes(cache)
+    flat = flat.cpu()
+    bs = int(cache.shape[1])
+    stride = int(cache.stride(0))
+    codes = torch.empty(len(slots), 128, dtype=torch.uint8)
+    scales = torch.empty(len(slots), dtype=torch.float64)
+    for i, slot in enumerate(slots):
+        offs, soff = indexer_k_token_spans(slot, bs, stride, layout)
+        codes[i] = flat[torch.tensor(offs, dtype=torch.int64) + base]
+        scales[i] = _scale_from_bytes(flat[base + soff: base + soff + 4].tolist())
+    return codes, scales
+
+
+def _score(qf: torch.Tensor, w: torch.Tensor, kf: torch.Tensor, scales: torch.Tensor):
+    """qf [H, 128], w [H], kf [n, 128], scales [n] (float64) -> (logit, head sum, absolute sum) each [n]."""
+    s = kf @ qf.T  # [n, H]
+    relu = torch.where(s < 0, torch.zeros_like(s), s)
+    head_sum = (relu * w[None, :]).sum(dim=1)
+    absum = (kf.abs() @ qf.abs().T * w.abs()[None, :]).sum(dim=1)
+    return head_sum * scales, head_sum, absum
+
+
+def _empty(rows: int, cols: int) -> dict:
+    return {"logits": torch.full((rows, cols), -math.inf, dtype=torch.float64),
+            "head_sum": torch.zeros(rows, cols, dtype=torch.float64),
+            "absum": torch.zeros(rows, cols, dtype=torch.float64),
+            "scale": torch.zeros(rows, cols, dtype=torch.float64),
+            "visible": torch.zeros(rows, cols, dtype=torch.bool)}
+
+
+def paged_logits(q_codes: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, visible: list[list[int]],
+                 block_table: list[list[int]], max_model_len: int, layout: str, flavour: str) -> dict:
+    """Decode reference. ``q_codes`` [B, next_n, H, 128] uint8; ``cache`` the [nb, bs, 132] uint8 view;
+    ``weights`` [B * next_n, H]; ``visible[b][j]`` how many positions row (b, j) sees (SPEC 5's decode mask:
+    ctx - next_n + j + 1 for a per-request length, given per row otherwise); ``block_table`` rows as lists.
+    Returns float64 [B * next_n, max_model_len] tensors ``logits``, ``head_sum``, ``absum``, ``scale`` and the bool
+    ``visible``."""
+    B, next_n, H, _ = q_codes.shape
+    bs = int(cache.shape[1])
+    out = _empty(B * next_n, max_model_len)
+    qf = fp8_decode(q_codes.cpu(), flavour)
+    w = weights.detach().cpu().to(torch.float64)
+    for b in range(B):
+        n_max = max(max(visible[b]), 0)
+        slots = [block_table[b][n // bs] * bs + n % bs for n in range(n_max)]
+        codes, scales = _read_keys(cache, slots, layout)
+        kf = fp8_decode(codes, flavour)
+        for j in range(next_n):
+            n = max(visible[b][j], 0)
+            if n == 0:
+                continue
+            r = b * next_n + j
+            logit, hs, ab = _score(qf[b, j], w[r], kf[:n], scales[:n])
+            out["logits"][r, :n] = logit
+            out["head_sum"][r, :n] = hs
+            out["absum"][r, :n] = ab
+            out["scale"][r, :n] = scales[:n]
+            out["visible"][r, :n] = True
+    return out
+
+
+def prefill_logits(q_codes: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                   ks: list[int], ke: list[int], flavour: str) -> dict:
+    """Prefill reference: ``q_codes`` [T, H, 128], ``k_codes`` [S, 128] uint8, ``k_scale`` [S] (any float dtype);
+    row t sees keys [ks[t], ke[t]). Returns float64 [T, S] ``logits``, ``head_sum``, ``absum``, ``scale``."""
+    T = int(q_codes.shape[0])
+    S = int(k_codes.shape[0])
+    out = _empty(T, S)
+    qf = fp8_decode(q_codes.cpu(), flavour)
+    kf = fp8_decode(k_codes.cpu(), flavour)
+    sc = k_scale.detach().cpu().to(torch.float64).reshape(S)
+    w = weights.detach().cpu().to(torch.float64)
+    for t in range(T):
+        lo, hi = ks[t], ke[t]
+        if hi <= lo:
+            continue
+        logit, hs, ab = _score(qf[t], w[t], kf[lo:hi], sc[lo:hi])
+        out["logits"][t, lo:hi] = logit
+        out["head_sum"][t, lo:hi] = hs
+        out["absum"][t, lo:hi] = ab
+        out["scale"][t, lo:hi] = sc[lo:hi]
+        out["visible"][t, lo:hi] = True
+    return out
+
+
+def ranked(row: list[float], lo: int = 0, hi: int | None = None) -> list[int]:
+    """Candidate columns of one row (in [lo, hi)) in rank order: value descending, then the lower column."""
+    hi = len(row) if hi is None else hi
+    cands = [(-v, c) for c, v in enumerate(row) if lo <= c < hi and not math.isnan(v) and v != -math.inf]
+    return [c for _, c in sorted(cands)]
+
+
+def topk(rows: list[list[float]], k: int, starts: list[int] | None = None, ends: list[int] | None = None
+         ) -> list[list[int]]:
+    """Each row's first min(k, count) ranked columns then -1 (k entries). With ``starts``/``ends`` only columns in
+    [starts[r], ends[r]) rank and the result is relative to starts[r] (the prefill form)."""
+    out = []
+    for r, row in enumerate(rows):
+        lo = 0 if starts is None else starts[r]
+        hi = None if ends is None else ends[r]
+        picks = [c - lo for c in ranked(row, lo, hi)[:k]]
+        out.append(picks + [-1] * (k - len(picks)))
+    return out
