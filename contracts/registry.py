@@ -21,7 +21,6 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.cp_gather",
     "contracts.indexer_writer",
     "contracts.indexer_logits",
-    "contracts.indexer_logits",
     "contracts.int64_probes",
     "contracts.ragged",
     "contracts.dsv4_step",
