@@ -3,7 +3,8 @@
 SPEC 1.2: the product passes 2^31 at about 57K blocks. Each probe writes or reads tokens at the far end of a pool
 larger than 2^32 bytes, whose block offset computed in 32 bits would wrap to a small positive value inside the same
 pool: a wrong read or write, not a crash. The pool's start is poisoned so a wrapped access cannot agree by accident.
-Probes: the SWA insert and the compressor (writers), the decode (readers, every kernel family). A component adds its
+Probes: the SWA insert and the compressor (writers), the decode (readers, every kernel family), the indexer-K
+gather (both variants). A component adds its
 own with :func:`int64_probe`, naming the entry points it runs; a case names the probes whose entry points the current
 subject has (``bound(target)``), so a subject without an SWA insert is probed through its compressor and decode.
 """
@@ -241,6 +242,74 @@ def _decode_far_end(seed: int, bs: int, target: Target) -> list[Violation]:
     return oracle_violations("decode at the far end of a >2^32-byte pool vs oracle", got, ref, plan.num_splits)
 
 
+# --- the indexer-K gather's probe ----------------------------------------------------------------------------
+
+#: byte written over the indexer pool's start, where a 32-bit block offset would land
+GATHER_HEAD_POISON = 0x5A
+
+
+def far_end_indexer_pool(block_size: int, device):
+    """A ``[nb, bs, 132]`` indexer-K view over an uninitialised pool of more than 2^32 bytes (blocks ``bs * 132``
+    bytes apart; pages are only committed where touched) whose last block starts just past 2^32, so a block offset
+    computed in int32 wraps to a small positive offset inside the same pool. Returns (flat, view, wrapped_offset)."""
+    stride = block_size * formats.INDEXER_TOKEN_BYTES
+    nb = POOL_BYTES_MIN // stride + 2
+    flat = torch.empty(nb * stride, dtype=torch.uint8, device=device)
+    view = flat.as_strided((nb, block_size, formats.INDEXER_TOKEN_BYTES), (stride, formats.INDEXER_TOKEN_BYTES, 1))
+    far = (nb - 1) * stride
+    assert 2 ** 32 <= far < 2 ** 32 + 2 ** 31
+    return flat, view, far - 2 ** 32
+
+
+@int64_probe("cp-gather", ("cp_gather.cp_gather_indexer_k_quant_cache",))
+def int64_cp_gather_probe(target: Target) -> list[Violation]:
+    """The indexer-K gather addresses its cache in int64 (SPEC 5: block_id cast to int64 before the stride
+    multiply): for SHUFFLE blocks of 16 and NORMAL blocks of 1, two sequences whose tables name the last blocks of a
+    pool larger than 2^32 bytes gather exactly the bytes packed there, while the pool's start (where a wrapped
+    offset lands) holds a poison byte."""
+    out: list[Violation] = []
+    for seed, bs, layout in ((6, 16, "shuffle"), (7, 1, "normal")):
+        out += _cp_gather_far_end(seed, bs, layout, target)
+    return out
+
+
+def _cp_gather_far_end(seed: int, bs: int, layout: str, target: Target) -> list[Violation]:
+    gather = bound(target).cp_gather.cp_gather_indexer_k_quant_cache
+    dev = kernel_device()
+    gen = torch.Generator().manual_seed(seed)
+    flat, view, wrapped = far_end_indexer_pool(bs, dev)
+    try:
+        nb = int(view.shape[0])
+        flat[: wrapped + 2 * view.stride(0)] = GATHER_HEAD_POISON
+        lens = [bs + bs // 2, bs] if bs > 1 else [2, 1]
+        # sequence 0 reads the last block then the one before it; sequence 1 the third from last (all past 2^32)
+        rows = [[nb - 1, nb - 2], [nb - 3, nb - 3]]
+        slots = [rows[b][o // bs] * bs + o % bs for b, n in enumerate(lens) for o in range(n)]
+        T = len(slots)
+        codes = torch.randint(0, 256, (T, formats.INDEXER_HEAD_DIM), dtype=torch.uint8, generator=gen)
+        scales = torch.randn(T, generator=gen).abs() + 0.5
+        formats.pack_indexer_k(view, slots, codes.to(dev), scales.to(dev), layout=layout)
+        table = torch.tensor(rows, dtype=torch.int32, device=dev)
+        cu = torch.tensor([0, lens[0], lens[0] + lens[1]], dtype=torch.int32, device=dev)
+        tts = torch.tensor([0] * lens[0] + [1] * lens[1], dtype=torch.int32, device=dev)
+        k_fp8 = torch.full((T, formats.INDEXER_HEAD_DIM), 0xEE, dtype=torch.uint8, device=dev)
+        k_scale = torch.full((T, 4), 0xEE, dtype=torch.uint8, device=dev)
+        gather(view, k_fp8, k_scale, table, cu, tts, layout=layout, target=target)
+        got_f, got_s = k_fp8.cpu(), k_scale.cpu()
+    finally:
+        del flat, view  # release the > 4 GiB pool before the next probe allocates its own
+    want_s = scales.view(torch.uint8).reshape(T, 4)
+    out = []
+    for t in range(T):
+        if not torch.equal(got_f[t], codes[t]) or not torch.equal(got_s[t], want_s[t]):
+            poisoned = int((got_f[t] == GATHER_HEAD_POISON).sum())
+            out.append(Violation(f"cp-gather ({layout}, block size {bs}): a token at the far end of a >2^32-byte "
+                                 "pool gathers wrong bytes", f"token {t} (slot {slots[t]})", "the packed bytes",
+                                 f"{int((got_f[t] != codes[t]).sum())} fp8 bytes and "
+                                 f"{int((got_s[t] != want_s[t]).sum())} scale bytes differ ({poisoned} poison bytes)"))
+    return out
+
+
 @dataclass(frozen=True)
 class Int64Case(Case):
     """The probes to run, by their names in :data:`INT64_PROBES` (the generator names every registered one)."""
@@ -263,7 +332,7 @@ def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     """Every registered probe addresses the cache in int64 (SPEC 1.2, ``block * stride(0)``): the writers (SWA
     insert, compressor) store a token at the far end of a pool larger than 2^32 bytes, whose block offset wraps to
     a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
-    reads far-end tokens and agrees with the oracle. A case runs the probes whose entry points the subject has."""
+    reads far-end tokens and agrees with the oracle; the indexer-K gather copies far-end tokens exactly. A case runs the probes whose entry points the subject has."""
     out = []
     for name in case.probes:
         out += INT64_PROBES[name](target)

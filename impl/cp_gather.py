@@ -51,7 +51,7 @@ SCALE_BYTES = formats.INDEXER_TOKEN_BYTES - formats.INDEXER_HEAD_DIM  # 4
 TILE_TOKENS = formats.SHUFFLE_TILE_TOKENS
 TILE_BYTES = formats.SHUFFLE_TILE_BYTES
 #: tokens per program: one [BLOCK_T, 128] byte tile (a token's 128 B alone is too small a load for bandwidth)
-BLOCK_T = 16
+BLOCK_T = 64
 INDEX_DTYPES = (torch.int32, torch.int64)
 VARIANTS = ("legacy", "gfx950")
 
