@@ -23,7 +23,6 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.indexer_logits",
     "contracts.int64_probes",
     "contracts.ragged",
-    "contracts.ragged",
     "contracts.dsv4_step",
 )
 
