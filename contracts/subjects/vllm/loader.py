@@ -49,6 +49,7 @@ NEEDED: tuple[str, ...] = (
     "vllm/v1/attention/backends/mla/rocm_aiter_mla_sparse.py",
     "vllm/model_executor/models/deepseek_v2.py",
     "vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py",
+    "vllm/v1/attention/backends/mla/sparse_swa.py",
 )
 #: third-party packages the audited modules import at top level for names they never use on the audited paths;
 #: always inert during the import (only ``transformers``' config classes, in deepseek_v2)
@@ -225,15 +226,20 @@ class Loaded:
     modules: dict  # vllm.* name -> module (stand-ins and inert ones included)
     rewrites: list = field(default_factory=list)
     root: str = ""
+    #: the audited modules executed from the tree's source (the others in :data:`NEEDED` are missing from it)
+    present: frozenset = frozenset()
+    #: a missing audited module's path -> why it is missing (:meth:`Tree.lacking`)
+    lacking: dict = field(default_factory=dict)
 
     def __getitem__(self, short: str):
         """``loaded["ops"]`` etc.: the audited modules by short name (see :data:`SHORT`). A module this tree does
-        not have is :class:`EntryMissing` (a skipped row naming it)."""
+        not have is :class:`EntryMissing` naming it and saying why (a skipped row), also where another audited
+        module imports it (it is then an inert stand-in in :attr:`modules`, never upstream's code)."""
         name = SHORT[short]
-        try:
+        if name in self.modules and (name in self.present or not self.present):
             return self.modules[name]
-        except KeyError:
-            raise EntryMissing(name.replace(".", "/") + ".py", "this vLLM tree does not have that module") from None
+        path = name.replace(".", "/") + ".py"
+        raise EntryMissing(path, self.lacking.get(path, "this vLLM tree does not have that module"))
 
     @contextlib.contextmanager
     def active(self):
@@ -261,6 +267,7 @@ SHORT = {
     "indexer_q": "vllm.models.deepseek_v4.common.ops.fused_indexer_q",
     "builder": "vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse",
     "deepseek_v2": "vllm.model_executor.models.deepseek_v2",
+    "swa": "vllm.v1.attention.backends.mla.sparse_swa",
 }
 
 
@@ -277,6 +284,28 @@ class Tree:
 
     def module_hashes(self) -> dict:
         return {p: _sha256(os.path.join(self.root, p)) for p in NEEDED if os.path.exists(os.path.join(self.root, p))}
+
+    def lacking(self) -> dict:
+        """Each :data:`NEEDED` module this tree does not hold -> one line saying why and what to do: the release's
+        wheel has no such module; or the tree was extracted by an earlier version of this suite, which did not
+        audit it yet (``smv subject fetch`` writes it again); or the checkout does not have it."""
+        meta = _read_meta(self.root) if self.wheel_sha256 else None
+        absent = set((meta or {}).get("absent", ()))
+        recorded = set((meta or {}).get("modules", {})) | absent
+        out = {}
+        for p in NEEDED:
+            if os.path.exists(os.path.join(self.root, p)):
+                continue
+            if p in absent:
+                out[p] = f"vLLM {self.version}'s wheel has no {p}"
+            elif meta is not None and p not in recorded:
+                out[p] = (f"the tree at {self.root} was extracted from {meta.get('wheel', 'the release wheel')} by "
+                          f"an earlier version of this suite, which did not audit {p} yet: write it again with "
+                          f"`smv subject fetch vllm=={self.version} --to {self.root}` (vllm=={self.version} "
+                          f"refreshes its cached tree by itself)")
+            else:
+                out[p] = f"the tree at {self.root} has no {p}"
+        return out
 
     def load(self, arch: str, fp8_dtype, cu_count: int, *, rewrites: list[Rewrite] | None = None,
              extra_standins: dict | None = None) -> Loaded:
@@ -309,7 +338,7 @@ class Tree:
                 # the inert transformers served during the import goes; an installed one imported before returns
                 for k in [k for k in sys.modules if _top(k) in THIRD_PARTY_STANDINS and k not in third_before]:
                     del sys.modules[k]
-        return Loaded(arch, loaded, applied, self.root)
+        return Loaded(arch, loaded, applied, self.root, frozenset(finder.needed), self.lacking())
 
 
 # --- finding a tree --------------------------------------------------------------------------------------------------
@@ -390,8 +419,10 @@ def tree_at(path: str) -> Tree:
     modified = ()
     if sha:
         modified = _modified(root, meta)
+        stale = _not_asked_for(root)
         source = f"{root} (extracted from {meta.get('wheel', 'the release wheel')}" + (
-            f"; modified since: {', '.join(modified)})" if modified else ")")
+            f"; modified since: {', '.join(modified)}" if modified else "") + (
+            f"; extracted before the suite audited: {', '.join(stale)}" if stale else "") + ")"
     return Tree(root, version, source, sha, modified)
 
 
@@ -539,10 +570,41 @@ def _extract(wheel: str, version: str, part: str) -> None:
         json.dump(meta, fh, indent=1)
 
 
+def _not_asked_for(dest: str) -> list:
+    """The :data:`NEEDED` modules a tree this loader wrote was never asked for (it was extracted by an earlier
+    version of the suite, with a shorter list): the tree must be extracted again to hold them."""
+    meta = _read_meta(dest)
+    if not meta or not isinstance(meta.get("modules"), dict):
+        return []
+    return [p for p in NEEDED if p not in set(meta["modules"]) | set(meta.get("absent", ()))]
+
+
+def _copy_complete(src: str, part: str, version: str) -> bool:
+    """Copy the complete tree ``src`` (the user cache's extraction of the same release) into ``part``, checking
+    every module against its recorded sha256; False (nothing usable) when ``src`` is not such a tree."""
+    if not (_complete(src) and _version_of(src) == version):
+        return False
+    meta = _read_meta(src)
+    for p, sha in meta["modules"].items():
+        target = os.path.join(part, p)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(src, p), target)
+        if _sha256(target) != sha:  # changed under us: download instead
+            return False
+    shutil.copyfile(os.path.join(src, _META), os.path.join(part, _META))
+    return True
+
+
 def fetch_tree(version: str, to: str | None = None, *, quiet: bool = True) -> Tree:
     """``vllm==X``: download the release wheel once (``pip download --no-deps``, pip's own index settings), extract
     only the audited modules into ``to`` (default: ``cache_dir()/vllm-X``) with a ``smv-subject.json`` naming the
     wheel, its sha256 and each module's. A complete tree already there is reused without touching the network.
+
+    A tree an earlier version of this suite extracted lacks the modules added to :data:`NEEDED` since: it is not
+    complete, and is extracted again whole (one line on stderr says which modules it lacked), from the user
+    cache's complete tree of the release when ``to`` names another folder, else from the wheel, downloaded again
+    (pip's own cache or ``PIP_FIND_LINKS`` may serve it). Its record then names the wheel, its sha256 and every
+    module's, as a first fetch would.
 
     Safe between processes: one fetch per destination at a time (a lock file beside it); the tree is assembled in
     a private directory and renamed into place whole, so a reader sees no tree or a complete one. ``to`` may name
@@ -576,14 +638,23 @@ def _fetch_locked(version: str, dest: str, quiet: bool) -> Tree:
             for name in os.listdir(parent):
                 if name.startswith(base + ".part-") or name.startswith(base + ".old-"):
                     shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        stale = _not_asked_for(dest) if _version_of(dest) == version else []
+        if stale:  # always said: the refresh may download the wheel again
+            print(f"smv: the vllm=={version} tree at {dest} was extracted by an earlier version of this suite and "
+                  f"lacks {', '.join(stale)}: extracting it again", file=sys.stderr, flush=True)
         part = tempfile.mkdtemp(prefix=base + ".part-", dir=parent)
         os.chmod(part, 0o755)  # mkdtemp's is private; the tree is a cache others on the host may read
         try:
-            if not quiet:
-                print(f"smv: downloading vllm=={version} (the wheel is large; once, into {parent})", file=sys.stderr,
-                      flush=True)
-            with tempfile.TemporaryDirectory(prefix="smv-wheel-") as tmp:
-                _extract(_download_wheel(version, tmp), version, part)
+            cached = os.path.join(cache_dir(), f"vllm-{version}")
+            if os.path.realpath(cached) == os.path.realpath(dest) or not _copy_complete(cached, part, version):
+                shutil.rmtree(part, ignore_errors=True)  # whatever a failed copy left
+                os.makedirs(part)
+                os.chmod(part, 0o755)
+                if not quiet:
+                    print(f"smv: downloading vllm=={version} (the wheel is large; once, into {parent})",
+                          file=sys.stderr, flush=True)
+                with tempfile.TemporaryDirectory(prefix="smv-wheel-") as tmp:
+                    _extract(_download_wheel(version, tmp), version, part)
             _install(part, dest)
         finally:
             shutil.rmtree(part, ignore_errors=True)
