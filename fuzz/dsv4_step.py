@@ -1,0 +1,289 @@
+"""Cases and input builders for the DSv4 decode step end to end (contract ``dsv4-step-agreement``).
+
+A case is a toy DSv4 attention: one SWA-only, one C4A and one C128A layer (``layers``), ``batch`` requests whose
+prefixes of ``contexts[r]`` tokens are already cached, and ``steps`` decode steps (request r's token of step s sits
+at position contexts[r] + s). Every cache starts fully poisoned (finite fp8 codes under scale code 255, i.e. +-inf
+lanes that no scrub removes, and NaN RoPE): only the prefix rows a step may read are then written with ordinary
+values (the SWA rows of the last ``window - 1`` prefix positions, the compressed rows completed by the prefix), so
+a stray read anywhere shows up as a non-finite output. Block tables map each request's columns to a random
+permutation of the blocks, one spare column per request points at a poisoned block, and spare blocks stay
+unreferenced. The compressor states hold NaN except the window rows the step's writing tokens pool.
+
+Shapes stay tiny (the kernels run under the Triton interpreter here): 1-2 requests, 1-2 heads, windows of 2-6,
+block sizes like 1, 2, 3, 5 (SWA), 4, 12, 16 tokens (C4A: 1, 3, 4 rows per block) and 128, 256 tokens (C128A: 1, 2
+rows), contexts that reach, or cross during the steps, a C128A row boundary (127, 255) as well as short ones with
+no compressed row at all. ``build_step_inputs`` makes every tensor from the case's seed.
+"""
+from __future__ import annotations
+
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from hypothesis import strategies as st
+
+from fuzz.cases import Case
+from fuzz.decode import POISON_NOPE, POISON_ROPE_BITS, POISON_SCALE, SINK_KINDS, SinkKind, make_sink
+from impl import formats
+from impl.runtime import kernel_device
+from impl.targets import Target
+
+LayerName = Literal["swaonly", "c4a", "c128a"]
+LAYER_NAMES: tuple[str, ...] = typing.get_args(LayerName)
+RATIOS = {"swaonly": 1, "c4a": 4, "c128a": 128}
+#: state rows per compressor state block (SPEC 1.3: 4 for C4, 8 for C128)
+STATE_BLOCK_SIZES = {4: 4, 128: 8}
+#: the compressor's rms_norm_eps in the toy
+NORM_EPS = 1e-6
+SWA_BLOCK_SIZES = (1, 2, 3, 5)
+C4A_BLOCK_SIZES = (4, 12, 16)
+C128A_BLOCK_SIZES = (128, 256)
+#: blocks past the referenced ones in every cache, poisoned and unreferenced
+SPARE_BLOCKS = 2
+#: GPT-J RoPE base of the toy's cos/sin table
+ROPE_BASE = 10000.0
+
+
+@dataclass(frozen=True)
+class Dsv4StepCase(Case):
+    """A toy DSv4 attention run for ``steps`` decode steps (module docstring). ``heads`` query heads,
+    SWA ``window``, block sizes in tokens (``c4a_block_size`` / ``c128a_block_size`` are the attention block sizes,
+    multiples of the ratio), C4A ``topk``, decode plans for ``cu_count`` CUs, softmax ``scale``, a sink of kind
+    ``sink``, block strides padded (``padded``) or dense."""
+
+    KIND = "dsv4-step"
+    seed: int
+    contexts: tuple[int, ...]
+    steps: int
+    heads: int
+    window: int
+    swa_block_size: int
+    c4a_block_size: int
+    c128a_block_size: int
+    topk: int
+    cu_count: int
+    scale: float
+    sink: SinkKind
+    padded: bool
+    layers: tuple[LayerName, ...] = ("swaonly", "c4a", "c128a")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.contexts or any(c < 1 for c in self.contexts):
+            raise ValueError(f"contexts: expected one prefix length >= 1 per request, got {list(self.contexts)}")
+        for name in ("steps", "heads", "window", "swa_block_size", "topk", "cu_count"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
+        if self.seed < 0:
+            raise ValueError(f"seed: expected an int >= 0, got {self.seed!r}")
+        if self.c4a_block_size < 4 or self.c4a_block_size % 4:
+            raise ValueError(f"c4a_block_size: expected a positive multiple of 4, got {self.c4a_block_size}")
+        if self.c128a_block_size < 128 or self.c128a_block_size % 128:
+            raise ValueError(f"c128a_block_size: expected a positive multiple of 128, got {self.c128a_block_size}")
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            raise ValueError(f"scale: expected a finite scale > 0, got {self.scale!r}")
+        if not self.layers:
+            raise ValueError("layers: expected at least one layer")
+
+    @property
+    def batch(self) -> int:
+        return len(self.contexts)
+
+    def positions(self, step: int) -> list[int]:
+        return [c + step for c in self.contexts]
+
+    @property
+    def max_position(self) -> int:
+        return max(self.contexts) + self.steps - 1
+
+    @property
+    def max_model_len(self) -> int:
+        """A model length past every position (the cos/sin table's and the logits' width)."""
+        return -(-(self.max_position + 1) // 64) * 64
+
+
+def _contexts(steps: int):
+    """Prefix lengths: a C128A row completed during the steps (127 - s, 255 - s), one just completed, short
+    prefixes with no compressed row (and windows not yet full), and anything up to 300."""
+    near = st.sampled_from([127 - s for s in range(steps)] + [255 - s for s in range(steps)] + [128, 256])
+    return st.one_of(near, st.integers(1, 9), st.integers(10, 300))
+
+
+@st.composite
+def step_cases(draw):
+    """A Hypothesis strategy of :class:`Dsv4StepCase`. The simplest draw (what the ``ci`` profile tries first)
+    is already a rich case: two requests, one completing a C128A row during the steps, odd block sizes."""
+    steps = draw(st.sampled_from([2, 3]))
+    batch = draw(st.sampled_from([2, 1]))
+    contexts = tuple(draw(st.lists(_contexts(steps), min_size=batch, max_size=batch)))
+    return Dsv4StepCase(
+        seed=draw(st.integers(0, 2 ** 31 - 1)),
+        contexts=contexts,
+        steps=steps,
+        heads=draw(st.sampled_from([1, 2])),
+        window=draw(st.integers(3, 6)),
+        swa_block_size=draw(st.sampled_from((3,) + SWA_BLOCK_SIZES)),
+        c4a_block_size=draw(st.sampled_from((12,) + C4A_BLOCK_SIZES)),
+        c128a_block_size=draw(st.sampled_from((256, 128))),
+        topk=draw(st.integers(3, 6)),
+        cu_count=draw(st.integers(1, 2)),
+        scale=draw(st.sampled_from([0.11, 0.0625])),
+        sink=draw(st.sampled_from(("mixed",) + SINK_KINDS)),
+        padded=draw(st.booleans()),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class PagedCache:
+    """A poisoned ``fp8_ds_mla`` cache view of ``num_blocks`` blocks and a block table [batch, cols] int32 into it
+    (each request's columns a random permutation of the blocks; one spare column per request at a poisoned
+    block). ``block_size`` is in rows of this cache."""
+
+    pool: torch.Tensor
+    view: torch.Tensor
+    table: torch.Tensor
+    block_size: int
+    spare_slot: int  # a poisoned slot no table column of a needed position reaches
+
+    def slot(self, req: int, index: int) -> int:
+        bs = self.block_size
+        return int(self.table[req, index // bs]) * bs + index % bs
+
+
+@dataclass
+class LayerInputs:
+    name: str
+    ratio: int
+    swa: PagedCache
+    extra: PagedCache | None
+    block_size: int | None          # attention block size in tokens (compressed layers)
+    state: torch.Tensor | None      # fp32 [num_state_blocks, sbs, width]
+    state_table: torch.Tensor | None
+    norm_weight: torch.Tensor | None
+    q: torch.Tensor                 # bf16 [steps, T, H, 512]
+    k: torch.Tensor                 # bf16 [steps, T, 512] (the SWA insert's rows)
+    sink: torch.Tensor | None       # fp32 [>= H]
+    #: C4A selection scores per request and compressed row (what the indexer would rank), float64 [T, rows]
+    select_scores: torch.Tensor | None = None
+
+
+@dataclass
+class StepInputs:
+    layers: list[LayerInputs]
+    cos_sin: torch.Tensor           # fp32 [max_model_len, 64]: cos in 0..31, sin in 32..63
+    token_to_req: torch.Tensor      # int32 [T]
+    max_model_len: int
+    keep: list = field(default_factory=list)
+
+
+def poison_all(view: torch.Tensor) -> None:
+    """Every slot of ``view``: NoPE codes POISON_NOPE under scale code 255 (+-inf lanes), NaN RoPE, pad 0xFF."""
+    n = int(view.shape[0]) * int(view.shape[1])
+    formats.pack_fp8_ds_mla(view, list(range(n)),
+                            torch.full((n, formats.DSV4_NOPE_DIM), POISON_NOPE, dtype=torch.uint8),
+                            torch.full((n, formats.DSV4_NUM_GROUPS), POISON_SCALE, dtype=torch.uint8),
+                            torch.full((n, formats.DSV4_ROPE_DIM), POISON_ROPE_BITS, dtype=torch.int16)
+                            .view(torch.bfloat16), pad=0xFF)
+
+
+def write_ordinary_rows(view: torch.Tensor, slots: list[int], flavour: str, gen: torch.Generator) -> None:
+    """Rows of ordinary values at ``slots``: N(0, 4) quantized in ``flavour`` under scale codes 123..127, bf16
+    N(0, 1) RoPE."""
+    if not slots:
+        return
+    n = len(slots)
+    nope = formats.fp8_encode(torch.randn(n, formats.DSV4_NOPE_DIM, generator=gen) * 4.0, flavour)
+    scale = torch.randint(123, 128, (n, formats.DSV4_NUM_GROUPS), generator=gen).to(torch.uint8)
+    rope = torch.randn(n, formats.DSV4_ROPE_DIM, generator=gen).to(torch.bfloat16)
+    formats.pack_fp8_ds_mla(view, slots, nope, scale, rope)
+
+
+def _paged_cache(gen, batch: int, needed: int, block_size: int, padded: bool, device) -> PagedCache:
+    """A cache holding ``needed`` rows per request (at least one column each), plus a spare column per request
+    and SPARE_BLOCKS unreferenced blocks; all poisoned."""
+    cols = max(1, -(-needed // block_size))
+    nb = batch * (cols + 1) + SPARE_BLOCKS
+    before = int(torch.randint(0, 2, (1,), generator=gen))
+    pool, view = formats.allocate_fp8_ds_mla_pool(nb, block_size, padded=padded, extra_blocks_before=before,
+                                                  fill=0xFF)
+    poison_all(view)
+    perm = torch.randperm(nb, generator=gen)
+    table = perm[: batch * (cols + 1)].reshape(batch, cols + 1).to(torch.int32)
+    spare_slot = int(perm[-1]) * block_size
+    if device != "cpu":
+        pool_d = pool.to(device)
+        view = pool_d.as_strided(view.shape, view.stride(), view.storage_offset())
+        pool = pool_d
+    return PagedCache(pool, view, table.to(device), block_size, spare_slot)
+
+
+def _cos_sin(max_len: int) -> torch.Tensor:
+    i = torch.arange(32, dtype=torch.float64)
+    theta = ROPE_BASE ** (-2.0 * i / 64)
+    ang = torch.arange(max_len, dtype=torch.float64)[:, None] * theta[None, :]
+    return torch.cat([torch.cos(ang), torch.sin(ang)], dim=1).to(torch.float32)
+
+
+def _state(gen, case: Dsv4StepCase, ratio: int, device):
+    """NaN-filled compressor state [blocks, sbs, width] with a per-request table covering every position; the
+    window rows of the step tokens that complete a compressed row hold N(0, 1) kv and scores."""
+    from impl.compressor import state_row_width, window_rows  # layout constants of the state rows
+
+    sbs = STATE_BLOCK_SIZES[ratio]
+    width = state_row_width(ratio)
+    R = window_rows(ratio)
+    cols = case.max_position // sbs + 1
+    nblk = case.batch * cols
+    state = torch.full((nblk, sbs, width), math.nan, dtype=torch.float32)
+    table = torch.randperm(nblk, generator=gen).reshape(case.batch, cols).to(torch.int32)
+    for r, ctx in enumerate(case.contexts):
+        for s in range(case.steps):
+            pos = ctx + s
+            if (pos + 1) % ratio:
+                continue
+            for p in range(max(pos - R + 1, 0), pos + 1):
+                state[int(table[r, p // sbs]), p % sbs] = torch.randn(width, generator=gen)
+    return state.to(device), table.to(device)
+
+
+def build_step_inputs(case: Dsv4StepCase, target: Target, device: str | None = None) -> StepInputs:
+    """Every tensor of a step case, made from ``case.seed`` on the kernel device (module docstring)."""
+    device = device or kernel_device()
+    gen = torch.Generator().manual_seed(case.seed)
+    B, H = case.batch, case.heads
+    max_len = case.max_model_len
+    layers = []
+    for name in case.layers:
+        ratio = RATIOS[name]
+        swa = _paged_cache(gen, B, case.max_position + 1, case.swa_block_size, case.padded, device)
+        # the SWA rows a step may read that the prefix wrote: positions ctx - window + 1 .. ctx - 1
+        slots = [swa.slot(r, p) for r, ctx in enumerate(case.contexts)
+                 for p in range(max(ctx - case.window + 1, 0), ctx)]
+        write_ordinary_rows(swa.view, slots, target.main_cache_fp8, gen)
+        extra = state = state_table = weight = scores = None
+        block_size = None
+        if ratio > 1:
+            block_size = case.c4a_block_size if ratio == 4 else case.c128a_block_size
+            rows = (case.max_position + 1) // ratio
+            extra = _paged_cache(gen, B, rows, block_size // ratio, case.padded, device)
+            slots = [extra.slot(r, i) for r, ctx in enumerate(case.contexts) for i in range(ctx // ratio)]
+            write_ordinary_rows(extra.view, slots, target.extra_cache_fp8, gen)
+            state, state_table = _state(gen, case, ratio, device)
+            weight = (1.0 + 0.1 * torch.randn(formats.DSV4_HEAD_DIM, generator=gen)).to(torch.float32).to(device)
+            if ratio == 4:
+                # distinct scores: the selection has no ties
+                scores = torch.rand(B, max(rows, 1), generator=gen, dtype=torch.float64)
+        q = torch.randn(case.steps, B, H, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
+        k = torch.randn(case.steps, B, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
+        sink = make_sink(case.sink, H + int(torch.randint(0, 3, (1,), generator=gen)), gen)
+        sink = sink.to(device) if sink is not None else None
+        layers.append(LayerInputs(name, ratio, swa, extra, block_size, state, state_table, weight, q, k, sink,
+                                  scores))
+    token_to_req = torch.arange(B, dtype=torch.int32, device=device)
+    return StepInputs(layers, _cos_sin(max_len).to(device), token_to_req, max_len)

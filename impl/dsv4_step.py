@@ -1,0 +1,163 @@
+"""Per-layer metadata of one DSv4 decode step: the glue between the scheduler's block tables and the kernels.
+
+A DSv4 attention layer is SWA-only (``compress_ratios[layer]`` 0 or 1), C4A (4) or C128A (128) (SPEC 1.3). Every
+layer keeps its last ``window`` tokens in an SWA ("main") cache with its own block table of ``swa_block_size``
+tokens per block; a compressed layer also keeps one row per ``ratio`` tokens in a compressed ("extra") cache whose
+block table is the attention metadata's, of ``block_size`` *tokens* per block, i.e. ``block_size // ratio`` rows
+per block (SPEC 1.3: ROCm passes ``attn_metadata.block_size // compress_ratio``).
+
+For one decode step (one query token per row, at ``positions[t]`` of request ``token_to_req[t]``) this computes
+what upstream's metadata builders and ``_forward_decode`` compute from those tables (vllm-project/vllm
+``vllm/v1/attention/backends/mla/compressor_utils.py`` ``get_compressed_slot_mapping``,
+``vllm/models/deepseek_v4/sparse_mla.py`` ``build_c128a_topk_metadata``, ``vllm/models/deepseek_v4/amd/rocm.py``
+``_forward_decode``, restated in SPEC 1.3 and 2):
+
+- ``swa_slot_mapping``: where the SWA insert writes the token: slot = swa_table[req, pos // sbs] * sbs + pos % sbs,
+  -1 for a padding token (position < 0) or a block id < 0; a token with slot -1 is not valid
+  (``is_valid_token``);
+- ``compressed_slot_mapping`` (compressed layers): a token completes compressed row pos // ratio when
+  (pos + 1) % ratio == 0 and then writes it at table[req, row // cbs] * cbs + row % cbs (cbs = block_size // ratio);
+  every other token, and every invalid one, maps to -1;
+- ``topk_block_size`` (compressed layers): the compressed block size the C4A global-slot conversion
+  (``impl.ragged.compute_global_topk_ragged_indices_and_indptr``) maps local row ids with;
+- ``c128a_topk`` / ``c128a_lens`` (C128A): every compressed row so far, n = min((pos + 1) // 128, width) of them
+  (the row completed by this very token included: the compressor runs before the attention), as global slots in a
+  dense ``[T, width]`` int32 row padded with -1; lens 0 for an invalid token. ``width`` is
+  ``c128a_max_compressed(max_model_len)``;
+- ``indexer_context_lens`` (C4A): the compressed rows the indexer scores, (pos + 1) // 4, 0 for an invalid token.
+
+Everything is torch on the tensors' device; arguments are validated first (ValueError/TypeError naming them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from impl.validation import require_tensor
+
+#: ``compress_ratios[layer]`` of the three layer kinds (0 and 1 are both SWA-only; vLLM uses max(1, ratio))
+LAYER_KINDS = {1: "swaonly", 4: "c4a", 128: "c128a"}
+#: C128A rows per dense row are padded to a multiple of this (SPEC 1.3, ``_C128A_TOPK_ALIGNMENT``)
+C128A_TOPK_ALIGNMENT = 128
+
+
+def layer_kind(compress_ratio: int) -> str:
+    """"swaonly", "c4a" or "c128a" for ``compress_ratios[layer]`` (0 and 1 are SWA-only)."""
+    if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
+        raise TypeError(f"compress_ratio: expected an int, got {type(compress_ratio).__name__}")
+    kind = LAYER_KINDS.get(max(1, compress_ratio))
+    if kind is None:
+        raise ValueError(f"compress_ratio: expected 0, 1, 4 or 128, got {compress_ratio}")
+    return kind
+
+
+def c128a_max_compressed(max_model_len: int, ratio: int = 128) -> int:
+    """Width of a C128A dense row: ceil(max_model_len / ratio) rounded up to a multiple of 128 (SPEC 1.3)."""
+    _require_positive("max_model_len", max_model_len)
+    n = -(-max_model_len // ratio)
+    return max(1, -(-n // C128A_TOPK_ALIGNMENT)) * C128A_TOPK_ALIGNMENT
+
+
+@dataclass(frozen=True)
+class LayerStepMetadata:
+    """What one layer's decode step needs besides the caches (see the module docstring)."""
+
+    kind: str
+    ratio: int
+    swa_slot_mapping: torch.Tensor          # int64 [T]
+    is_valid_token: torch.Tensor            # bool [T]
+    compressed_slot_mapping: torch.Tensor | None = None  # int64 [T]
+    topk_block_size: int | None = None
+    c128a_topk: torch.Tensor | None = None  # int32 [T, width]
+    c128a_lens: torch.Tensor | None = None  # int32 [T]
+    indexer_context_lens: torch.Tensor | None = None  # int32 [T]
+
+
+def _require_positive(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if v < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {v}")
+    return v
+
+
+def _lookup(table: torch.Tensor, req: torch.Tensor, index: torch.Tensor, block_size: int) -> torch.Tensor:
+    """table[req, index // bs] * bs + index % bs (int64), -1 where index < 0, the column lies past the table or
+    the block id is negative."""
+    R, W = table.shape
+    col = torch.div(index, block_size, rounding_mode="floor")
+    ok = (index >= 0) & (col < W)
+    if R and W:
+        blk = table[req.clamp(0, R - 1), col.clamp(0, W - 1)].to(torch.int64)
+    else:
+        blk = torch.full_like(index, -1)
+    ok = ok & (blk >= 0)
+    slot = blk * block_size + torch.remainder(index, block_size)
+    return torch.where(ok, slot, torch.full_like(slot, -1))
+
+
+def build_layer_metadata(compress_ratio: int, positions: torch.Tensor, token_to_req: torch.Tensor,
+                         swa_block_table: torch.Tensor, swa_block_size: int, *,
+                         block_table: torch.Tensor | None = None, block_size: int | None = None,
+                         max_model_len: int | None = None) -> LayerStepMetadata:
+    """The metadata of one layer for a decode step (module docstring).
+
+    ``positions`` int64 [T] (< 0: a padding token), ``token_to_req`` int32/int64 [T] (rows of the tables),
+    ``swa_block_table`` int32 [R, W]; a compressed layer also needs ``block_table`` int32 [R, Wc] and
+    ``block_size`` (the attention block size in tokens, a multiple of the ratio); C128A needs ``max_model_len``.
+    """
+    kind = layer_kind(compress_ratio)
+    ratio = max(1, compress_ratio)
+    require_tensor("positions", positions, (torch.int64,), dim=1)
+    T = positions.shape[0]
+    require_tensor("token_to_req", token_to_req, (torch.int32, torch.int64), dim=1)
+    if token_to_req.shape[0] != T:
+        raise ValueError(f"token_to_req: expected {T} entries (one per position), got {token_to_req.shape[0]}")
+    require_tensor("swa_block_table", swa_block_table, (torch.int32, torch.int64), dim=2)
+    _require_positive("swa_block_size", swa_block_size)
+    for name, t in (("token_to_req", token_to_req), ("swa_block_table", swa_block_table)):
+        if t.device != positions.device:
+            raise ValueError(f"{name}: expected device {positions.device} (the device of positions), got {t.device}")
+    req = token_to_req.to(torch.int64)
+    if T and (int(req.min()) < 0 or int(req.max()) >= swa_block_table.shape[0]):
+        raise ValueError(f"token_to_req: expected request rows in [0, {swa_block_table.shape[0]}), got "
+                         f"{req.tolist()}")
+    swa_slots = _lookup(swa_block_table, req, positions, swa_block_size)
+    valid = swa_slots >= 0
+    if kind == "swaonly":
+        return LayerStepMetadata(kind, ratio, swa_slots, valid)
+
+    if block_table is None or block_size is None:
+        raise ValueError(f"block_table, block_size: a {kind} layer needs the compressed cache's block table and "
+                         "the attention block size")
+    require_tensor("block_table", block_table, (torch.int32, torch.int64), dim=2)
+    if block_table.device != positions.device:
+        raise ValueError(f"block_table: expected device {positions.device}, got {block_table.device}")
+    if block_table.shape[0] != swa_block_table.shape[0]:
+        raise ValueError(f"block_table: expected {swa_block_table.shape[0]} rows (one per request, as "
+                         f"swa_block_table), got {block_table.shape[0]}")
+    _require_positive("block_size", block_size)
+    if block_size % ratio:
+        raise ValueError(f"block_size: expected a multiple of the compress ratio {ratio}, got {block_size}")
+    states_per_block = block_size // ratio
+    completes = valid & (torch.remainder(positions + 1, ratio) == 0)
+    row = torch.div(positions, ratio, rounding_mode="floor")
+    comp_slots = _lookup(block_table, req, row, states_per_block)
+    comp_slots = torch.where(completes, comp_slots, torch.full_like(comp_slots, -1))
+    n_rows = torch.where(valid, torch.div(positions + 1, ratio, rounding_mode="floor"),
+                         torch.zeros_like(positions))
+    meta = dict(compressed_slot_mapping=comp_slots, topk_block_size=block_size // ratio)
+    if kind == "c4a":
+        meta["indexer_context_lens"] = n_rows.to(torch.int32)
+    else:
+        if max_model_len is None:
+            raise ValueError("max_model_len: a c128a layer needs it (the width of its dense rows)")
+        width = c128a_max_compressed(max_model_len, ratio)
+        lens = n_rows.clamp(max=width)
+        j = torch.arange(width, device=positions.device, dtype=torch.int64)[None, :]
+        slots = _lookup(block_table, req[:, None].expand(T, width), j.expand(T, width), states_per_block)
+        slots = torch.where(j < lens[:, None], slots, torch.full_like(slots, -1))
+        meta["c128a_topk"] = slots.to(torch.int32)
+        meta["c128a_lens"] = lens.to(torch.int32)
+    return LayerStepMetadata(kind, ratio, swa_slots, valid, **meta)
