@@ -143,7 +143,7 @@ def _invalid_blocks(nb: int) -> list[int]:
 
 def _seq_lengths(bs: int) -> list[int]:
     """Lengths that reach a block's second 16-token tile and the next block first, then the edges."""
-    long = min(bs + bs // 2 + 1, 40) if bs > 1 else 7
+    long = {1: 7, 32: 35, 64: 20}.get(bs, bs + 3)
     return [long, 0, 1, bs, max(bs - 1, 0), long + 1]
 
 
@@ -158,7 +158,7 @@ def gather_cases(draw):
     bs = draw(st.sampled_from(sizes))
     nb = draw(st.sampled_from([3, 1, 2, 5]))
     B = draw(st.sampled_from([2, 1, 3, 4, 0]))
-    max_len = 40 if bs >= 16 else 12
+    max_len = 20 if bs >= 16 else 12
     seq_len = st.one_of(st.sampled_from(_seq_lengths(bs)), st.integers(0, max_len))
     seq_lens = draw(st.lists(seq_len, min_size=B, max_size=B))
     need = max([-(-n // bs) for n in seq_lens] + [1])
@@ -202,7 +202,10 @@ def gather_examples() -> list[CpGatherCase]:
 class CompileOnceCase(Case):
     """Launches of one gather geometry (cache ``num_blocks x block_size`` in ``layout``, table width
     ``table_width``) with the (token count, batch count) pairs of ``launches``; sequences split each token count
-    over the batch (empty sequences where there are more sequences than tokens), tables of valid blocks."""
+    over the batch (empty sequences where there are more sequences than tokens), tables of valid blocks. With
+    ``table_rows`` > 0 launch i takes rows [i, i + B) of one persistent ``table_rows x table_width`` table, as
+    upstream's prefill chunks slice ``block_table[start_idx:end_idx]`` out of the persistent block table; with 0
+    each launch gets a table of its own."""
 
     KIND: ClassVar[str] = "compile-once"
 
@@ -212,6 +215,7 @@ class CompileOnceCase(Case):
     num_blocks: int
     table_width: int
     launches: tuple[tuple[int, int], ...]
+    table_rows: int = 0
 
     #: the contract's promise needs at least this many different token counts and batch counts
     MIN_DISTINCT: ClassVar[int] = 5
@@ -221,12 +225,16 @@ class CompileOnceCase(Case):
         _check_layout(self.layout, self.block_size)
         if self.num_blocks < 1 or self.table_width < 1:
             raise ValueError("num_blocks and table_width must be >= 1")
-        for T, B in self.launches:
+        for i, (T, B) in enumerate(self.launches):
             if T < 1 or B < 1:
                 raise ValueError(f"launches: token and batch counts must be >= 1, got ({T}, {B})")
             if -(-T // B) > self.table_width * self.block_size:
                 raise ValueError(f"launches: {T} tokens over {B} sequences do not fit tables of "
                                  f"{self.table_width} blocks of {self.block_size}")
+            if self.table_rows and i + B > self.table_rows:
+                raise ValueError(f"table_rows: launch {i} takes rows [{i}, {i + B}) of a {self.table_rows}-row table")
+        if self.table_rows < 0:
+            raise ValueError(f"table_rows: expected 0 or more, got {self.table_rows}")
         if (len({T for T, _ in self.launches}) < self.MIN_DISTINCT
                 or len({B for _, B in self.launches}) < self.MIN_DISTINCT):
             raise ValueError(f"launches: need >= {self.MIN_DISTINCT} different token counts and batch counts")
@@ -237,35 +245,52 @@ def split_tokens(T: int, B: int) -> list[int]:
     return [T // B + (1 if b < T % B else 0) for b in range(B)]
 
 
-def build_launch_inputs(case: CompileOnceCase, T: int, B: int, device, generator) -> dict:
-    """Inputs of one launch: a fresh cache view of the case's geometry is NOT made here (the cache is shared by
-    every launch of the case); metadata and fresh outputs."""
+def build_compile_cache(case: CompileOnceCase, device, generator) -> torch.Tensor:
+    """The cache every launch of the case reads."""
+    return torch.randint(0, 256, (case.num_blocks, case.block_size, TOKEN_BYTES), dtype=torch.uint8,
+                         generator=generator).to(device)
+
+
+def build_persistent_table(case: CompileOnceCase, device, generator) -> "torch.Tensor | None":
+    """The persistent table the launches slice rows of (None with ``table_rows == 0``)."""
+    if not case.table_rows:
+        return None
+    return torch.randint(0, case.num_blocks, (case.table_rows, case.table_width), dtype=torch.int32,
+                         generator=generator).to(device)
+
+
+def build_launch_inputs(case: CompileOnceCase, i: int, device, generator, table=None) -> dict:
+    """Metadata and fresh outputs of launch ``i``; its block table is rows [i, i + B) of ``table`` (the
+    persistent one) when given, else a table of its own."""
+    T, B = case.launches[i]
     lens = split_tokens(T, B)
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
     tts = [b for b, n in enumerate(lens) for _ in range(n)]
-    table = torch.randint(0, case.num_blocks, (B, case.table_width), dtype=torch.int32, generator=generator)
+    if table is None:
+        block_table = torch.randint(0, case.num_blocks, (B, case.table_width), dtype=torch.int32,
+                                    generator=generator).to(device)
+    else:
+        block_table = table[i:i + B]
     return {"k_fp8": torch.empty(T, HEAD_BYTES, dtype=torch.uint8, device=device),
             "k_scale": torch.empty(T, 4, dtype=torch.uint8, device=device),
-            "block_table": table.to(device), "cu_seqlen": torch.tensor(cu, dtype=torch.int32, device=device),
+            "block_table": block_table, "cu_seqlen": torch.tensor(cu, dtype=torch.int32, device=device),
             "token_to_seq": torch.tensor(tts, dtype=torch.int32, device=device)}
-
-
-def build_compile_cache(case: CompileOnceCase, device, generator) -> torch.Tensor:
-    return torch.randint(0, 256, (case.num_blocks, case.block_size, TOKEN_BYTES), dtype=torch.uint8,
-                         generator=generator).to(device)
 
 
 #: token counts Triton's integer specialization tells apart: == 1, divisible by 16, neither
 _TOKEN_COUNTS = (1, 2, 3, 5, 7, 16, 17, 31, 32, 48)
 _BATCH_COUNTS = (1, 2, 3, 4, 5, 6, 16)
+#: rows of the persistent table: launch i takes rows [i, i + B) (at most 6 launches, B <= 16)
+PERSISTENT_ROWS = 24
 
 
 @st.composite
 def compile_once_cases(draw):
     """Six launches over one geometry whose token counts include 1, a multiple of 16 and others, and whose batch
-    counts include 1 and 16, each set with >= 5 different values."""
+    counts include 1 and 16, each set with >= 5 different values; tables sliced out of one persistent table
+    (first) or fresh per launch."""
     layout = draw(st.sampled_from(["normal", "shuffle"]))
     bs = draw(st.sampled_from(SHUFFLE_BLOCK_SIZES if layout == "shuffle" else NORMAL_BLOCK_SIZES))
     Ts = draw(st.permutations(_TOKEN_COUNTS).map(lambda p: [1, 16] + [x for x in p if x not in (1, 16)][:4]))
@@ -274,12 +299,15 @@ def compile_once_cases(draw):
     launches = tuple((Ts[i], Bs[j]) for i, j in zip(range(6), order))
     width = max(-(-(-(-T // B)) // bs) for T, B in launches)
     return CompileOnceCase(seed=draw(st.integers(0, 2 ** 31 - 1)), layout=layout, block_size=bs,
-                           num_blocks=draw(st.integers(1, 4)), table_width=width + draw(st.integers(0, 1)),
-                           launches=launches)
+                           num_blocks=draw(st.integers(1, 4)), table_width=width + draw(st.integers(0, 3)),
+                           launches=launches, table_rows=draw(st.sampled_from([PERSISTENT_ROWS, 0])))
 
 
 def compile_once_examples() -> list[CompileOnceCase]:
     """Token counts 1, 16, 3, 32, 5, 17 and batch counts 1, 16, 2, 3, 5, 4: every class of Triton's integer
-    specialization in both counts."""
-    return [CompileOnceCase(seed=21, layout="normal", block_size=3, num_blocks=3, table_width=6,
-                            launches=((1, 1), (16, 16), (3, 2), (32, 16), (5, 5), (17, 4)))]
+    specialization in both counts; fresh tables, then rows of one persistent table 7 entries wide (a row slice
+    starts 28 bytes further each launch, so its address is 16-byte aligned only every fourth row)."""
+    launches = ((1, 1), (16, 16), (3, 2), (32, 16), (5, 5), (17, 4))
+    return [CompileOnceCase(seed=21, layout="normal", block_size=3, num_blocks=3, table_width=6, launches=launches),
+            CompileOnceCase(seed=22, layout="normal", block_size=3, num_blocks=3, table_width=7, launches=launches,
+                            table_rows=PERSISTENT_ROWS)]

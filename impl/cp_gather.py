@@ -24,8 +24,8 @@ compile (``target.cp_gather_variant``, SPEC 5 / seed 004 item 4):
   of upstream's older kernel); batch count, table width and block count are plain ints (Triton specializes them on
   "== 1" and "divisible by 16").
 * ``gfx950``: token and batch counts are runtime scalars (``do_not_specialize``), table width and block count are
-  constexpr: for one cache and table geometry it compiles once whatever the token and batch counts
-  (the ``compile-once`` contract).
+  constexpr, the metadata pointers are not specialized on alignment: for one cache and table geometry it compiles
+  once whatever the token and batch counts and wherever the table's rows start (the ``compile-once`` contract).
 
 Block offsets (block * stride(0)) and output row offsets are computed in int64: a pool passes 2^31 bytes at
 about 250K blocks of 64 tokens.
@@ -119,7 +119,8 @@ def _cp_gather_legacy_kernel(cache_ptr, cache_block_stride, block_size,
                  SHUFFLE, BLOCK_T, HEAD, SCALE, TILE_T, TILE_B)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "num_batches"])
+@triton.jit(do_not_specialize=["num_tokens", "num_batches"],
+            do_not_specialize_on_alignment=["table_ptr", "cu_ptr", "tts_ptr"])
 def _cp_gather_gfx950_kernel(cache_ptr, cache_block_stride, block_size,
                              k_fp8_ptr, k_fp8_row_stride, k_scale_ptr, k_scale_row_stride,
                              table_ptr, table_row_stride, table_col_stride, cu_ptr, tts_ptr,
@@ -129,7 +130,10 @@ def _cp_gather_gfx950_kernel(cache_ptr, cache_block_stride, block_size,
                              SCALE: tl.constexpr, TILE_T: tl.constexpr, TILE_B: tl.constexpr):
     """gfx950 variant: the legacy kernel's layout, grid and invariant, with token and batch counts as runtime
     scalars that Triton does not specialize (``do_not_specialize``) and table width and block count constexpr:
-    for a fixed cache and table geometry one compilation serves every token and batch count."""
+    for a fixed cache and table geometry one compilation serves every token and batch count. The metadata
+    pointers are not specialized on their alignment either (their loads are per-token gathers, which alignment does
+    not help): a prefill chunk's block table is a row slice of the persistent table, 16-byte aligned or not
+    depending on its first row."""
     _gather_tile(tl.program_id(0), num_tokens, num_batches, TABLE_WIDTH, NUM_BLOCKS,
                  cache_ptr, cache_block_stride, block_size,
                  k_fp8_ptr, k_fp8_row_stride, k_scale_ptr, k_scale_row_stride,

@@ -109,10 +109,11 @@ def _launch_series(case: CompileOnceCase, target: str):
     """Launch ``target``'s gather over the case's (T, B) pairs; the captured launches."""
     g = torch.Generator().manual_seed(case.seed)
     cache = fg.build_compile_cache(case, DEV, g)
+    table = fg.build_persistent_table(case, DEV, g)
     kernel = ig.gather_kernel(target)
     with cc.captured_launches(kernel) as cap:
-        for T, B in case.launches:
-            inp = fg.build_launch_inputs(case, T, B, DEV, g)
+        for i in range(len(case.launches)):
+            inp = fg.build_launch_inputs(case, i, DEV, g, table)
             ig.cp_gather_indexer_k_quant_cache(cache, inp["k_fp8"], inp["k_scale"], inp["block_table"],
                                                inp["cu_seqlen"], inp["token_to_seq"], layout=case.layout,
                                                target=target)
@@ -136,6 +137,9 @@ def test_legacy_compiles_one_variant_per_token_count_and_gfx950_one_in_all():
     assert _partition(launch.key for launch in legacy) == _partition(tokens)
     _, gfx950 = _launch_series(SERIES, "gfx950")
     assert len({launch.key for launch in gfx950}) == 1
+    # rows of one persistent table, 28 bytes further each launch: still one
+    _, sliced = _launch_series(fg.compile_once_examples()[1], "gfx950")
+    assert len({launch.key for launch in sliced}) == 1
     assert cc.compile_once(fg.compile_once_examples()[0], get_target("gfx950")) == []
     # the contract's check, handed the legacy variant, names the token count as the specialized parameter
     (v,) = cc.compile_once(fg.compile_once_examples()[0], get_target("generic"))
