@@ -2,18 +2,18 @@
 piece called through the subject, against a float64 reference of the same step written from SPEC.
 
 The step driver below is the glue a model's forward would be: per step and layer it takes the layer's metadata
-(``dsv4_step.build_layer_metadata``: slot mappings, C128A rows, the compressed block size of the slot conversion),
-inserts the token's SWA row (``cache_writers.quantize_and_insert_k_cache``), writes a completed compressed row
-(``compressor.compress_norm_rope_store``, head 512, into the extra cache), turns the SWA window
-(``ragged.compute_swa_indices_and_lens`` + ``build_ragged_indices_from_dense``), the C128A rows (dense ->
-ragged) and the C4A top-k (``ragged.compute_global_topk_ragged_indices_and_indptr``) into ragged global slots,
-copies the SWA and C128A ragged metadata into persistent graph buffers (``graph_buffers``, reused across steps,
-their stale entries pointing at poisoned slots), decodes (``decode``, the plan from the subject's selector on the
-views' sizes) and applies the inverse-RoPE epilogue (``epilogues``). The reference (``oracles.dsv4_step``) recomputes
-from the block tables, with SPEC's formulas, which slots each piece should have written and which each query row
-should read, then judges per layer and step. C4A's top-k is, for now, the oracle's own selection of the case's
-row scores (the indexer's K writer and logits are not wired in yet); the conversion of that top-k to slots is the
-subject's.
+(``dsv4_step.build_layer_metadata``: slot mappings, C128A rows, the indexer's context and layout, the compressed
+block size of the slot conversion), inserts the token's SWA row (``cache_writers.quantize_and_insert_k_cache``),
+writes a completed compressed row (``compressor.compress_norm_rope_store``, head 512, into the extra cache) and, on
+C4A, its indexer-K row (``indexer_writer.compress_norm_rope_store_indexer``, head 128); the C4A indexer scores the
+rows so far (``indexer_logits.fp8_paged_mqa_logits``) and picks its top-k (``indexer_logits.topk_indices``); the
+SWA window (``ragged.compute_swa_indices_and_lens`` + ``build_ragged_indices_from_dense``), the C128A rows (dense ->
+ragged) and the C4A top-k (``ragged.compute_global_topk_ragged_indices_and_indptr``) become ragged global slots;
+the SWA and C128A ragged metadata are copied into persistent graph buffers (``graph_buffers``, reused across
+steps, their stale entries pointing at poisoned slots); the decode runs (``decode``, its plan from the subject's
+selector on the views' sizes) and, at the last step, the inverse-RoPE epilogue (``epilogues``). The reference
+(``oracles.dsv4_step`` and the oracles it calls) recomputes from the block tables, with SPEC's formulas, which
+slots each writer should have written and which each query row should read, then judges per layer and step.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import torch
 
 from contracts.core import ALL_TARGETS, Violation, contract, fmt, record_margin, single_threaded
 from contracts.decode import NAN_ROW_ZEROED, oracle_violations, zeroed_nan_rows
+from contracts.indexer_logits import compare_topk, judge_logits
 from contracts.subjects import EntryMissing, bound
 from fuzz import dsv4_step as fz
 from fuzz.dsv4_step import Dsv4StepCase
@@ -33,15 +34,19 @@ from oracles import cache_writers as ref_writers
 from oracles import compressor as ref_comp
 from oracles import dsv4_step as ref
 from oracles import epilogues as ref_epi
+from oracles import indexer_logits as ref_logits
+from oracles import indexer_writer as ref_idx_writer
 from oracles import trust_gate as ref_trust
 from oracles.formats import storage_bytes
 
 #: every entry point the step calls, (family, name)
 ENTRIES = (
-    ("dsv4_step", "build_layer_metadata"),
     ("cache_writers", "quantize_and_insert_k_cache"),
     ("cache_writers", "trust_extra_cache_nan_free"),
     ("compressor", "compress_norm_rope_store"),
+    ("indexer_writer", "compress_norm_rope_store_indexer"),
+    ("indexer_logits", "fp8_paged_mqa_logits"),
+    ("indexer_logits", "topk_indices"),
     ("ragged", "compute_swa_indices_and_lens"),
     ("ragged", "build_ragged_indices_from_dense"),
     ("ragged", "compute_global_topk_ragged_indices_and_indptr"),
@@ -50,8 +55,11 @@ ENTRIES = (
     ("decode", "DecodeWorkspace"),
     ("decode", "sparse_attn_decode"),
     ("epilogues", "inverse_rope_gptj"),
+    ("dsv4_step", "build_layer_metadata"),
 )
 CACHE_DTYPE = "fp8_ds_mla"
+#: the diagnosis of logits that are those of the NORMAL C4A indexer cache read in the SHUFFLE order
+SHUFFLE_READING = "C4A's NORMAL (block-flat) indexer-K cache read in the SHUFFLE order"
 
 
 def step_entries(sub) -> dict:
@@ -92,22 +100,28 @@ def dsv4_step_agreement(case: Dsv4StepCase, target: Target) -> list[Violation]:
     step, with a float64 reference of the same step written from SPEC.
 
     Per layer and step: (1) every byte of the SWA cache outside the record at the SPEC slot of the token's position
-    (the SWA block table, its own block size) is unchanged, and that record holds the token's row; (2) on a compressed layer, every byte
-    outside the record of a row completed by this step's tokens is unchanged, and that record, at SPEC's slot (the
-    layer's block table, block_size // ratio rows per block), holds the compressor's row for those positions up to
-    the writer's rounding (oracles.dsv4_step.row_problems; the SWA row likewise, with no fp32 error); (3) the decode output equals the float64
-    attention over exactly SPEC's slots (the SWA window max(pos - window + 1, 0)..pos; C128A: every row so far,
-    (pos + 1) // 128; C4A: the top-k rows) of the caches the kernels wrote, dequantized the way the kernels read
-    them, within oracles.compare's derived bound for the plan's split count, NaN/inf masks exactly; (4) at the
-    last step, the epilogue's output is the inverse GPT-J RoPE at the query's position of that decode output, within
-    oracles.epilogues' float32 bound, the other lanes copied exactly; (5) the trust gate is SPEC 4's. Every cache
-    slot nobody should read is poisoned, the graph buffers' stale entries point at poisoned slots, outputs and
-    workspaces are NaN-poisoned before each run, and the kernels run before the reference. This is where pieces that
-    each pass their own contract can still disagree: a writer's slot and the table a reader uses, the window
-    positions and the insert positions, the compressed block size of the slot conversion, the graph-buffer copy and
-    the rows the decode reads, the epilogue and the decode's output. Sources: SPEC 1.2, 1.3, 2, 4; upstream's
-    ``_forward_decode`` (vllm/models/deepseek_v4/amd/rocm.py) for the order of the pieces. The first step and layer
-    with a violation ends the case.
+    (the SWA block table, its own block size) is unchanged, and that record holds the token's row; (2) on a
+    compressed layer, every byte of the extra cache (and, on C4A, of the indexer-K cache, NORMAL) outside the
+    records of the rows this step's tokens complete is unchanged, and each such record, at SPEC's slot (the layer's
+    block table, block_size // ratio rows per block), holds the compressor's row for those positions up to the
+    writer's rounding (oracles.dsv4_step.row_problems / indexer_row_problems: they identify the row, the writers'
+    own contracts judge the bytes); (3) C4A: the indexer's logits equal the float64 logits of the (pos + 1) // 4
+    rows each query sees, read from the indexer-K cache at SPEC's slots, and its top-k is their top-k, by the rules
+    of indexer-logits-agreement (masks exact, its derived bound, sets that differ only by swaps within the bound of
+    the k-th gap are excused; the attention below then reads the subject's excused set, else SPEC's); (4) the
+    decode output equals the float64 attention over exactly SPEC's slots (the SWA window
+    max(pos - window + 1, 0)..pos; C128A: every row so far, (pos + 1) // 128; C4A: the top-k rows) of the caches
+    the kernels wrote, dequantized the way the kernels read them, within oracles.compare's derived bound for the
+    plan's split count, NaN/inf masks exactly; (5) at the last step, the epilogue's output is the inverse GPT-J RoPE
+    at the query's position of that decode output, within oracles.epilogues' float32 bound, the other lanes copied
+    exactly; (6) the trust gate is SPEC 4's. Every cache slot nobody should read is poisoned, the graph buffers'
+    stale entries point at poisoned slots, outputs, logits and workspaces are NaN-poisoned before each run, and the
+    kernels run before the reference. This is where pieces that each pass their own contract can still disagree:
+    a writer's slot and the table a reader uses, the window positions and the insert positions, the compressed
+    block size of the slot conversion, the indexer-K layout its writer and its reader are given, the graph-buffer
+    copy and the rows the decode reads, the epilogue and the decode's output. Sources: SPEC 1.2, 1.3, 2, 4, 5;
+    upstream's ``_forward_decode`` (vllm/models/deepseek_v4/amd/rocm.py) for the order of the pieces. The first step
+    and layer with a violation ends the case.
     """
     sub = bound(target)
     ent = step_entries(sub)
@@ -145,15 +159,6 @@ def _graph_buffers(case: Dsv4StepCase, inp: fz.StepInputs) -> list[dict]:
     return out
 
 
-def _c4a_local_topk(case: Dsv4StepCase, layer: fz.LayerInputs, positions: list[int]) -> list[list[int]]:
-    """The C4A top-k of each query row: the oracle's selection of the case's row scores among the rows so far."""
-    rows = []
-    for r, pos in enumerate(positions):
-        n = ref.rows_so_far(pos, 4)
-        rows.append(ref.select_topk(layer.select_scores[r, :n].tolist(), case.topk))
-    return rows
-
-
 def _layer_step(case, target, ent, inp, bufs, s, li, layer) -> list[Violation]:
     dev = kernel_device()
     T, H = case.batch, case.heads
@@ -177,6 +182,22 @@ def _layer_step(case, target, ent, inp, bufs, s, li, layer) -> list[Violation]:
         ent["compressor.compress_norm_rope_store"](
             layer.state, layer.state_table, t2r, positions, meta.compressed_slot_mapping, layer.norm_weight,
             inp.cos_sin, layer.extra.view, ratio=layer.ratio, eps=fz.NORM_EPS, target=target)
+    idx = layer.indexer
+    if idx is not None:
+        idx_before = storage_bytes(idx.view)[0].cpu().clone()
+        ent["indexer_writer.compress_norm_rope_store_indexer"](
+            idx.state, idx.state_table, t2r, positions, meta.compressed_slot_mapping, idx.norm_weight, inp.cos_sin,
+            idx.view, ratio=4, eps=fz.NORM_EPS, layout=meta.indexer_layout, target=target)
+
+    # --- the indexer (C4A): logits over the rows so far, then the top-k ---
+    logits = local = None
+    if idx is not None:
+        width = inp.max_model_len // 4
+        logits_buf = torch.full((T, width), math.nan, dtype=torch.float32, device=dev)
+        logits = ent["indexer_logits.fp8_paged_mqa_logits"](
+            idx.q[s], idx.view, idx.weights[s], meta.indexer_context_lens, layer.extra.table, width,
+            layout=meta.indexer_layout, out=logits_buf, target=target)
+        local = ent["indexer_logits.topk_indices"](logits, case.topk)
 
     # --- slots ---
     swa_dense, swa_lens = ent["ragged.compute_swa_indices_and_lens"](positions, t2r, layer.swa.table,
@@ -185,14 +206,9 @@ def _layer_step(case, target, ent, inp, bufs, s, li, layer) -> list[Violation]:
     copy = ent["graph_buffers.copy_ragged_to_graph_buffers"]
     main_idx, main_ptr = copy(swa_rag, swa_ptr, bufs["swa_idx"], bufs["swa_ptr"], T, case.window, target=target)
     extra_idx = extra_ptr = None
-    c4a_rows = None
     if layer.ratio == 4:
-        c4a_rows = _c4a_local_topk(case, layer, pos_list)
-        local = torch.full((T, case.topk), -1, dtype=torch.int32)
-        for r, row in enumerate(c4a_rows):
-            local[r, :len(row)] = torch.tensor(row, dtype=torch.int32)
         extra_idx, extra_ptr = ent["ragged.compute_global_topk_ragged_indices_and_indptr"](
-            local.to(dev), t2r, layer.extra.table, meta.topk_block_size, meta.is_valid_token)
+            local, t2r, layer.extra.table, meta.topk_block_size, meta.is_valid_token)
     elif layer.ratio == 128:
         rag, ptr = ent["ragged.build_ragged_indices_from_dense"](meta.c128a_topk, meta.c128a_lens)
         extra_idx, extra_ptr = copy(rag, ptr, bufs["c128a_idx"], bufs["c128a_ptr"], T, bufs["c128a_width"],
@@ -229,15 +245,22 @@ def _layer_step(case, target, ent, inp, bufs, s, li, layer) -> list[Violation]:
                 for r, p in enumerate(pos_list)}
     v += _written_rows_violations(f"{where}: SWA cache", layer.swa.view, swa_before, spec_swa, pos_list,
                                   flavour=target.main_cache_fp8, cap=255)
-    # (2) the compressor: the rows this step completes, at their SPEC slots, nothing else touched
+    # (2) the compressors: the rows this step completes, at their SPEC slots, nothing else touched
     if has_extra:
         v += _compressor_violations(where, case, target, inp, layer, pos_list, extra_before)
-    # (5) the trust gate
+    c4a_rows = None
+    if idx is not None:
+        v += _indexer_writer_violations(where, target, inp, layer, pos_list, idx_before)
+        # (3) the indexer: logits and top-k against the float64 logits of the rows so far, read at SPEC's slots
+        v_idx, c4a_rows = _indexer_violations(where, case, target, layer, s, pos_list, logits.cpu().clone(),
+                                              local.cpu().clone(), inp.max_model_len // 4)
+        v += v_idx
+    # (6) the trust gate
     want_trust = ref_trust.trust_expected(target.name, CACHE_DTYPE, False, has_extra)
     if trust != want_trust:
         v.append(Violation(f"{where}: trust gate differs from SPEC 4's", "trust_extra_cache_nan_free",
                            str(want_trust), str(trust)))
-    # (3) the attention over SPEC's slots
+    # (4) the attention over SPEC's slots
     main_slots = [[ref.slot_of(swa_table, r, p, sbs) for p in ref.swa_positions(pos, case.window)]
                   for r, pos in enumerate(pos_list)]
     extra_slots = None
@@ -256,7 +279,7 @@ def _layer_step(case, target, ent, inp, bufs, s, li, layer) -> list[Violation]:
     v += zeroed_nan_rows(f"{where}: {NAN_ROW_ZEROED}", got, attn.out)
     v += oracle_violations(f"{where}: decode output vs the float64 attention over SPEC's slots "
                            f"(S={plan.num_splits})", got, attn, plan.num_splits)
-    # (4) the epilogue, from the decode's own output
+    # (5) the epilogue, from the decode's own output
     if rot is not None:
         v += _epilogue_violations(where, dec_out, rot, inp.cos_sin.cpu(), pos_list)
     return v
@@ -285,17 +308,35 @@ def _byte_owner(view: torch.Tensor, off: int) -> str:
     return f"slot {block * bs + pos} {part} byte {b}"
 
 
-def _storage_violations(label: str, view: torch.Tensor, want: torch.Tensor, pos_list, limit: int = 3):
+def _indexer_byte_owner(view: torch.Tensor, off: int) -> str:
+    """Which slot and part of a NORMAL indexer-K view a storage byte belongs to."""
+    _, base = storage_bytes(view)
+    rel = off - base
+    bs, stride = int(view.shape[1]), int(view.stride(0))
+    block, within = divmod(rel, stride)
+    if rel < 0 or block >= view.shape[0]:
+        return f"storage byte {off} (outside the view)"
+    if within < bs * 128:
+        pos, b = divmod(within, 128)
+        return f"slot {block * bs + pos} fp8 byte {b}"
+    if within < bs * 132:
+        pos, b = divmod(within - bs * 128, 4)
+        return f"slot {block * bs + pos} scale byte {b}"
+    return f"storage byte {off} (block {block} padding)"
+
+
+def _storage_violations(label: str, view: torch.Tensor, want: torch.Tensor, pos_list, limit: int = 3,
+                        owner=_byte_owner):
     got = storage_bytes(view)[0].cpu()
     bad = (got != want).nonzero().flatten().tolist()
     if not bad:
         return []
     owners = []
     for off in bad:
-        o = _byte_owner(view, off).rsplit(" byte", 1)[0]
+        o = owner(view, off).rsplit(" byte", 1)[0]
         if o not in owners:
             owners.append(o)
-    out = [Violation(f"{label} differs from SPEC's (token positions {pos_list})", _byte_owner(view, off),
+    out = [Violation(f"{label} differs from SPEC's (token positions {pos_list})", owner(view, off),
                      f"{int(want[off]):#04x}", f"{int(got[off]):#04x}") for off in bad[:limit]]
     out.append(Violation(f"{label}: {len(bad)} bytes differ in all", "; ".join(owners[:6]), "", ""))
     return out
@@ -331,6 +372,68 @@ def _compressor_violations(where, case, target, inp, layer, pos_list, before) ->
                 f"compressed row {row} of request {r} (completed by position {pos})", tr["exact"], tr["tol"])
     return _written_rows_violations(f"{where}: extra cache", layer.extra.view, before, records, pos_list,
                                     flavour=target.extra_cache_fp8, cap=target.writer_scale_code_cap)
+
+
+def _indexer_writer_violations(where, target, inp, layer, pos_list, before) -> list[Violation]:
+    """The indexer-K rows this step's tokens complete: at SPEC's slots (NORMAL, the layer's table and rows per
+    block), holding the head-128 compressor's row; nothing else touched."""
+    idx = layer.indexer
+    view = idx.view
+    table = layer.extra.table.cpu().tolist()
+    cbs = layer.block_size // 4
+    after = storage_bytes(view)[0].cpu()
+    flat, base = storage_bytes(view)
+    flat = flat.cpu()
+    allowed = torch.zeros_like(after, dtype=torch.bool)
+    records = []
+    for r, pos in enumerate(pos_list):
+        if ref.completes_row(pos, 4):
+            slot = ref.slot_of(table, r, pos // 4, cbs)
+            allowed[torch.tensor(ref.indexer_token_offsets(view, slot, "normal"), dtype=torch.int64)] = True
+            records.append((r, pos, slot))
+    want = torch.where(allowed, after, before)
+    label = f"{where}: indexer-K cache"
+    out = _storage_violations(f"{label} outside the rows this step writes", view, want, pos_list,
+                              owner=_indexer_byte_owner)
+    for r, pos, slot in records:
+        tok = ref_idx_writer.read_fp8_token(flat, base, view, slot, "normal")
+        tr = ref_idx_writer.token_reference(idx.state, idx.state_table, r, pos, idx.norm_weight, inp.cos_sin,
+                                            ratio=4, eps=fz.NORM_EPS)
+        for part, exp, got in ref.indexer_row_problems(tok["codes"], tok["word"], tr["exact"], tr["tol"],
+                                                       flavour=target.main_cache_fp8):
+            out.append(Violation(f"{label}: SPEC's slot {slot} (NORMAL) does not hold the indexer row "
+                                 f"{pos // 4} of request {r} (completed by position {pos})", part, exp, got))
+    return out
+
+
+def _indexer_violations(where, case, target, layer, s, pos_list, logits, local, width):
+    """The indexer's logits and top-k against the float64 logits of the rows each query sees, (pos + 1) // 4,
+    read from the indexer-K cache at SPEC's slots (NORMAL): ``contracts.indexer_logits``' comparisons (masks
+    exact, the derived bound, the top-k set up to swaps within the bound of the k-th gap). Returns the violations
+    and the rows the attention reference reads: the subject's top-k where it is excused, else SPEC's."""
+    idx = layer.indexer
+    label = f"{where}: indexer"
+    visible = [[ref.rows_so_far(pos, 4)] for pos in pos_list]
+    table = layer.extra.table.cpu().tolist()
+
+    def paged(reading):
+        return ref_logits.paged_logits(idx.q[s].cpu(), idx.view, idx.weights[s].cpu(), visible, table, width,
+                                       reading, target.main_cache_fp8)
+
+    def alternatives():
+        # the reading a C4A step gets wrong when a reader is handed no layout (its default for bs > 1)
+        if int(idx.view.shape[1]) % 16 == 0:
+            yield [SHUFFLE_READING], paged("shuffle")
+
+    lref = paged("normal")
+    lref["heads"] = case.indexer_heads
+    v = judge_logits(logits, lref, case.indexer_heads, label, alternatives)
+    vt = compare_topk(local, logits, lref, case.topk, label)
+    if vt or v:
+        rows = [[c for c in row if c >= 0] for row in ref_logits.topk(lref["logits"].tolist(), case.topk)]
+    else:
+        rows = [[c for c in row if c >= 0] for row in local.tolist()]
+    return v + vt, rows
 
 
 def _epilogue_violations(where, dec_out, rot, cos_sin, pos_list, limit: int = 3) -> list[Violation]:

@@ -7,12 +7,15 @@ lanes that no scrub removes, and NaN RoPE): only the prefix rows a step may read
 values (the SWA rows of the last ``window - 1`` prefix positions, the compressed rows completed by the prefix), so
 a stray read anywhere shows up as a non-finite output. Block tables map each request's columns to a random
 permutation of the blocks, one spare column per request points at a poisoned block, and spare blocks stay
-unreferenced. The compressor states hold NaN except the window rows the step's writing tokens pool.
+unreferenced. The compressor states hold NaN except the window rows the step's writing tokens pool. A C4A layer
+also has its indexer: an indexer-K cache (NORMAL, sharing the layer's block table; poisoned with NaN codes and NaN
+scales, its prefix rows ordinary), the head-128 compressor's state and norm weight, and per step fp8 query codes and
+head weights.
 
-Shapes stay tiny (the kernels run under the Triton interpreter here): 1-2 requests, 1-2 heads, windows of 2-6,
-block sizes like 1, 2, 3, 5 (SWA), 4, 12, 16 tokens (C4A: 1, 3, 4 rows per block) and 128, 256 tokens (C128A: 1, 2
-rows), contexts that reach, or cross during the steps, a C128A row boundary (127, 255) as well as short ones with
-no compressed row at all. ``build_step_inputs`` makes every tensor from the case's seed.
+Shapes stay tiny (the kernels run under the Triton interpreter here): 1-2 requests, 1-2 heads, windows of 3-6,
+block sizes like 1, 2, 3, 5 (SWA), 4, 12, 16, 64 tokens (C4A: 1, 3, 4, 16 rows per block) and 128, 256 tokens
+(C128A: 1, 2 rows), contexts that reach, or cross during the steps, a C128A row boundary (127, 255) as well as
+short ones with no compressed row at all. ``build_step_inputs`` makes every tensor from the case's seed.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ STATE_BLOCK_SIZES = {4: 4, 128: 8}
 #: the compressor's rms_norm_eps in the toy
 NORM_EPS = 1e-6
 SWA_BLOCK_SIZES = (1, 2, 3, 5)
-C4A_BLOCK_SIZES = (4, 12, 16)
+C4A_BLOCK_SIZES = (4, 12, 16, 64)
 C128A_BLOCK_SIZES = (128, 256)
 #: blocks past the referenced ones in every cache, poisoned and unreferenced
 SPARE_BLOCKS = 2
@@ -50,8 +53,8 @@ ROPE_BASE = 10000.0
 class Dsv4StepCase(Case):
     """A toy DSv4 attention run for ``steps`` decode steps (module docstring). ``heads`` query heads,
     SWA ``window``, block sizes in tokens (``c4a_block_size`` / ``c128a_block_size`` are the attention block sizes,
-    multiples of the ratio), C4A ``topk``, decode plans for ``cu_count`` CUs, softmax ``scale``, a sink of kind
-    ``sink``, block strides padded (``padded``) or dense."""
+    multiples of the ratio), C4A ``topk`` over an indexer of ``indexer_heads`` heads, decode plans for ``cu_count``
+    CUs, softmax ``scale``, a sink of kind ``sink``, block strides padded (``padded``) or dense."""
 
     KIND = "dsv4-step"
     seed: int
@@ -67,13 +70,14 @@ class Dsv4StepCase(Case):
     scale: float
     sink: SinkKind
     padded: bool
+    indexer_heads: int = 2
     layers: tuple[LayerName, ...] = ("swaonly", "c4a", "c128a")
 
     def __post_init__(self):
         super().__post_init__()
         if not self.contexts or any(c < 1 for c in self.contexts):
             raise ValueError(f"contexts: expected one prefix length >= 1 per request, got {list(self.contexts)}")
-        for name in ("steps", "heads", "window", "swa_block_size", "topk", "cu_count"):
+        for name in ("steps", "heads", "window", "swa_block_size", "topk", "cu_count", "indexer_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
         if self.seed < 0:
@@ -114,7 +118,8 @@ def _contexts(steps: int):
 @st.composite
 def step_cases(draw):
     """A Hypothesis strategy of :class:`Dsv4StepCase`. The simplest draw (what the ``ci`` profile tries first)
-    is already a rich case: two requests, one completing a C128A row during the steps, odd block sizes."""
+    is already a rich case: two requests completing C4A and C128A rows during the steps, odd SWA and C128A block
+    sizes, a C4A block of 16 rows (where a reader's default indexer-K layout would be SHUFFLE)."""
     steps = draw(st.sampled_from([2, 3]))
     batch = draw(st.sampled_from([2, 1]))
     contexts = tuple(draw(st.lists(_contexts(steps), min_size=batch, max_size=batch)))
@@ -125,13 +130,14 @@ def step_cases(draw):
         heads=draw(st.sampled_from([1, 2])),
         window=draw(st.integers(3, 6)),
         swa_block_size=draw(st.sampled_from((3,) + SWA_BLOCK_SIZES)),
-        c4a_block_size=draw(st.sampled_from((12,) + C4A_BLOCK_SIZES)),
+        c4a_block_size=draw(st.sampled_from((64,) + C4A_BLOCK_SIZES)),
         c128a_block_size=draw(st.sampled_from((256, 128))),
         topk=draw(st.integers(3, 6)),
         cu_count=draw(st.integers(1, 2)),
         scale=draw(st.sampled_from([0.11, 0.0625])),
         sink=draw(st.sampled_from(("mixed",) + SINK_KINDS)),
         padded=draw(st.booleans()),
+        indexer_heads=draw(st.sampled_from([2, 1, 3])),
     )
 
 
@@ -169,8 +175,22 @@ class LayerInputs:
     q: torch.Tensor                 # bf16 [steps, T, H, 512]
     k: torch.Tensor                 # bf16 [steps, T, 512] (the SWA insert's rows)
     sink: torch.Tensor | None       # fp32 [>= H]
-    #: C4A selection scores per request and compressed row (what the indexer would rank), float64 [T, rows]
-    select_scores: torch.Tensor | None = None
+    indexer: "IndexerInputs | None" = None
+
+
+@dataclass
+class IndexerInputs:
+    """A C4A layer's indexer: its K cache ``view [nb, cbs, 132]`` (NORMAL; the layer's block table), the head-128
+    compressor's state and norm weight, per step fp8 query codes ``q [steps, T, 1, Hi, 128]`` uint8 (the target's
+    platform flavour) and head weights ``weights [steps, T, Hi]`` fp32."""
+
+    pool: torch.Tensor
+    view: torch.Tensor
+    state: torch.Tensor
+    state_table: torch.Tensor
+    norm_weight: torch.Tensor
+    q: torch.Tensor
+    weights: torch.Tensor
 
 
 @dataclass
@@ -230,14 +250,14 @@ def _cos_sin(max_len: int) -> torch.Tensor:
     return torch.cat([torch.cos(ang), torch.sin(ang)], dim=1).to(torch.float32)
 
 
-def _state(gen, case: Dsv4StepCase, ratio: int, device):
-    """NaN-filled compressor state [blocks, sbs, width] with a per-request table covering every position; the
-    window rows of the step tokens that complete a compressed row hold N(0, 1) kv and scores."""
-    from impl.compressor import state_row_width, window_rows  # layout constants of the state rows
-
+def _state(gen, case: Dsv4StepCase, ratio: int, device, head: int = formats.DSV4_HEAD_DIM):
+    """NaN-filled compressor state [blocks, sbs, width] (rows [kv | score] of coff * ``head`` each) with a
+    per-request table covering every position; the window rows of the step tokens that complete a compressed row
+    hold N(0, 1) kv and scores."""
     sbs = STATE_BLOCK_SIZES[ratio]
-    width = state_row_width(ratio)
-    R = window_rows(ratio)
+    coff = 2 if ratio == 4 else 1
+    width = 2 * coff * head
+    R = (1 + (ratio == 4)) * ratio
     cols = case.max_position // sbs + 1
     nblk = case.batch * cols
     state = torch.full((nblk, sbs, width), math.nan, dtype=torch.float32)
@@ -250,6 +270,40 @@ def _state(gen, case: Dsv4StepCase, ratio: int, device):
             for p in range(max(pos - R + 1, 0), pos + 1):
                 state[int(table[r, p // sbs]), p % sbs] = torch.randn(width, generator=gen)
     return state.to(device), table.to(device)
+
+
+INDEXER_TOKEN_BYTES = formats.INDEXER_TOKEN_BYTES
+INDEXER_NAN_CODE = {"ocp": 0x7F, "fnuz": 0x80}
+
+
+def _indexer(gen, case: Dsv4StepCase, target: Target, extra: PagedCache, device) -> IndexerInputs:
+    """The indexer of a C4A layer whose compressed cache is ``extra`` (same block table and rows per block)."""
+    flavour = target.main_cache_fp8
+    nb, bs = int(extra.view.shape[0]), extra.block_size
+    stride = bs * INDEXER_TOKEN_BYTES + (16 if case.padded else 0)
+    before = int(torch.randint(0, 2, (1,), generator=gen))
+    pool = torch.empty((nb + before) * stride, dtype=torch.uint8)
+    blocks = pool.as_strided((nb + before, stride), (stride, 1))
+    blocks[:, : bs * 128] = INDEXER_NAN_CODE[flavour]
+    blocks[:, bs * 128: bs * INDEXER_TOKEN_BYTES] = torch.full((bs,), math.nan, dtype=torch.float32).view(torch.uint8)
+    blocks[:, bs * INDEXER_TOKEN_BYTES:] = 0xEE
+    view = pool.as_strided((nb, bs, INDEXER_TOKEN_BYTES), (stride, INDEXER_TOKEN_BYTES, 1), before * stride)
+    slots = [extra.slot(r, i) for r, ctx in enumerate(case.contexts) for i in range(ctx // 4)]
+    if slots:
+        n = len(slots)
+        codes = formats.fp8_encode(torch.randn(n, 128, generator=gen) * 8.0, flavour)
+        scales = torch.exp2(-torch.randint(2, 9, (n,), generator=gen).to(torch.float32))
+        formats.pack_indexer_k(view, slots, codes, scales, layout="normal")
+    state, table = _state(gen, case, 4, device, head=formats.INDEXER_HEAD_DIM)
+    weight = (1.0 + 0.1 * torch.randn(formats.INDEXER_HEAD_DIM, generator=gen)).to(torch.float32)
+    Hi = case.indexer_heads
+    q = formats.fp8_encode(torch.randn(case.steps, case.batch, 1, Hi, 128, generator=gen) * 4.0, flavour)
+    weights = torch.randn(case.steps, case.batch, Hi, generator=gen).to(torch.float32)
+    if device != "cpu":
+        pool_d = pool.to(device)
+        view = pool_d.as_strided(view.shape, view.stride(), view.storage_offset())
+        pool = pool_d
+    return IndexerInputs(pool, view, state, table, weight.to(device), q.to(device), weights.to(device))
 
 
 def build_step_inputs(case: Dsv4StepCase, target: Target, device: str | None = None) -> StepInputs:
@@ -266,7 +320,7 @@ def build_step_inputs(case: Dsv4StepCase, target: Target, device: str | None = N
         slots = [swa.slot(r, p) for r, ctx in enumerate(case.contexts)
                  for p in range(max(ctx - case.window + 1, 0), ctx)]
         write_ordinary_rows(swa.view, slots, target.main_cache_fp8, gen)
-        extra = state = state_table = weight = scores = None
+        extra = state = state_table = weight = indexer = None
         block_size = None
         if ratio > 1:
             block_size = case.c4a_block_size if ratio == 4 else case.c128a_block_size
@@ -277,13 +331,12 @@ def build_step_inputs(case: Dsv4StepCase, target: Target, device: str | None = N
             state, state_table = _state(gen, case, ratio, device)
             weight = (1.0 + 0.1 * torch.randn(formats.DSV4_HEAD_DIM, generator=gen)).to(torch.float32).to(device)
             if ratio == 4:
-                # distinct scores: the selection has no ties
-                scores = torch.rand(B, max(rows, 1), generator=gen, dtype=torch.float64)
+                indexer = _indexer(gen, case, target, extra, device)
         q = torch.randn(case.steps, B, H, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
         k = torch.randn(case.steps, B, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
         sink = make_sink(case.sink, H + int(torch.randint(0, 3, (1,), generator=gen)), gen)
         sink = sink.to(device) if sink is not None else None
         layers.append(LayerInputs(name, ratio, swa, extra, block_size, state, state_table, weight, q, k, sink,
-                                  scores))
+                                  indexer))
     token_to_req = torch.arange(B, dtype=torch.int32, device=device)
     return StepInputs(layers, _cos_sin(max_len).to(device), token_to_req, max_len)

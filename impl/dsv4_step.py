@@ -24,7 +24,11 @@ what upstream's metadata builders and ``_forward_decode`` compute from those tab
   (the row completed by this very token included: the compressor runs before the attention), as global slots in a
   dense ``[T, width]`` int32 row padded with -1; lens 0 for an invalid token. ``width`` is
   ``c128a_max_compressed(max_model_len)``;
-- ``indexer_context_lens`` (C4A): the compressed rows the indexer scores, (pos + 1) // 4, 0 for an invalid token.
+- ``indexer_context_lens`` (C4A): the compressed rows the indexer scores, (pos + 1) // 4, 0 for an invalid token;
+- ``indexer_layout`` (C4A): the layout of the indexer-K cache, which its writer (the head-128 compressor) and its
+  readers (the paged logits, the gather) must both be given: C4A's cache is block-flat, NORMAL
+  (``impl.prefill_assembly.indexer_k_layout_for_ratio``), where a reader's default for a block size above 1 is
+  SHUFFLE.
 
 Everything is torch on the tensors' device; arguments are validated first (ValueError/TypeError naming them).
 """
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from impl.prefill_assembly import indexer_k_layout_for_ratio
 from impl.validation import require_tensor
 
 #: ``compress_ratios[layer]`` of the three layer kinds (0 and 1 are both SWA-only; vLLM uses max(1, ratio))
@@ -72,6 +77,7 @@ class LayerStepMetadata:
     c128a_topk: torch.Tensor | None = None  # int32 [T, width]
     c128a_lens: torch.Tensor | None = None  # int32 [T]
     indexer_context_lens: torch.Tensor | None = None  # int32 [T]
+    indexer_layout: str | None = None
 
 
 def _require_positive(name: str, v) -> int:
@@ -150,6 +156,7 @@ def build_layer_metadata(compress_ratio: int, positions: torch.Tensor, token_to_
     meta = dict(compressed_slot_mapping=comp_slots, topk_block_size=block_size // ratio)
     if kind == "c4a":
         meta["indexer_context_lens"] = n_rows.to(torch.int32)
+        meta["indexer_layout"] = indexer_k_layout_for_ratio(ratio, states_per_block)
     else:
         if max_model_len is None:
             raise ValueError("max_model_len: a c128a layer needs it (the width of its dense rows)")

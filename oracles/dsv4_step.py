@@ -163,3 +163,50 @@ def row_problems(tok: dict, exact: torch.Tensor, tol: torch.Tensor, *, flavour: 
     for i in bad_r.nonzero().flatten().tolist()[:limit]:
         out.append((f"RoPE lane {i}", f"{float(xr[i])!r} +- {float(rb[i]):.3g}", repr(float(rope[i]))))
     return out
+
+
+#: the indexer-K fp8 scale divisor per flavour (SPEC 1.3: max(amax, 1e-4) / 448 OCP, / 224 FNUZ)
+INDEXER_DIV = {"ocp": 448.0, "fnuz": 224.0}
+
+
+def _pow2_at_least(v: float) -> float:
+    return math.ldexp(1.0, _ceil_log2(v))
+
+
+def indexer_token_offsets(cache: torch.Tensor, slot: int, layout: str) -> list[int]:
+    """Absolute storage offsets of the 128 fp8 bytes and the 4 scale bytes of one indexer-K token (SPEC 1.3)."""
+    from oracles.formats import indexer_k_token_spans
+
+    _, base = storage_bytes(cache)
+    offs, soff = indexer_k_token_spans(slot, int(cache.shape[1]), int(cache.stride(0)), layout)
+    return [base + o for o in offs] + list(range(base + soff, base + soff + 4))
+
+
+def indexer_row_problems(codes: torch.Tensor, word: torch.Tensor, exact: torch.Tensor, tol: torch.Tensor, *,
+                         flavour: str, limit: int = 3) -> list[tuple[str, str, str]]:
+    """Does an indexer-K token (128 e4m3 ``codes`` of ``flavour``, fp32 scale ``word`` as 4 bytes) hold the head-128
+    compressor's row ``exact`` (float64 [128]; ``tol`` its fp32 bound, ``oracles.indexer_writer.token_reference``)
+    up to the writer's rounding (SPEC 4 "Indexer variant": one fp8 block with the power-of-two scale
+    2^ceil(log2(max(amax, 1e-4) / DIV)), DIV 448 OCP / 224 FNUZ)? The scale must lie between those of the amax at
+    -tol and +tol (bf16 rounding included), every value fp8(code) * scale within tol + 2^-8 (|x| + tol) + half an
+    e4m3 step at that scale (+ any saturation excess) of x. Identifies the row; ``indexer-writer-exact`` judges the
+    bytes."""
+    x = exact.to(torch.float64)
+    t = tol.to(torch.float64).expand_as(x)
+    if not bool(torch.isfinite(x).all() & torch.isfinite(t).all()):
+        return []  # a non-finite row is the writer contracts' business
+    out: list[tuple[str, str, str]] = []
+    div, fmax = INDEXER_DIV[flavour], FP8_MAX[flavour]
+    scale = float(word.clone().view(torch.float32)[0])
+    lo = float(torch.clamp(x.abs() - t, min=0).max()) * (1 - U_BF16)
+    hi = float((x.abs() + t).max()) * (1 + U_BF16)
+    s_lo, s_hi = _pow2_at_least(max(lo, AMAX_FLOOR) / div), _pow2_at_least(max(hi, AMAX_FLOOR) / div)
+    if not s_lo <= scale <= s_hi:
+        return [("scale", f"{s_lo!r}..{s_hi!r}", repr(scale))]
+    v_hi = (x.abs() + t) * (1 + U_BF16) / scale
+    bound = t + U_BF16 * (x.abs() + t) + (_e4m3_half_step(v_hi, flavour) + torch.clamp(v_hi - fmax, min=0)) * scale
+    got = fp8_decode(codes, flavour) * scale
+    bad = ~((got - x).abs() <= bound * 1.01 + 2.0 ** -140)
+    for d in bad.nonzero().flatten().tolist()[:limit]:
+        out.append((f"lane {d}", f"{float(x[d])!r} +- {float(bound[d]):.3g}", repr(float(got[d]))))
+    return out

@@ -130,8 +130,8 @@ class _FakeSubject:
 def test_missing_entry_points_are_all_named():
     with pytest.raises(EntryMissing) as exc:
         cstep.step_entries(_FakeSubject())
-    assert exc.value.entry == "dsv4_step"
-    assert "cache_writers.quantize_and_insert_k_cache" in exc.value.why
+    assert exc.value.entry == "cache_writers.quantize_and_insert_k_cache"
+    assert "also missing: dsv4_step" in exc.value.why
 
 
 def test_block_size_mix_up_is_caught(monkeypatch):
@@ -149,3 +149,37 @@ def test_block_size_mix_up_is_caught(monkeypatch):
                         layers=("c4a",))
     v = cstep.dsv4_step_agreement(case, impl.targets.get_target("generic"))
     assert v and "layer 0 (c4a)" in v[0].message and "decode output" in v[0].message
+
+
+@pytest.mark.parametrize("flavour", ["ocp", "fnuz"])
+def test_indexer_row_check_accepts_the_writer_reference(flavour):
+    """An indexer-K token packed from a row by oracles.indexer_writer passes the step's indexer row check; another
+    row, or the right codes under another scale, does not."""
+    from oracles import indexer_writer as ref_idx
+
+    gen = torch.Generator().manual_seed(4)
+    row = torch.randn(128, generator=gen, dtype=torch.float32) * 3
+    tok = ref_idx.pack_compressor_row(row, kv_format="fp8", flavour=flavour, mx_scale=False)
+    zero = torch.zeros(())
+    assert ref.indexer_row_problems(tok["codes"], tok["word"], row.to(torch.float64), zero, flavour=flavour) == []
+    other = torch.randn(128, generator=gen, dtype=torch.float64) * 3
+    assert ref.indexer_row_problems(tok["codes"], tok["word"], other, zero, flavour=flavour)
+    word = torch.tensor([float(tok["word"].clone().view(torch.float32)[0]) * 2], dtype=torch.float32).view(torch.uint8)
+    assert ref.indexer_row_problems(tok["codes"], word, row.to(torch.float64), zero, flavour=flavour)[0][0] == "scale"
+
+
+def test_indexer_layout_mix_up_is_named(monkeypatch):
+    """The C4A step handing the indexer-K readers no layout: the writer writes NORMAL, the logits read SHUFFLE (a
+    block of 16 rows); the violation names that reading."""
+    real = step.build_layer_metadata
+
+    def no_layout(ratio, *a, **kw):
+        m = real(ratio, *a, **kw)
+        return dataclasses.replace(m, indexer_layout=None) if m.kind == "c4a" else m
+
+    monkeypatch.setattr(step, "build_layer_metadata", no_layout)
+    case = Dsv4StepCase(seed=6, contexts=(70,), steps=2, heads=1, window=3, swa_block_size=2, c4a_block_size=64,
+                        c128a_block_size=128, topk=4, cu_count=1, scale=0.11, sink="none", padded=True,
+                        layers=("c4a",))
+    v = cstep.dsv4_step_agreement(case, impl.targets.get_target("gfx942"))
+    assert v and cstep.SHUFFLE_READING in v[0].message
