@@ -12,7 +12,13 @@ H heads (any order) and multiplies by the key scale (one rounding). With A[t, s]
 
 where u is one ulp (2^-23 relative) per operation rather than round-to-nearest's half: MMA units may truncate while
 accumulating. The 2^-149 terms cover fp32 underflow (each rounding may lose one subnormal ulp absolutely). No fp32
-overflow is reachable from the generated inputs (|logit| < 1e10 for finite scales).
+overflow is reachable from the generated inputs (|logit| < 1e10 for finite scales); a position where
+|kscale| * A (1 + gamma_n) >= FLT_MAX is not judged (only the diagnoses of wrong readers, below, meet one).
+
+Diagnoses. When logits differ, the check tries wrong readings and formulas (a SHUFFLE cache read in the NORMAL
+order, the cache read as per-token 132-byte rows, the key scale folded into the key before the relu, NaN scores
+dropped by the relu); if the subject's logits are one of them within the same bound, one violation names it instead
+of a list of positions, so each cause has its own stable message (and a finding its own signature).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from oracles import indexer_logits as oracle
 
 U = 2.0 ** -23
 ETA = 2.0 ** -149
+FLT_MAX = 3.4028234663852886e38
 #: a plausible column, not -1: what a top-k that does not pre-fill its buffer leaves in the unwritten entries
 TOPK_POISON = 0
 LIMIT = 4  # violations reported per kind
@@ -53,50 +60,44 @@ def _cls(x: float) -> str:
     return "finite"
 
 
-def compare_logits(got: torch.Tensor, ref: dict, heads: int, label: str) -> list[Violation]:
-    """Masked positions -inf exactly; NaN and infinities exactly where the oracle has them (an infinite scale's sign
-    from the head sum, any of +-inf/NaN only where that sum is within its bound of 0); finite logits within the
-    derived bound (margins recorded). Said apart: a logit beyond the fp32 bound but within the rounding of head
-    scores stored in bf16 (|S_h| 2^-8 each), which names a subject that computes q . k in bf16."""
-    rows, cols = ref["logits"].shape
-    if tuple(got.shape) != (rows, cols) or got.dtype != torch.float32:
-        return [Violation(f"{label} logits shape/dtype", "", f"[{rows}, {cols}] float32",
-                          f"{list(got.shape)} {got.dtype}")]
+def _compare(got: torch.Tensor, ref: dict, heads: int, label: str, *, record: bool) -> dict[str, list[Violation]]:
+    """The logit comparison of :func:`judge_logits`, its violations by kind ("mask", "class", "value", "bf16"),
+    each kind capped at LIMIT reported positions plus one line counting the rest."""
     g = got.detach().cpu().to(torch.float64)
     r = ref["logits"]
     vis = ref["visible"]
     tol, tol_sum = tolerances(ref, heads)
-    v: list[Violation] = []
-    counts: dict[str, int] = {}
+    kinds: dict[str, list[Violation]] = {"mask": [], "class": [], "value": [], "bf16": []}
+    counts = dict.fromkeys(kinds, 0)
+    beyond: list[tuple] = []
 
     def add(kind: str, msg: str, where: str, expected: str, got_s: str):
-        counts[kind] = counts.get(kind, 0) + 1
+        counts[kind] += 1
         if counts[kind] <= LIMIT:
-            v.append(Violation(msg, where, expected, got_s))
+            kinds[kind].append(Violation(msg, where, expected, got_s))
 
     masked_bad = ~vis & ~(g == -math.inf)
     for i, j in masked_bad.nonzero().tolist()[:LIMIT]:
         add("mask", f"{label}: a masked position is not -inf", f"row {i}, column {j}", "-inf", repr(g[i, j].item()))
     counts["mask"] = int(masked_bad.sum())
-    finite_scale = torch.isfinite(ref["scale"])
+    spec_inf = not ref.get("variant")  # a variant's fp64 logits give their classes directly
+    infinite_scale = torch.isinf(ref["scale"])
     err = (g - r).abs()
-    for i, j in vis.nonzero().tolist():
+    # a logit whose fp32 computation may pass FLT_MAX is not judged (the generated inputs stay far below it; a
+    # wrong reader's garbage scales reach it)
+    overflow = (ref["scale"].abs() * ref["absum"] * (1 + _gamma(heads))).nan_to_num(0.0) >= FLT_MAX
+    for i, j in (vis & ~overflow).nonzero().tolist():
         gv, rv = g[i, j].item(), r[i, j].item()
         where = f"row {i}, column {j}"
-        if finite_scale[i, j] or math.isnan(ref["scale"][i, j].item()):
+        if not (spec_inf and infinite_scale[i, j]):
             want = _cls(rv)
             if _cls(gv) != want:
                 add("class", f"{label}: a visible logit is {_cls(gv)} where the oracle's is {want}", where,
                     f"{rv!r}", f"{gv!r}")
             elif want == "finite" and not err[i, j] <= tol[i, j]:
                 bf16 = tol[i, j] + abs(ref["scale"][i, j].item()) * 2.0 ** -8 * ref["absum"][i, j].item()
-                if err[i, j] <= bf16:
-                    add("bf16", f"{label}: logit differs beyond the fp32 bound, within the rounding of head scores "
-                        "stored in bf16", where, f"{rv:.9g} +- {tol[i, j].item():.3g}", f"{gv:.9g}")
-                else:
-                    add("value", f"{label}: logit differs from the oracle beyond the derived bound", where,
-                        f"{rv:.9g} +- {tol[i, j].item():.3g}", f"{gv:.9g}")
-        else:  # an infinite scale
+                beyond.append((i, j, rv, gv, bool(err[i, j] <= bf16)))
+        else:  # an infinite scale: the sign of the head sum, NaN when nothing survived, unknown within the bound
             hs = ref["head_sum"][i, j].item()
             if math.isnan(hs) or ref["absum"][i, j].item() == 0:
                 want = {"NaN"}
@@ -107,13 +108,53 @@ def compare_logits(got: torch.Tensor, ref: dict, heads: int, label: str) -> list
             if _cls(gv) not in want:
                 add("class", f"{label}: a logit with an infinite key scale is {_cls(gv)}", where,
                     " or ".join(sorted(want)), f"{gv!r}")
-    keep = vis & torch.isfinite(r) & torch.isfinite(g)
-    if bool(keep.any()):
+    # beyond the fp32 bound everywhere only by the rounding of bf16 head scores: that names a subject computing
+    # q . k in bf16; any larger difference makes every one of them a plain value difference
+    lowp = bool(beyond) and all(x[4] for x in beyond)
+    for i, j, rv, gv, _ in beyond:
+        if lowp:
+            add("bf16", f"{label}: logit differs beyond the fp32 bound, within the rounding of head scores stored in "
+                "bf16", f"row {i}, column {j}", f"{rv:.9g} +- {tol[i, j].item():.3g}", f"{gv:.9g}")
+        else:
+            add("value", f"{label}: logit differs from the oracle beyond the derived bound", f"row {i}, column {j}",
+                f"{rv:.9g} +- {tol[i, j].item():.3g}", f"{gv:.9g}")
+    keep = vis & ~overflow & torch.isfinite(r) & torch.isfinite(g)
+    if record and bool(keep.any()):
         record_margin(err[keep], tol[keep])
     for kind, n in counts.items():
         if n > LIMIT:
-            v.append(Violation(f"{label}: {n - LIMIT} more positions of the same kind ({kind})", "", "", ""))
-    return v
+            kinds[kind].append(Violation(f"{label}: more positions of the same kind ({kind})", "", "",
+                                         f"{n - LIMIT} more"))
+    return kinds
+
+
+#: wrong readings and formulas a diagnosis tries, each named in words (the message of its violation)
+READING_WORDS = {"normal": "a SHUFFLE cache read in the NORMAL order",
+                 "token-rows": "the cache read as per-token 132-byte rows ([bs, 1, 132] views), not block-flat"}
+VARIANT_WORDS = {"scale_inside": "the key scale folded into the key before the relu",
+                 "relu_drops_nan": "NaN head scores dropped by the relu"}
+
+
+def judge_logits(got: torch.Tensor, ref: dict, heads: int, label: str, alternatives=None) -> list[Violation]:
+    """Masked positions -inf exactly; NaN and infinities exactly where the oracle has them (an infinite scale's sign
+    from the head sum, any of +-inf/NaN only where that sum is within its bound of 0); finite logits within the
+    derived bound (margins recorded). Said apart, so that each names one cause: a logit beyond the fp32 bound but
+    within the rounding of head scores stored in bf16 (|S_h| 2^-8 each) names a subject computing q . k in bf16;
+    and when the class or value differences all vanish against one of ``alternatives()`` (pairs of words and an
+    oracle of a wrong reading or formula), one violation names that reading instead of listing them."""
+    rows, cols = ref["logits"].shape
+    if tuple(got.shape) != (rows, cols) or got.dtype != torch.float32:
+        return [Violation(f"{label} logits shape/dtype", "", f"[{rows}, {cols}] float32",
+                          f"{list(got.shape)} {got.dtype}")]
+    kinds = _compare(got, ref, heads, label, record=True)
+    if (kinds["class"] or kinds["value"]) and alternatives is not None:
+        for words, alt in alternatives():
+            ak = _compare(got, alt, heads, label, record=False)
+            if not ak["class"] and not ak["value"]:
+                diag = Violation(f"{label}: logits are the formula with {', '.join(words)}", "",
+                                 "SPEC 1.3's layout and SPEC 5's formula", ", ".join(words))
+                return kinds["mask"] + ak["bf16"] + [diag]
+    return [x for k in ("mask", "class", "value", "bf16") for x in kinds[k]]
 
 
 def compare_topk(got_idx, logits: torch.Tensor, ref: dict, k: int, label: str, starts=None, ends=None
@@ -222,20 +263,46 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
         got = fam.fp8_paged_mqa_logits(inp.q, inp.cache, inp.weights, inp.context_lens, inp.block_table,
                                        case.max_model_len, layout=case.layout, target=tgt)
         got_cpu = got.detach().cpu().clone()
-        ref = oracle.paged_logits(inp.q_codes, inp.cache.cpu(), inp.weights, inp.visible, inp.table,
-                                  case.max_model_len, case.layout, flavour)
+        cache_cpu = inp.cache.cpu()
+
+        def paged(reading, **variant):
+            r = oracle.paged_logits(inp.q_codes, cache_cpu, inp.weights, inp.visible, inp.table, case.max_model_len,
+                                    reading, flavour, **variant)
+            r["variant"] = bool(variant)
+            return r
+
+        ref = paged(case.layout)
+
+        def alternatives():
+            readings = [case.layout] + [x for x in ("normal", "token-rows") if x != case.layout]
+            for reading in readings:
+                for variant in ({}, {"scale_inside": True}, {"relu_drops_nan": True}):
+                    if reading == case.layout and not variant:
+                        continue
+                    words = ([READING_WORDS[reading]] if reading != case.layout else []) + \
+                        [VARIANT_WORDS[k] for k in variant]
+                    yield words, paged(reading, **variant)
         starts = ends = None
         label = "decode"
     else:
         inp = build_prefill_inputs(case, flavour)
         got = fam.fp8_mqa_logits(inp.q, inp.k_fp8, inp.k_scale, inp.weights, inp.ks, inp.ke, target=tgt)
         got_cpu = got.detach().cpu().clone()
-        ref = oracle.prefill_logits(inp.q_codes, inp.k_codes, inp.k_scale, inp.weights, list(case.row_starts),
-                                    list(case.row_ends), flavour)
+        def prefill(**variant):
+            r = oracle.prefill_logits(inp.q_codes, inp.k_codes, inp.k_scale, inp.weights, list(case.row_starts),
+                                      list(case.row_ends), flavour, **variant)
+            r["variant"] = bool(variant)
+            return r
+
+        ref = prefill()
+
+        def alternatives():
+            for variant in ({"scale_inside": True}, {"relu_drops_nan": True}):
+                yield [VARIANT_WORDS[k] for k in variant], prefill(**variant)
         starts, ends = list(case.row_starts), list(case.row_ends)
         label = "prefill"
     ref["heads"] = case.heads
-    v = compare_logits(got_cpu, ref, case.heads, label)
+    v = judge_logits(got_cpu, ref, case.heads, label, alternatives)
     try:
         rows = got.shape[0]
         out = torch.full((rows, case.topk), TOPK_POISON, dtype=torch.int32, device=got.device)

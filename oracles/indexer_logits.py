@@ -27,8 +27,21 @@ def _scale_from_bytes(four: list[int]) -> float:
     return struct.unpack("<f", bytes(four))[0]
 
 
+#: readings of a cache block: SPEC 1.3's two layouts, and one that is not SPEC's (a diagnosis, for naming what a
+#: wrong reader computed): each token's 132 bytes as one row of the block seen as [bs, 132] (fp8 bytes then scale)
+READINGS = ("normal", "shuffle", "token-rows")
+
+
+def _token_row_spans(slot: int, block_size: int, block_stride: int) -> tuple[list[int], int]:
+    block, t = divmod(slot, block_size)
+    row = block * block_stride + t * 132
+    return [row + d for d in range(128)], row + 128
+
+
 def _read_keys(cache: torch.Tensor, slots: list[int], layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 codes [n, 128] and float64 scales [n] of the given slots of an indexer-K cache view [nb, bs, 132]."""
+    if layout not in READINGS:
+        raise ValueError(f"layout: expected one of {READINGS}, got {layout!r}")
     flat, base = storage_bytes(cache)
     flat = flat.cpu()
     bs = int(cache.shape[1])
@@ -36,18 +49,37 @@ def _read_keys(cache: torch.Tensor, slots: list[int], layout: str) -> tuple[torc
     codes = torch.empty(len(slots), 128, dtype=torch.uint8)
     scales = torch.empty(len(slots), dtype=torch.float64)
     for i, slot in enumerate(slots):
-        offs, soff = indexer_k_token_spans(slot, bs, stride, layout)
+        if layout == "token-rows":
+            offs, soff = _token_row_spans(slot, bs, stride)
+        else:
+            offs, soff = indexer_k_token_spans(slot, bs, stride, layout)
         codes[i] = flat[torch.tensor(offs, dtype=torch.int64) + base]
         scales[i] = _scale_from_bytes(flat[base + soff: base + soff + 4].tolist())
     return codes, scales
 
 
-def _score(qf: torch.Tensor, w: torch.Tensor, kf: torch.Tensor, scales: torch.Tensor):
-    """qf [H, 128], w [H], kf [n, 128], scales [n] (float64) -> (logit, head sum, absolute sum) each [n]."""
-    s = kf @ qf.T  # [n, H]
-    relu = torch.where(s < 0, torch.zeros_like(s), s)
+def _score(qf: torch.Tensor, w: torch.Tensor, kf: torch.Tensor, scales: torch.Tensor, variant: dict):
+    """qf [H, 128], w [H], kf [n, 128], scales [n] (float64) -> (logit, head sum, absolute sum) each [n].
+
+    ``variant`` (diagnoses only; SPEC's formula when empty): ``scale_inside`` folds the key scale into the key before
+    the dot (so before the relu), ``relu_drops_nan`` makes relu(NaN) = 0."""
+    if variant.get("scale_inside"):
+        # the dequantized key as an fp32 tensor holds it: a product past FLT_MAX is inf there, as in such a reader
+        s = (kf.float() * scales.float()[:, None]).double() @ qf.T
+    else:
+        s = kf @ qf.T  # [n, H]
+    if variant.get("relu_drops_nan"):
+        relu = torch.where(s > 0, s, torch.zeros_like(s))
+    else:
+        relu = torch.where(s < 0, torch.zeros_like(s), s)
     head_sum = (relu * w[None, :]).sum(dim=1)
-    absum = (kf.abs() @ qf.abs().T * w.abs()[None, :]).sum(dim=1)
+    # NaN lanes count 0 in the magnitude: it bounds the error of a logit that is finite (a NaN one has no bound)
+    absum = (kf.nan_to_num(0.0).abs() @ qf.nan_to_num(0.0).abs().T * w.abs()[None, :]).sum(dim=1)
+    if variant.get("scale_inside"):
+        # each dequantized lane k * scale may lose one subnormal ulp: sum_h |w_h| sum_d |q_hd| of them at most
+        absum = absum + (qf.nan_to_num(0.0).abs().sum(dim=1) * w.abs()).sum() * 2.0 ** -149 / scales.abs().clamp(
+            min=2.0 ** -149)
+        return head_sum, head_sum, absum
     return head_sum * scales, head_sum, absum
 
 
@@ -60,10 +92,11 @@ def _empty(rows: int, cols: int) -> dict:
 
 
 def paged_logits(q_codes: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, visible: list[list[int]],
-                 block_table: list[list[int]], max_model_len: int, layout: str, flavour: str) -> dict:
+                 block_table: list[list[int]], max_model_len: int, layout: str, flavour: str, **variant) -> dict:
     """Decode reference. ``q_codes`` [B, next_n, H, 128] uint8; ``cache`` the [nb, bs, 132] uint8 view;
     ``weights`` [B * next_n, H]; ``visible[b][j]`` how many positions row (b, j) sees (SPEC 5's decode mask:
-    ctx - next_n + j + 1 for a per-request length, given per row otherwise); ``block_table`` rows as lists.
+    ctx - next_n + j + 1 for a per-request length, given per row otherwise); ``block_table`` rows as lists;
+    ``layout`` one of :data:`READINGS`; ``variant`` as :func:`_score` takes it.
     Returns float64 [B * next_n, max_model_len] tensors ``logits``, ``head_sum``, ``absum``, ``scale`` and the bool
     ``visible``."""
     B, next_n, H, _ = q_codes.shape
@@ -81,7 +114,7 @@ def paged_logits(q_codes: torch.Tensor, cache: torch.Tensor, weights: torch.Tens
             if n == 0:
                 continue
             r = b * next_n + j
-            logit, hs, ab = _score(qf[b, j], w[r], kf[:n], scales[:n])
+            logit, hs, ab = _score(qf[b, j], w[r], kf[:n], scales[:n], variant)
             out["logits"][r, :n] = logit
             out["head_sum"][r, :n] = hs
             out["absum"][r, :n] = ab
@@ -91,7 +124,7 @@ def paged_logits(q_codes: torch.Tensor, cache: torch.Tensor, weights: torch.Tens
 
 
 def prefill_logits(q_codes: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
-                   ks: list[int], ke: list[int], flavour: str) -> dict:
+                   ks: list[int], ke: list[int], flavour: str, **variant) -> dict:
     """Prefill reference: ``q_codes`` [T, H, 128], ``k_codes`` [S, 128] uint8, ``k_scale`` [S] (any float dtype);
     row t sees keys [ks[t], ke[t]). Returns float64 [T, S] ``logits``, ``head_sum``, ``absum``, ``scale``."""
     T = int(q_codes.shape[0])
@@ -105,7 +138,7 @@ def prefill_logits(q_codes: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.
         lo, hi = ks[t], ke[t]
         if hi <= lo:
             continue
-        logit, hs, ab = _score(qf[t], w[t], kf[lo:hi], sc[lo:hi])
+        logit, hs, ab = _score(qf[t], w[t], kf[lo:hi], sc[lo:hi], variant)
         out["logits"][t, lo:hi] = logit
         out["head_sum"][t, lo:hi] = hs
         out["absum"][t, lo:hi] = ab
