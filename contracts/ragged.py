@@ -14,7 +14,7 @@ from contracts.core import ALL_TARGETS, Violation, contract, fmt, single_threade
 from contracts.subjects import FidelityError, SubjectSkip, bound
 from contracts.subjects.vllm.standins import StandInCalled
 from fuzz import ragged as fz
-from fuzz.ragged import INT32_MAX, INT32_MIN, RaggedCase
+from fuzz.ragged import INT32_MAX, INT32_MIN, DensePart, GlobalPart, RaggedCase, SwaPart
 from impl.runtime import kernel_device
 from impl.targets import Target
 from oracles import ragged as ref
@@ -22,7 +22,7 @@ from oracles import ragged as ref
 #: exceptions that say nothing about the helper's code: they end the row (see contracts/graph_buffers.py)
 _NOT_A_VERDICT = (SubjectSkip, FidelityError, StandInCalled)
 #: at most this many distinct messages per case (the first of each kind is enough to see the cause)
-_MAX_MESSAGES = 4
+_MAX_MESSAGES = 8
 ENTRY = {"dense": "build_ragged_indices_from_dense", "global": "compute_global_topk_ragged_indices_and_indptr",
          "swa": "compute_swa_indices_and_lens"}
 
@@ -91,11 +91,12 @@ def _entry_message(what: str, kind: str, cause: str | None) -> str:
 def _check_dense(case: RaggedCase, got, out: _Out) -> None:
     what = "dense->ragged"
     idx, ptr = got
-    R = len(case.rows)
+    d = case.dense
+    R = len(d.rows)
     if not (_int32_1d("indices", idx, None, out, what) & _int32_1d("indptr", ptr, R + 1, out, what)):
         return
-    want_idx, want_ptr = ref.ref_ragged_from_dense([list(r) for r in case.rows],
-                                                   None if case.lens is None else list(case.lens), case.num_rows)
+    want_idx, want_ptr = ref.ref_ragged_from_dense([list(r) for r in d.rows], None if d.lens is None else list(d.lens),
+                                                   d.num_rows)
     rows = _split(idx.tolist(), ptr.tolist(), R, out, what)
     if rows is None:
         return
@@ -107,17 +108,17 @@ def _check_dense(case: RaggedCase, got, out: _Out) -> None:
             out.add(f"{what}: a row holds only its valid entries, compacted (the oracle keeps every one of the "
                     f"first len entries in place, -1 for an invalid one)", f"row {r}", fmt(w), fmt(g))
         elif len(g) != len(w):
-            n = case.lens[r] if case.lens is not None else "count(>= 0)"
+            n = d.lens[r] if d.lens is not None else "count(>= 0)"
             out.add(f"{what}: a row's length differs from clamp(len, 0, width)", f"row {r} (len {n}, width "
-                    f"{case.width})", len(w), len(g))
+                    f"{d.width})", len(w), len(g))
         else:
             j = next(j for j in range(len(w)) if g[j] != w[j])
-            v = case.rows[r][j]
-            if case.num_rows >= 0 and not 0 <= v < case.num_rows:
+            v = d.rows[r][j]
+            if d.num_rows >= 0 and not 0 <= v < d.num_rows:
                 msg = f"{what}: a kept value outside [0, num_rows) is not -1"
             else:
                 msg = f"{what}: a kept value differs from the dense entry"
-            out.add(msg, f"row {r}, entry {j} (value {v}, num_rows {case.num_rows})", w[j], g[j])
+            out.add(msg, f"row {r}, entry {j} (value {v}, num_rows {d.num_rows})", w[j], g[j])
 
 
 # --- C4A global slots -----------------------------------------------------------------------------------------------
@@ -140,12 +141,13 @@ def _lookup(case: RaggedCase, req: int, i: int) -> int:
 def _check_global(case: RaggedCase, got, out: _Out) -> None:
     what = "global slots"
     idx, ptr = got
-    T = len(case.rows)
+    gp = case.glob
+    T = len(gp.rows)
     if not (_int32_1d("indices", idx, None, out, what) & _int32_1d("indptr", ptr, T + 1, out, what)):
         return
     table = [list(r) for r in case.block_table]
-    want_idx, want_ptr = ref.ref_global_topk([list(r) for r in case.rows], list(case.token_to_req), table,
-                                             case.block_size, None if case.valid is None else list(case.valid))
+    want_idx, want_ptr = ref.ref_global_topk([list(r) for r in gp.rows], list(gp.token_to_req), table,
+                                             case.block_size, None if gp.valid is None else list(gp.valid))
     rows = _split(idx.tolist(), ptr.tolist(), T, out, what)
     if rows is None:
         return
@@ -153,8 +155,8 @@ def _check_global(case: RaggedCase, got, out: _Out) -> None:
         w = want_idx[want_ptr[t]:want_ptr[t + 1]]
         if g == w:
             continue
-        row, req = case.rows[t], case.token_to_req[t]
-        invalid = case.valid is not None and not case.valid[t]
+        row, req = gp.rows[t], gp.token_to_req[t]
+        invalid = gp.valid is not None and not gp.valid[t]
         if len(g) != len(w):
             if invalid:
                 out.add(f"{what}: an invalid token (is_valid_token false) has entries", f"token {t}", 0, len(g))
@@ -184,18 +186,19 @@ def _check_global(case: RaggedCase, got, out: _Out) -> None:
 def _check_swa(case: RaggedCase, got, out: _Out) -> None:
     what = "SWA window"
     idx, lens = got
-    T, W = len(case.positions), case.window
+    sp = case.swa
+    T, W = len(sp.positions), sp.window
     if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int32 or tuple(idx.shape) != (T, 1, W):
         desc = f"{list(idx.shape)} {idx.dtype}" if isinstance(idx, torch.Tensor) else type(idx).__name__
         out.add(f"{what}: indices are not an int32 [T, 1, window] tensor", "indices", f"int32 [{T}, 1, {W}]", desc)
         return
     if not _int32_1d("lens", lens, T, out, what):
         return
-    want_rows, want_lens = ref.ref_swa_window(list(case.positions), list(case.token_to_req),
+    want_rows, want_lens = ref.ref_swa_window(list(sp.positions), list(sp.token_to_req),
                                               [list(r) for r in case.block_table], case.block_size, W)
     g_rows, g_lens = idx.reshape(T, W).tolist(), lens.tolist()
     for t in range(T):
-        p, req = case.positions[t], case.token_to_req[t]
+        p, req = sp.positions[t], sp.token_to_req[t]
         if g_lens[t] != want_lens[t]:
             if p < 0:
                 out.add(f"{what}: a padding token (negative position) has a non-zero length", f"token {t} "
@@ -224,30 +227,33 @@ def _check_swa(case: RaggedCase, got, out: _Out) -> None:
 def _examples(target: Target) -> list[RaggedCase]:
     table = ((10, 11, 12), (20, -1, 22))
     return [
-        # dense: a -1 hole inside the first len, a length past the width, a negative length, values past num_rows
-        RaggedCase(helper="dense", rows=((4, -1, 7, 9), (-1, -1, -1, -1), (1, 2, 3, 40), (5, 6, -1, 2)), width=4,
-                   lens=(3, 2, 9, -1), num_rows=8),
-        RaggedCase(helper="dense", index_dtype="int64", aux_dtype="int64", rows=((3, INT32_MAX, -1, INT32_MIN),),
-                   width=4, lens=None, num_rows=-1),
-        # C4A, block size 3, a table padded past its width: holes, an invalid token with valid entries, ids mapping
-        # through a negative block id, an empty row, an id just past the width (inside the padded buffer)
-        RaggedCase(helper="global", rows=((3, -1, 5, 1, -1, 2), (0, 1, 2, -1, -1, -1), (4, 6, -1, 0, 3, -1),
-                                          (-1, -1, -1, -1, -1, -1), (9, 1, 7, -1, -1, -1)), width=6,
-                   token_to_req=(0, 1, 1, 0, 0), valid=(True, False, True, True, True), block_table=table,
-                   table_width=3, table_pad=3, block_size=3),
-        # C4A: an id far past the table (INT32_MAX), a request outside it; int64 ids, block size 1
-        RaggedCase(helper="global", index_dtype="int64", rows=((0, 1, 2, INT32_MAX, -1), (2, -1, -1, -1, -1)),
-                   width=5, token_to_req=(0, 2), valid=None, block_table=table, table_width=3, table_pad=0,
-                   block_size=1),
-        # SWA, block size 3, window 4: windows crossing block boundaries, a padding token, a negative block id, a
-        # window reaching just past the width (inside the padded buffer)
-        RaggedCase(helper="swa", positions=(5, 1, -1, 7, 9, 4), token_to_req=(0, 0, 0, 1, 0, 1),
-                   block_table=table, table_width=3, table_pad=2, block_size=3, window=4),
-        # SWA: a request outside the table, the int32 extremes; int64 inputs
-        RaggedCase(helper="swa", index_dtype="int64", aux_dtype="int64", positions=(0, 3, INT32_MIN, 2),
-                   token_to_req=(0, 1, 0, 2), block_table=table, table_width=3, table_pad=0, block_size=2, window=3),
-        RaggedCase(helper="swa", positions=(fz.MAX_SWA_POSITION, 2), token_to_req=(0, 0), block_table=table,
-                   table_width=3, table_pad=0, block_size=64, window=128),
+        RaggedCase(
+            # a -1 hole inside the first len, a length past the width, a negative length, values past num_rows
+            dense=DensePart(rows=((4, -1, 7, 9), (-1, -1, -1, -1), (1, 2, 3, 40), (5, 6, -1, 2)), width=4,
+                            lens=(3, 2, 9, -1), num_rows=8),
+            # block size 3, a table padded past its width: holes, an invalid token with valid entries, ids mapping
+            # through a negative block id, an empty row, an id just past the width (inside the padded buffer)
+            glob=GlobalPart(rows=((3, -1, 5, 1, -1, 2), (0, 1, 2, -1, -1, -1), (4, 6, -1, 0, 3, -1),
+                                  (-1, -1, -1, -1, -1, -1), (9, 1, 7, -1, -1, -1)), width=6,
+                            token_to_req=(0, 1, 1, 0, 0), valid=(True, False, True, True, True)),
+            # window 4: windows crossing block boundaries, a padding token, a negative block id, a window reaching
+            # just past the width (inside the padded buffer)
+            swa=SwaPart(positions=(5, 1, -1, 7, 9, 4), token_to_req=(0, 0, 0, 1, 0, 1), window=4),
+            block_table=table, table_width=3, table_pad=3, block_size=3),
+        RaggedCase(
+            # int64 inputs at the int32 extremes, no num_rows check
+            dense=DensePart(rows=((3, INT32_MAX, -1, INT32_MIN),), width=4, lens=None, num_rows=-1),
+            # an id far past the table (INT32_MAX), a request outside it
+            glob=GlobalPart(rows=((0, 1, 2, INT32_MAX, -1), (2, -1, -1, -1, -1)), width=5, token_to_req=(0, 2)),
+            # a request outside the table, INT32_MIN
+            swa=SwaPart(positions=(0, 3, INT32_MIN, 2), token_to_req=(0, 1, 0, 2), window=3),
+            index_dtype="int64", aux_dtype="int64", block_table=table, table_width=3, table_pad=0, block_size=1),
+        RaggedCase(
+            # empty batches; the largest position; the largest block id whose slots fit int32
+            dense=DensePart(rows=(), width=3, lens=(), num_rows=5),
+            glob=GlobalPart(rows=((0, 64, 127),), width=3, token_to_req=(0,), valid=(True,)),
+            swa=SwaPart(positions=(fz.MAX_SWA_POSITION, 2), token_to_req=(0, 0), window=128),
+            block_table=((fz.max_block_id(64), 3),), table_width=2, table_pad=1, block_size=64),
     ]
 
 
@@ -264,26 +270,29 @@ def ragged_helpers_oracle(case: RaggedCase, target: Target) -> list[Violation]:
     negative, padding, position), entry j < len the slot of position start + j, the rest -1, indices
     [T, 1, window] (SPEC 1.3). Every lookup is -1 for a position past the block table's width (the table may be a
     column slice of a wider buffer: nothing past its width is read), a request outside the table or a negative
-    block id. Inputs: holes, -1 and other negatives, INT32_MIN / INT32_MAX, empty rows and batches, lengths past
-    the width, odd block sizes, windows crossing block boundaries, int32 and int64 inputs. An entry that raises on
-    such an input is a violation naming the exception (on the vllm subject the adapter raises OutOfBoundsRead
-    instead of launching a kernel that would load outside a tensor it was given). Messages name the cause of a
-    difference (the kind of entry where it shows)."""
+    block id. Each case calls all three helpers (the last two on one block table). Inputs: holes, -1 and other
+    negatives, INT32_MIN / INT32_MAX, empty rows and batches, lengths past the width, odd block sizes, windows
+    crossing block boundaries, int32 and int64 inputs. A helper that raises on such an input is a violation naming
+    the exception (on the vllm subject the adapter raises OutOfBoundsRead instead of launching a kernel that would
+    load outside a tensor it was given). Messages name the cause of a difference (the kind of entry where it
+    shows)."""
     with single_threaded():
         device = kernel_device()
-        kwargs = fz.make_inputs(case, device)
-        name = ENTRY[case.helper]
-        entry = getattr(bound(target).ragged, name)
+        family = bound(target).ragged
         out = _Out()
-        try:
-            got = entry(**kwargs)
-        except _NOT_A_VERDICT:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a valid input rejected or a crash: judged, with its text
-            empty = not (case.positions if case.helper == "swa" else case.rows)
-            return [Violation(f"{name} raised {type(exc).__name__} on a valid input"
-                              + (" (an empty batch)" if empty else ""), name, "a result",
-                              f"{type(exc).__name__}: {exc}")]
-        got = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in got)
-        {"dense": _check_dense, "global": _check_global, "swa": _check_swa}[case.helper](case, got, out)
+        for helper, check in (("dense", _check_dense), ("global", _check_global), ("swa", _check_swa)):
+            name = ENTRY[helper]
+            entry = getattr(family, name)
+            kwargs = fz.make_inputs(case, helper, device)
+            try:
+                got = entry(**kwargs)
+            except _NOT_A_VERDICT:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a valid input rejected or a crash: judged, with its text
+                part = {"dense": case.dense.rows, "global": case.glob.rows, "swa": case.swa.positions}[helper]
+                out.v.append(Violation(f"{name} raised {type(exc).__name__} on a valid input"
+                                       + ("" if part else " (an empty batch)"), name, "a result",
+                                       f"{type(exc).__name__}: {exc}"))
+                continue
+            check(case, tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in got), out)
         return out.v
