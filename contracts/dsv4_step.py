@@ -142,8 +142,6 @@ def dsv4_step_agreement(case: Dsv4StepCase, target: Target) -> list[Violation]:
 
 def _graph_buffers(case: Dsv4StepCase, inp: fz.StepInputs) -> list[dict]:
     """Persistent graph buffers per layer, one token of slack past the batch, every entry a poisoned slot."""
-    from impl.dsv4_step import c128a_max_compressed  # a sizing constant of the buffers, not code under test
-
     dev = kernel_device()
     max_tokens = case.batch + 1
     out = []
@@ -151,7 +149,7 @@ def _graph_buffers(case: Dsv4StepCase, inp: fz.StepInputs) -> list[dict]:
         b = {"swa_idx": torch.full((max_tokens * case.window,), layer.swa.spare_slot, dtype=torch.int32, device=dev),
              "swa_ptr": torch.full((max_tokens + 1,), 0, dtype=torch.int32, device=dev)}
         if layer.ratio == 128:
-            width = c128a_max_compressed(inp.max_model_len)
+            width = ref.c128a_width(inp.max_model_len)
             b["c128a_width"] = width
             b["c128a_idx"] = torch.full((max_tokens * width,), layer.extra.spare_slot, dtype=torch.int32, device=dev)
             b["c128a_ptr"] = torch.full((max_tokens + 1,), 0, dtype=torch.int32, device=dev)

@@ -56,6 +56,13 @@ def rows_so_far(pos: int, ratio: int) -> int:
     return (pos + 1) // ratio if pos >= 0 else 0
 
 
+def c128a_width(max_model_len: int, ratio: int = 128, align: int = 128) -> int:
+    """Entries per C128A row of the decode's dense indices and graph buffer (SPEC 1.3 ``c128a_max_compressed``):
+    ceil(max_model_len / ratio) rounded up to a multiple of 128."""
+    n = -(-max_model_len // ratio)
+    return max(1, -(-n // align)) * align
+
+
 def completes_row(pos: int, ratio: int) -> bool:
     return pos >= 0 and (pos + 1) % ratio == 0
 
