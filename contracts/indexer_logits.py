@@ -246,8 +246,8 @@ def indexer_logits_agreement(case: IndexerLogitsCase, target: Target) -> list[Vi
     docstring; the margin is the worst error over its bound). The top-k (pre-filled -1, candidates neither -inf nor
     NaN, equal logits the lower column first; the prefill form local to ks) equals the oracle's set on the subject's
     own logits, and differs from the exact logits' top-k only where the swapped columns' oracle logits are within
-    their summed bounds. A subject without a top-k entry point fails on wrong logits and is otherwise skipped,
-    naming the entry point."""
+    their summed bounds. A subject without top-k entry points (``topk_indices``, ``topk_indices_prefill``) is
+    judged on its logits alone (vLLM 0.33.0's top-k is a compiled op, outside the audited modules)."""
     with single_threaded():
         return _check(case, target)
 
@@ -311,9 +311,7 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
         else:
             idx = fam.topk_indices_prefill(got, inp.ks, inp.ke, case.topk, out=out)
     except EntryMissing:
-        if v:
-            return v
-        raise
+        return v  # a subject without a top-k (upstream's is a compiled op) is judged on its logits alone
     if any("shape/dtype" in x.message for x in v):
         return v
     return v + compare_topk(idx, got_cpu, ref, case.topk, label, starts, ends)
