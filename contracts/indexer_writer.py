@@ -40,6 +40,9 @@ INF_KV_UNDERFLOW_BYTES = "end-to-end bytes differ where an infinite kv has an un
 REFUSAL_MISSING = "a layout that cannot hold the block size was accepted"
 REFUSAL_WRONG = "a layout that cannot hold the block size raised something other than ValueError"
 REFUSAL_WROTE = "a refused call changed the cache"
+#: an fp8 token whose bytes are exactly the OCP e4m3 / 448 quantization of its row on a target whose indexer cache
+#: is FNUZ (/ 224): the flavour decides, not the arithmetic
+OTHER_FLAVOUR = "token stored as OCP e4m3 with scale / 448 where the target's indexer cache is FNUZ"
 
 
 def subject_variants(target: Target) -> dict:
@@ -60,14 +63,21 @@ def _mxfp4_records(cache, base: int, slot: int) -> list[int]:
     return [base + d + j for j in range(64)] + [base + s + j for j in range(4)]
 
 
+def _nan_codes(flavour: str) -> set:
+    return {0x80} if flavour == "fnuz" else {0x7F, 0xFF}
+
+
 def storage_diff(what: str, got: torch.Tensor, want: torch.Tensor, owner: dict, messages: dict,
-                 limit: int = 4) -> list[Violation]:
+                 limit: int = 4, nan_equal: "tuple[set, set] | None" = None) -> list[Violation]:
     """Violations for the storage bytes that differ: ``owner`` maps a written token's bytes to its index, whose
     ``messages`` entry (default :data:`BYTE_DIFFERS`) names the difference; bytes of no token are
-    :data:`OUTSIDE_RECORDS`. At most ``limit`` per message, then a count."""
+    :data:`OUTSIDE_RECORDS`. ``nan_equal = (offsets, codes)``: at those offsets (fp8 codes) two NaN codes are equal
+    whatever their sign (OCP has two). At most ``limit`` per message, then a count."""
     bad = (got != want).nonzero().flatten().tolist()
     out, shown, more = [], Counter(), Counter()
     for off in bad:
+        if nan_equal and off in nan_equal[0] and int(got[off]) in nan_equal[1] and int(want[off]) in nan_equal[1]:
+            continue
         t = owner.get(off)
         msg = OUTSIDE_RECORDS if t is None else messages.get(t, BYTE_DIFFERS)
         if shown[msg] >= limit:
@@ -111,13 +121,16 @@ def compare_direct(case: DirectCase, target: Target) -> list[Violation]:
                                 scale_fmt=case.scale_fmt, layout=case.layout_name)
     _, base = storage_bytes(cache)
     rows = k.detach().cpu().to(torch.float32)
-    owner, messages = {}, {}
+    owner, messages, codes = {}, {}, set()
     for t, s in enumerate(case.slots):
         if s >= 0:
-            owner.update({o: t for o in _fp8_records(cache, base, s, case.layout_name)})
+            recs = _fp8_records(cache, base, s, case.layout_name)
+            owner.update({o: t for o in recs})
+            codes.update(recs[:oiw.HEAD])
             if not bool(torch.isfinite(rows[t]).all()):
                 messages[t] = NONFINITE_TOKEN
-    return storage_diff("direct writer", got, want, owner, messages)
+    return storage_diff("direct writer", got, want, owner, messages,
+                        nan_equal=(codes, _nan_codes(target.main_cache_fp8)))
 
 
 # --- compressor -----------------------------------------------------------------------------------------------------
@@ -128,6 +141,15 @@ def _run_compressor(inp: dict, cache, case: IndexerCompressorCase, target: Targe
         inp["norm_weight"], inp["cos_sin_cache"], cache, ratio=case.ratio, eps=case.eps, kv_format=case.kv_format,
         layout=None if case.layout == "default" else case.layout, mx_scale=case.mx_scale, target=target,
         intermediates=intermediates)
+
+
+def _stored_as_ocp(got, base, cache, case: IndexerCompressorCase, flavour: str, row, slot: int) -> bool:
+    """Whether an fp8 token's stored bytes are the OCP / 448 quantization of ``row`` on an FNUZ target."""
+    if case.kv_format != "fp8" or flavour != "fnuz":
+        return False
+    tok = oiw.read_fp8_token(got, base, cache, slot, case.layout_name)
+    ocp = oiw.pack_compressor_row(row, kv_format="fp8", flavour="ocp", mx_scale=case.mx_scale)
+    return torch.equal(tok["codes"], ocp["codes"]) and torch.equal(tok["word"], ocp["word"])
 
 
 def compare_compressor(case: IndexerCompressorCase, target: Target) -> tuple[list[Violation], int]:
@@ -163,7 +185,7 @@ def compare_compressor(case: IndexerCompressorCase, target: Target) -> tuple[lis
     # stage 2: quantization and packing of the kernel's own rows, byte-exact, everything else untouched
     _, base = storage_bytes(cache)
     want = before.clone()
-    owner, messages = {}, {}
+    owner, messages, codes = {}, {}, set()
     for r in refs:
         tok = oiw.pack_compressor_row(rows[r["t"]], kv_format=case.kv_format, flavour=flavour,
                                       mx_scale=case.mx_scale)
@@ -171,9 +193,14 @@ def compare_compressor(case: IndexerCompressorCase, target: Target) -> tuple[lis
         recs = _mxfp4_records(cache, base, r["slot"]) if mxfp4 else \
             _fp8_records(cache, base, r["slot"], case.layout_name)
         owner.update({o: r["t"] for o in recs})
+        if not mxfp4:
+            codes.update(recs[:oiw.HEAD])
         if oiw.token_nonfinite(rows[r["t"]]):
             messages[r["t"]] = NONFINITE_TOKEN
-    out += storage_diff("quantized from its own fp32 rows", got, want, owner, messages)
+        elif _stored_as_ocp(got, base, cache, case, flavour, rows[r["t"]], r["slot"]):
+            messages[r["t"]] = OTHER_FLAVOUR
+    out += storage_diff("quantized from its own fp32 rows", got, want, owner, messages,
+                        nan_equal=(codes, _nan_codes(flavour)))
     # stage 3: end to end against the oracle's rows, differences only at counted rounding boundaries
     boundary = 0
     for r in refs:
@@ -185,6 +212,8 @@ def compare_compressor(case: IndexerCompressorCase, target: Target) -> tuple[lis
             n, bad = oiw.classify_fp8_token(oiw.read_fp8_token(got, base, cache, r["slot"], case.layout_name),
                                             ref_tok, rows[r["t"]], r["row"], flavour=flavour, mx_scale=case.mx_scale)
         boundary += n
+        if bad and messages.get(r["t"]) == OTHER_FLAVOUR:
+            continue  # stage 2 named it
         msg = INF_KV_UNDERFLOW_BYTES if r["inf_kv_underflow"] else \
             E2E_NONFINITE if oiw.token_nonfinite(rows[r["t"]], r["row"]) else E2E_BYTES
         out += [Violation(msg, f"token {r['t']} slot {r['slot']}", "oracle bytes", b) for b in bad[:4]]

@@ -399,6 +399,8 @@ def classify_fp8_token(got: dict, want: dict, got_row, want_row, *, flavour: str
         return 0, [f"scale: {sg!r} vs {sw!r} (row maxima {ag:.9g} / {aw:.9g})"]
     s = _word_scale(got["word"], mx_scale)
     for j in diff:
+        if fp8_is_nan_code(gc[j], flavour) and fp8_is_nan_code(wc[j], flavour):
+            continue  # OCP's two NaN codes are equal whatever the sign
         a, b = float(xg[j]) / s, float(xw[j]) / s
         if not (fp8_is_nan_code(gc[j], flavour) or fp8_is_nan_code(wc[j], flavour)) and _neighbours(
                 _fp8_key(gc[j], flavour), _fp8_key(wc[j], flavour), fp8_value(gc[j], flavour),
