@@ -52,6 +52,8 @@ TILE_TOKENS = formats.SHUFFLE_TILE_TOKENS
 TILE_BYTES = formats.SHUFFLE_TILE_BYTES
 #: tokens per program: one [BLOCK_T, 128] byte tile (a token's 128 B alone is too small a load for bandwidth)
 BLOCK_T = 64
+#: warps per program
+NUM_WARPS = 4
 INDEX_DTYPES = (torch.int32, torch.int64)
 VARIANTS = ("legacy", "gfx950")
 
@@ -250,7 +252,8 @@ def cp_gather_indexer_k_quant_cache(k_cache: torch.Tensor, k_fp8: torch.Tensor, 
                 TILE_T=TILE_TOKENS, TILE_B=TILE_BYTES)
     if variant == "gfx950":
         _cp_gather_gfx950_kernel[grid](*common, num_tokens, num_batches,
-                                       TABLE_WIDTH=table_width, NUM_BLOCKS=int(k_cache.shape[0]), **meta)
+                                       TABLE_WIDTH=table_width, NUM_BLOCKS=int(k_cache.shape[0]), **meta,
+                                       num_warps=NUM_WARPS)
     else:
         _cp_gather_legacy_kernel[grid](*common, num_batches, table_width, int(k_cache.shape[0]),
-                                       NUM_TOKENS=num_tokens, **meta)
+                                       NUM_TOKENS=num_tokens, **meta, num_warps=NUM_WARPS)

@@ -65,6 +65,18 @@ def test_upstreams_gfx950_kernel_compiles_once_and_its_legacy_kernel_per_count_c
         assert cc.compile_once(same_class, get_target("generic")) == []
 
 
+def test_uc1_upstreams_gfx950_kernel_compiles_once_per_alignment_of_a_sliced_block_table(vllm_subject):
+    # .smv-findings/G.md UC1: rows [i, i + B) of one 7-wide int32 table start 28 bytes apart
+    sliced = fg.compile_once_examples()[1]
+    assert sliced.table_rows and sliced.table_width * 4 % 16
+    with using(vllm_subject):
+        (v,) = cc.compile_once(sliced, get_target("gfx950"))
+    assert v.message == ("the gfx950 cp-gather compiles once per 16-byte alignment of its metadata pointers: "
+                         "2 compilations for one geometry")
+    assert v.where == "block_table_ptr: ('*i32', 'D') / ('*i32', '')"
+    assert cc.compile_once(sliced, get_target("gfx950")) == []  # ours
+
+
 def test_a_specialized_gfx950_kernel_planted_upstream_fails_compile_once(vllm_subject, tmp_path):
     planted = _planted(vllm_subject, tmp_path, '@triton.jit(do_not_specialize=["num_batches"])', "@triton.jit")
     with using(planted):

@@ -12,10 +12,16 @@ bytes), our uint8 ``k_scale [T, 4]`` as it is (upstream views it as fp32 itself)
 "shuffle" becomes ``cache_layout`` None / "NORMAL" / "SHUFFLE" (None keeps upstream's own default rule).
 ``check_metadata`` is accepted and changes nothing: upstream makes no host checks (its kernels mask).
 ``adapters/formats.py``'s ``unpack_indexer_k`` calls the same upstream function as a cache reader.
+
+Natively on NVIDIA, FNUZ fp8 does not exist: on gfx942 (``FP8_DTYPE`` is FNUZ there) the gather is
+``SubjectUnavailable``. ``launcher`` returns a zero-argument call of upstream's host function for benchmarks: natively
+that function imports nothing when called, so it runs without the per-call module swap of the entry point (about a
+millisecond of host time, which would be timed instead of upstream's code); under the interpreter use the entry.
 """
 from __future__ import annotations
 
-from contracts.subjects import Family
+from contracts.subjects import Family, SubjectUnavailable
+from impl.runtime import detect_device, triton_mode
 from impl.targets import get_target
 
 LAYOUTS = {None: None, "normal": "NORMAL", "shuffle": "SHUFFLE"}
@@ -29,6 +35,17 @@ def build(ctx) -> Family:
         if target is not None and get_target(target).name != tgt.name:
             raise ValueError(f"target: this binding of the subject is for {tgt.name}, got {get_target(target).name}")
 
+    def _native_fnuz_unavailable() -> None:
+        if tgt.main_cache_fp8 == "fnuz" and triton_mode() == "native" and detect_device().kind == "cuda":
+            raise SubjectUnavailable(f"upstream's {tgt.name} gather views k_fp8 as FNUZ fp8 (its FP8_DTYPE), which "
+                                     "does not exist on NVIDIA GPUs (native Triton here)")
+
+    def _upstream_args(k_cache, k_fp8, k_scale, block_table, cu_seqlen, token_to_seq, layout):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: expected None, 'normal' or 'shuffle', got {layout!r}")
+        return ((k_cache, k_fp8.view(ops.FP8_DTYPE), k_scale, block_table, cu_seqlen, token_to_seq),
+                {"cache_layout": LAYOUTS[layout]})
+
     def gather_kernel(target=None):
         """The kernel upstream's host function launches on this binding's target."""
         _check_target(target)
@@ -39,10 +56,20 @@ def build(ctx) -> Family:
     def cp_gather_indexer_k_quant_cache(k_cache, k_fp8, k_scale, block_table, cu_seqlen, token_to_seq, *,
                                         layout=None, target=None, check_metadata=True):
         _check_target(target)
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout: expected None, 'normal' or 'shuffle', got {layout!r}")
-        ctx.call(ops.cp_gather_indexer_k_quant_cache_triton, k_cache, k_fp8.view(ops.FP8_DTYPE), k_scale,
-                 block_table, cu_seqlen, token_to_seq, cache_layout=LAYOUTS[layout])
+        _native_fnuz_unavailable()
+        args, kwargs = _upstream_args(k_cache, k_fp8, k_scale, block_table, cu_seqlen, token_to_seq, layout)
+        ctx.call(ops.cp_gather_indexer_k_quant_cache_triton, *args, **kwargs)
+
+    def launcher(k_cache, k_fp8, k_scale, block_table, cu_seqlen, token_to_seq, *, layout=None, target=None):
+        """A zero-argument call of upstream's host function on these arguments (native hosts; for timing)."""
+        _check_target(target)
+        _native_fnuz_unavailable()
+        if triton_mode() != "native":
+            raise SubjectUnavailable("the direct launcher is for native hosts; under the interpreter upstream's "
+                                     "code runs through the entry point (with its corrections)")
+        args, kwargs = _upstream_args(k_cache, k_fp8, k_scale, block_table, cu_seqlen, token_to_seq, layout)
+        fn = ops.cp_gather_indexer_k_quant_cache_triton
+        return lambda: fn(*args, **kwargs)
 
     return Family("cp_gather", cp_gather_indexer_k_quant_cache=cp_gather_indexer_k_quant_cache,
-                  gather_kernel=gather_kernel)
+                  gather_kernel=gather_kernel, launcher=launcher)
