@@ -122,7 +122,8 @@ def compute_global_topk_ragged_indices_and_indptr(local_indices: torch.Tensor, t
     _require_positive_int("block_size", block_size)
     T = local_indices.shape[0]
     if token_to_req.numel() != T:
-        raise ValueError(f"token_to_req: expected {T} entries (one per row of local_indices), got {token_to_req.numel()}")
+        raise ValueError(f"token_to_req: expected {T} entries (one per row of local_indices), got "
+                         f"{token_to_req.numel()}")
     keep = local_indices >= 0
     if is_valid_token is not None:
         if not isinstance(is_valid_token, torch.Tensor) or is_valid_token.dtype != torch.bool:
