@@ -39,6 +39,7 @@ FLT_MAX = 3.4028234663852886e38
 #: a plausible column, not -1: what a top-k that does not pre-fill its buffer leaves in the unwritten entries
 TOPK_POISON = 0
 LIMIT = 4  # violations reported per kind
+CONTRACT_ID = "indexer-logits-agreement"
 
 
 def _gamma(heads: int) -> float:
@@ -233,7 +234,7 @@ def _examples(target: Target) -> list[IndexerLogitsCase]:
     ]
 
 
-@contract("indexer-logits-agreement", targets=ALL_TARGETS, cases=lambda target: indexer_logits_cases(),
+@contract(CONTRACT_ID, targets=ALL_TARGETS, cases=lambda target: indexer_logits_cases(),
           examples=_examples, case_type=IndexerLogitsCase, numeric=True)
 def indexer_logits_agreement(case: IndexerLogitsCase, target: Target) -> list[Violation]:
     """The sparse indexer's logits, logit[t, s] = kscale[s] * sum_h w[t, h] * relu(q[t, h] . k[s]) (SPEC 5), agree
