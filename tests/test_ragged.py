@@ -95,3 +95,104 @@ def test_swa_window_example():
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+# --- the contract's cases, the edges and the rejections ------------------------------------------------------------
+
+from contracts import ragged as contract_ragged  # noqa: E402
+from fuzz import ragged as fz  # noqa: E402
+from impl.targets import get_target  # noqa: E402
+
+I32, I64 = torch.int32, torch.int64
+
+
+def test_ours_passes_the_contract_on_many_drawn_cases_and_they_replay_from_json():
+    t = get_target("generic")
+    for seed in range(150):
+        case = fz.case_from_seed(seed)
+        assert type(case).from_json(case.to_json()) == case
+        assert contract_ragged.ragged_helpers_oracle(case, t) == [], seed
+
+
+def test_a_table_sliced_from_a_wider_buffer_is_read_only_up_to_its_width():
+    buf = torch.full((2, 5), fz.POISON_BLOCK, dtype=I32)
+    buf[:, :2] = torch.tensor([[4, 5], [6, 7]], dtype=I32)
+    table = buf[:, :2]
+    idx, _ = ragged.compute_global_topk_ragged_indices_and_indptr(torch.tensor([[0, 3, 4, 7]], dtype=I32),
+                                                                  torch.tensor([1], dtype=I32), table, 2)
+    assert idx.tolist() == [12, 15, -1, -1]  # ids 4 and 7: columns 2 and 3, past the width (the buffer holds 7777)
+    sw, lens = ragged.compute_swa_indices_and_lens(torch.tensor([4]), torch.tensor([0]), table, 2, 3)
+    assert lens.tolist() == [3] and sw[0, 0].tolist() == [10, 11, -1]  # positions 2, 3 in block 5; 4 past the width
+
+
+def test_int32_extremes_and_both_index_dtypes():
+    table = torch.tensor([[1, 2]], dtype=I32)
+    for dt in (I32, I64):
+        # position 2^31 - 1 in an int32 tensor: computed in int64, a full window past the table
+        sw, lens = ragged.compute_swa_indices_and_lens(torch.tensor([2 ** 31 - 1, -2 ** 31], dtype=dt),
+                                                       torch.tensor([0, 0], dtype=dt), table.to(dt), 4, 3)
+        assert lens.tolist() == [3, 0] and sw.reshape(2, 3).tolist() == [[-1] * 3] * 2
+        idx, ptr = ragged.compute_global_topk_ragged_indices_and_indptr(
+            torch.tensor([[2 ** 31 - 1, -2 ** 31, 5]], dtype=dt), torch.tensor([0], dtype=dt), table.to(dt), 4)
+        assert idx.tolist() == [-1, 9] and ptr.tolist() == [0, 2] and idx.dtype == ptr.dtype == I32
+    # the largest block id whose slots fit int32, and one past it (rejected, never wrapped)
+    top = torch.tensor([[(2 ** 31) // 64 - 1]], dtype=I64)
+    idx, _ = ragged.compute_global_topk_ragged_indices_and_indptr(torch.tensor([[63]]), torch.tensor([0]), top, 64)
+    assert idx.tolist() == [2 ** 31 - 1]
+    with pytest.raises(ValueError, match="block_table: block id 33554432 with block_size 64"):
+        ragged.compute_global_topk_ragged_indices_and_indptr(torch.tensor([[0]]), torch.tensor([0]), top + 1, 64)
+    with pytest.raises(ValueError, match="block_table: block id"):
+        ragged.compute_swa_indices_and_lens(torch.tensor([0]), torch.tensor([0]), top + 1, 64, 2)
+    # an int64 dense value past int32: -1 under a num_rows check, rejected without one
+    wide = torch.tensor([[2 ** 31, 3]], dtype=I64)
+    assert ragged.build_ragged_indices_from_dense(wide, None, 8)[0].tolist() == [-1, 3]
+    with pytest.raises(ValueError, match="dense_indices: kept value 2147483648 does not fit the int32 output"):
+        ragged.build_ragged_indices_from_dense(wide, None, -1)
+
+
+_meta = torch.zeros(1, dtype=I32, device="meta")
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: ragged.build_ragged_indices_from_dense(torch.zeros(1, 2, dtype=I32), _meta), ValueError,
+     "topk_lens: expected device cpu"),
+    (lambda: ragged.build_ragged_indices_from_dense(torch.zeros(1, 2, dtype=I32), None, 2.0), TypeError, "num_rows"),
+    (lambda: ragged.build_ragged_indices_from_dense(torch.zeros(2, dtype=I32)), ValueError,
+     "dense_indices: expected 2 dimensions"),
+    (lambda: ragged.compute_global_topk_ragged_indices_and_indptr(
+        torch.zeros(1, 2, dtype=I32), _meta, torch.zeros(1, 1, dtype=I32), 4), ValueError,
+     "token_to_req: expected device"),
+    (lambda: ragged.compute_global_topk_ragged_indices_and_indptr(
+        torch.zeros(1, 2, dtype=I32), torch.zeros(1, dtype=I32), torch.zeros(1, 1), 4), TypeError, "block_table"),
+    (lambda: ragged.compute_global_topk_ragged_indices_and_indptr(
+        torch.zeros(1, 2, dtype=I32), torch.zeros(1, dtype=I32), torch.zeros(1, 1, dtype=I32), True), ValueError,
+     "block_size"),
+    (lambda: ragged.compute_global_topk_ragged_indices_and_indptr(
+        torch.zeros(1, 2, dtype=I32), torch.zeros(1, dtype=I32), torch.zeros(1, 1, dtype=I32), 4,
+        torch.ones(1, dtype=I32)), TypeError, "is_valid_token: expected a bool tensor"),
+    (lambda: ragged.compute_global_topk_ragged_indices_and_indptr(
+        torch.zeros(1, 2, dtype=I32), torch.zeros(1, dtype=I32), torch.zeros(1, 1, dtype=I32), 4,
+        torch.ones(2, dtype=torch.bool)), ValueError, "is_valid_token: expected 1 entries"),
+    (lambda: ragged.compute_swa_indices_and_lens(torch.zeros(2, dtype=I32), torch.zeros(2, dtype=I32),
+                                                 torch.zeros(1, 1, dtype=I32, device="meta"), 4, 4), ValueError,
+     "block_table: expected device"),
+    (lambda: ragged.compute_swa_indices_and_lens(torch.zeros(2, dtype=I32), torch.zeros(2, dtype=I32),
+                                                 torch.zeros(1, 1, dtype=I32), 4, 0), ValueError, "window"),
+    (lambda: ragged.compute_swa_indices_and_lens(torch.zeros(2, 1, dtype=I32), torch.zeros(2, dtype=I32),
+                                                 torch.zeros(1, 1, dtype=I32), 4, 2), ValueError,
+     "positions: expected 1 dimensions"),
+])
+def test_bad_input_is_rejected_naming_the_argument_and_nothing_changes(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_the_helpers_leave_their_inputs_as_they_were():
+    case = contract_ragged._examples(get_target("generic"))[0]
+    for helper, entry in (("dense", ragged.build_ragged_indices_from_dense),
+                          ("global", ragged.compute_global_topk_ragged_indices_and_indptr),
+                          ("swa", ragged.compute_swa_indices_and_lens)):
+        kw = fz.make_inputs(case, helper, "cpu")
+        before = {k: v.clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}
+        entry(**kw)
+        assert all(torch.equal(kw[k], v) for k, v in before.items()), helper
