@@ -1,6 +1,9 @@
 """Reference ragged helpers (SPEC sections 1.3 and 2), plain Python loops over lists.
 
-Each returns Python lists; tests compare them with impl.ragged's tensors exactly.
+Each returns Python lists; tests and the ``ragged-helpers-oracle`` contract compare them with a subject's tensors
+exactly. A block table is the list of its rows at its logical width (a table handed as a column slice of a wider
+buffer is given here as the slice: nothing past the width exists). Slot ids are int32 (SPEC 2): a looked-up slot
+past 2^31 - 1 is outside the domain and raises ValueError rather than returning a value no int32 output holds.
 """
 from __future__ import annotations
 
@@ -15,7 +18,10 @@ def _lookup(block_table: list[list[int]], req: int, pos: int, bs: int) -> int:
     blk = block_table[req][col]
     if blk < 0:
         return -1
-    return blk * bs + pos % bs
+    slot = blk * bs + pos % bs
+    if slot > 2 ** 31 - 1:
+        raise ValueError(f"block id {blk} with block size {bs}: slot {slot} is past the int32 slot range")
+    return slot
 
 
 def ref_ragged_from_dense(dense: list[list[int]], topk_lens: list[int] | None, num_rows: int):
