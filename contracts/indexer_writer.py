@@ -34,6 +34,9 @@ OUTSIDE_RECORDS = "a byte outside the written tokens' records changed"
 ROW_OUT_OF_TOL = "fp32 row element out of tolerance"
 ROW_MASK = "fp32 row NaN/inf mask differs"
 INF_KV_UNDERFLOW = "fp32 row NaN/inf mask differs where an infinite kv has an underflowed weight"
+#: a lane whose GPT-J pair partner (dim ^ 1) is non-finite in the oracle's row: a rotation written as
+#: e * cos - o * sin over every pair (cos 1, sin 0 for NoPE pairs) turns inf * 0 into NaN there
+ROW_MASK_PARTNER = "fp32 row NaN/inf mask differs at a lane whose pair partner is non-finite"
 E2E_BYTES = "end-to-end byte differs away from a rounding boundary"
 E2E_NONFINITE = "end-to-end bytes of a token holding a non-finite value differ"
 INF_KV_UNDERFLOW_BYTES = "end-to-end bytes differ where an infinite kv has an underflowed weight"
@@ -176,7 +179,9 @@ def compare_compressor(case: IndexerCompressorCase, target: Target) -> tuple[lis
         shown = Counter()
         for i, ev, gv, tol in oiw.compare_rows(rows[r["t"]], r["row"], r["tol"]):
             fin = torch.isfinite(torch.tensor([ev, gv])).all()
-            msg = ROW_OUT_OF_TOL if bool(fin) else (INF_KV_UNDERFLOW if r["inf_kv_underflow"] else ROW_MASK)
+            partner_bad = not bool(torch.isfinite(r["row"][i ^ 1]))
+            msg = ROW_OUT_OF_TOL if bool(fin) else INF_KV_UNDERFLOW if r["inf_kv_underflow"] else \
+                ROW_MASK_PARTNER if partner_bad else ROW_MASK
             shown[msg] += 1
             if shown[msg] <= 4:
                 out.append(Violation(msg, f"token {r['t']} dim {i}", f"{ev!r} +- {tol:.3g}", repr(gv)))
