@@ -35,7 +35,8 @@ and -1 in every later entry (the buffer is filled with -1 first), which is what
 ranks only columns in [ks[r], ke[r]) and returns them relative to ks[r] (local to the request's first gathered key),
 as upstream's prefill top-k does after ``_localize_aiter_prefill_topk``.
 
-Validation reads the lengths and the block table on the host once (a sync, so not for use inside graph capture):
+Validation reads the lengths and the block table on the host once (a sync; ``check_lengths=False`` skips it, e.g.
+under graph capture):
 a block table narrower than a request's pages, a referenced block id outside the pool, a visible length past
 ``max_model_len``, ks/ke outside [0, S] or ks > ke, lengths that disagree, wrong dtypes, layouts or devices raise
 ValueError/TypeError naming the argument before anything is launched.
@@ -59,8 +60,9 @@ from impl.triton_helpers import INTERPRETER, dot, fp8_decode_bits
 from impl.validation import dtype_name, require_tensor
 
 D = INDEXER_HEAD_DIM
-#: positions per program (one tile of keys against all heads)
+#: positions per tile (one tile of keys against all heads), and tiles per program of the paged kernel (q decoded once)
 BLOCK_KV = 64
+TILES_PER_PROGRAM = 4
 INT_DTYPES = (torch.int32, torch.int64)
 FP8_TORCH = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
 _NEG_INF = float("-inf")
@@ -119,10 +121,11 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
                              bt_ptr, stride_bt,
                              out_ptr, stride_out, max_model_len,
                              NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, NEXT_N: tl.constexpr,
-                             BLOCK: tl.constexpr, CTX_PER_ROW: tl.constexpr, SHUFFLE: tl.constexpr,
-                             IS_FNUZ: tl.constexpr):
-    """Grid ``(B * next_n, cdiv(max_model_len, BLOCK))``: program (row, tile) writes columns
-    [tile*BLOCK, (tile+1)*BLOCK) of output row ``row`` = b * next_n + j.
+                             BLOCK: tl.constexpr, TILES: tl.constexpr, CTX_PER_ROW: tl.constexpr,
+                             SHUFFLE: tl.constexpr, IS_FNUZ: tl.constexpr):
+    """Grid ``(B * next_n, cdiv(max_model_len, BLOCK * TILES))``: program (row, chunk) writes columns
+    [chunk*TILES*BLOCK, (chunk+1)*TILES*BLOCK) of output row ``row`` = b * next_n + j, one BLOCK-wide tile of keys
+    against all heads at a time (q is decoded once per program and reused by its TILES tiles).
 
     Layout: q codes [B, next_n, H, 128] (lane stride 1); cache block ``page`` at page*stride_cache_blk holds the fp8
     bytes of position p at p*128 + d (NORMAL) or (p//16)*2048 + (d//16)*256 + (p%16)*16 + d%16 (SHUFFLE), and its
@@ -132,41 +135,45 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
     the visible length is at most max_model_len. Only visible positions are loaded (a masked lane reads nothing), so
     bytes past the visible length are never touched; every column is stored, -inf where not visible."""
     row = tl.program_id(0)
-    tile = tl.program_id(1)
+    chunk = tl.program_id(1)
     b = row // NEXT_N
     j = row % NEXT_N
     if CTX_PER_ROW:
         visible = tl.load(ctx_ptr + b * stride_ctx_b + j * stride_ctx_n).to(tl.int32)
     else:
         visible = tl.load(ctx_ptr + b * stride_ctx_b).to(tl.int32) - NEXT_N + j + 1
-    start = tile * BLOCK
-    pos = start + tl.arange(0, BLOCK)
-    in_row = pos < max_model_len
+    first = chunk * (TILES * BLOCK)
     out_row = out_ptr + row.to(tl.int64) * stride_out
-    if start >= visible:
-        tl.store(out_row + pos, tl.full((BLOCK,), float("-inf"), tl.float32), mask=in_row)
+    if first >= visible:
+        for t in tl.static_range(TILES):
+            pos = first + t * BLOCK + tl.arange(0, BLOCK)
+            tl.store(out_row + pos, tl.full((BLOCK,), float("-inf"), tl.float32), mask=pos < max_model_len)
     else:
-        live = pos < visible
         q_op, h_ok = _load_q_heads(q_ptr + b.to(tl.int64) * stride_qb + j * stride_qn, stride_qh,
                                    NUM_HEADS, H_PAD, IS_FNUZ)
         w = tl.load(w_ptr + row.to(tl.int64) * stride_w + tl.arange(0, H_PAD), mask=h_ok, other=0.0)
-        page = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + pos // block_size, mask=live, other=0).to(tl.int64)
-        p = pos % block_size
         d = tl.arange(0, 128)
-        if SHUFFLE:
-            off = ((p // 16) * 2048 + (p % 16) * 16)[:, None] + ((d // 16) * 256 + d % 16)[None, :]
-        else:
-            off = p[:, None] * 128 + d[None, :]
-        block = cache_ptr + page * stride_cache_blk
-        codes = tl.load(block[:, None] + off, mask=live[:, None], other=0)
-        sp = block + block_size * 128 + p * 4
-        sbits = tl.load(sp, mask=live, other=0).to(tl.int32)
-        sbits = sbits | (tl.load(sp + 1, mask=live, other=0).to(tl.int32) << 8)
-        sbits = sbits | (tl.load(sp + 2, mask=live, other=0).to(tl.int32) << 16)
-        sbits = sbits | (tl.load(sp + 3, mask=live, other=0).to(tl.int32) << 24)
-        scale = sbits.to(tl.float32, bitcast=True)
-        logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ)
-        tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
+        for t in tl.static_range(TILES):
+            pos = first + t * BLOCK + tl.arange(0, BLOCK)
+            in_row = pos < max_model_len
+            live = pos < visible
+            page = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + pos // block_size, mask=live,
+                           other=0).to(tl.int64)
+            p = pos % block_size
+            if SHUFFLE:
+                off = ((p // 16) * 2048 + (p % 16) * 16)[:, None] + ((d // 16) * 256 + d % 16)[None, :]
+            else:
+                off = p[:, None] * 128 + d[None, :]
+            block = cache_ptr + page * stride_cache_blk
+            codes = tl.load(block[:, None] + off, mask=live[:, None], other=0)
+            sp = block + block_size * 128 + p * 4
+            sbits = tl.load(sp, mask=live, other=0).to(tl.int32)
+            sbits = sbits | (tl.load(sp + 1, mask=live, other=0).to(tl.int32) << 8)
+            sbits = sbits | (tl.load(sp + 2, mask=live, other=0).to(tl.int32) << 16)
+            sbits = sbits | (tl.load(sp + 3, mask=live, other=0).to(tl.int32) << 24)
+            scale = sbits.to(tl.float32, bitcast=True)
+            logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ)
+            tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
 
 
 @triton.jit
@@ -263,7 +270,8 @@ def _visible_lengths(context_lens: torch.Tensor, batch: int, next_n: int) -> tor
     return cl[:, None] - next_n + j[None, :] + 1
 
 
-def _validate_paged(q, kv_cache, weights, context_lens, block_tables, max_model_len, layout, out, tgt):
+def _validate_paged(q, kv_cache, weights, context_lens, block_tables, max_model_len, layout, out, tgt,
+                    check_lengths=True):
     for name, t in (("q", q), ("kv_cache", kv_cache), ("weights", weights), ("context_lens", context_lens),
                     ("block_tables", block_tables)):
         if not isinstance(t, torch.Tensor):
@@ -309,6 +317,8 @@ def _validate_paged(q, kv_cache, weights, context_lens, block_tables, max_model_
     _same_device(q.device, kv_cache=kv_cache, weights=weights, context_lens=context_lens,
                  block_tables=block_tables)
     _check_out(out, B * next_n, max_model_len, q.device)
+    if not check_lengths:
+        return q8, kv_cache, lay, B, next_n, H, context_lens, max_model_len
     # host checks: one read of the lengths and the table
     cl = context_lens.to("cpu", torch.int64)
     if bool((cl < 0).any()):
@@ -382,7 +392,7 @@ def _validate_prefill(q, k_fp8, k_scale, weights, ks, ke, out, tgt):
 # ---------------------------------------------------------------------------------------------------------------
 
 def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len, *, layout=None,
-                         out=None, target=None) -> torch.Tensor:
+                         out=None, target=None, check_lengths: bool = True) -> torch.Tensor:
     """Decode indexer logits from the paged indexer-K cache: -> fp32 ``[B * next_n, max_model_len]``.
 
     ``q`` [B, next_n, H, 128] platform-fp8 (or its uint8 codes); ``kv_cache`` [nb, bs, 132] uint8 (or upstream's
@@ -390,10 +400,12 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_m
     n <= ctx - next_n + j) or [B, next_n] (row (b, j) sees n < ctx[b, j]); ``block_tables`` [B, W] with W >= the
     pages of every request; ``layout`` "normal" | "shuffle" | None (``impl.formats.default_indexer_layout``: NORMAL
     for bs == 1, SHUFFLE otherwise; C4A caches are NORMAL). ``out``: an fp32 buffer to write (every column is
-    written). Semantics in the module docstring."""
+    written). ``check_lengths=False`` skips the one host read of the lengths and the table (for graph capture and
+    timing): the caller then guarantees the kernel's invariant (every visible position's table column exists and
+    names a block of the pool, no row sees more than max_model_len positions). Semantics in the module docstring."""
     tgt = get_target(target)
     q8, cache, lay, B, next_n, H, context_lens, max_model_len = _validate_paged(
-        q, kv_cache, weights, context_lens, block_tables, max_model_len, layout, out, tgt)
+        q, kv_cache, weights, context_lens, block_tables, max_model_len, layout, out, tgt, check_lengths)
     rows = B * next_n
     if out is None:
         out = torch.empty(rows, max_model_len, dtype=torch.float32, device=q.device)
@@ -401,7 +413,8 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_m
         return out
     per_row = context_lens.dim() == 2
     block = min(BLOCK_KV, max(16, _next_pow2(max_model_len)))
-    grid = (rows, triton.cdiv(max_model_len, block))
+    tiles = max(1, min(TILES_PER_PROGRAM, triton.cdiv(max_model_len, block)))
+    grid = (rows, triton.cdiv(max_model_len, block * tiles))
     _paged_mqa_logits_kernel[grid](
         q8, q8.stride(0), q8.stride(1), q8.stride(2),
         cache, cache.stride(0), lay.block_size,
@@ -409,7 +422,7 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_m
         context_lens, context_lens.stride(0), context_lens.stride(1) if per_row else 0,
         block_tables, block_tables.stride(0),
         out, out.stride(0), max_model_len,
-        NUM_HEADS=H, H_PAD=_heads_pad(H), NEXT_N=next_n, BLOCK=block, CTX_PER_ROW=per_row,
+        NUM_HEADS=H, H_PAD=_heads_pad(H), NEXT_N=next_n, BLOCK=block, TILES=tiles, CTX_PER_ROW=per_row,
         SHUFFLE=lay.layout == "shuffle", IS_FNUZ=tgt.main_cache_is_fnuz, num_warps=4,
     )
     return out

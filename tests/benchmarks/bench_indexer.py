@@ -302,3 +302,162 @@ def test_copy_ceiling(gpu_benchmark, refs, device, flush):
 # Add the logits workload and its benchmarks here, measured in the same run as the gather above (same fixtures:
 # ``device``, ``flush``, ``refs``, ``gpu_benchmark``), with kind="logits" in extra_info.
 # =====================================================================================================================
+
+#: the decode indexer at a realistic size: 64 requests, one query row each, 64 heads, 8192 visible keys of 64-token
+#: blocks (C4A's NORMAL layout and the SHUFFLE one), max_model_len 8192
+LOGITS_BATCH, LOGITS_NEXT_N, LOGITS_HEADS, LOGITS_CTX, LOGITS_BLOCK = 64, 1, 64, 8192, 64
+LOGITS_LAYOUTS = ("normal", "shuffle")
+
+
+def logits_figures(batch: int, next_n: int, heads: int, ctx: int, max_model_len: int, block_size: int) -> dict:
+    """Bytes: each request's visible keys (132 B each) read once, its q rows (128 B a head) and weights (4 B a head),
+    its table entries, and every logit column written (4 B). FLOPs: the head dot products (2 * 128 per key and head)
+    and the relu, weight and head sum (3 per key and head)."""
+    rows = batch * next_n
+    pages = -(-ctx // block_size)
+    return {"bytes": batch * ctx * TOKEN_BYTES + rows * heads * (HEAD + 4) + batch * pages * 4
+            + rows * max_model_len * 4,
+            "flops": rows * ctx * heads * (2 * HEAD + 3)}
+
+
+class LogitsWorkload:
+    """One decode step's paged indexer logits: a pool of N(0, 1) keys as OCP fp8 codes with positive scales (~2^-8,
+    as the writer's amax / 448), each request's blocks at random places, q codes and weights, all made here (outside
+    any timing)."""
+
+    def __init__(self, device, *, batch=LOGITS_BATCH, next_n=LOGITS_NEXT_N, heads=LOGITS_HEADS, ctx=LOGITS_CTX,
+                 block_size=LOGITS_BLOCK, seed=0):
+        import torch
+
+        dev = torch.device(device)
+        g = torch.Generator(device=dev).manual_seed(seed)
+        self.batch, self.next_n, self.heads, self.ctx, self.block_size = batch, next_n, heads, ctx, block_size
+        self.max_model_len = ctx
+        pages = -(-ctx // block_size)
+        nb = batch * pages + 7
+
+        def finite_codes(*shape):  # N(0, 1) values as OCP e4m3 codes (torch's own cast)
+            return torch.randn(shape, device=dev, generator=g).to(torch.float8_e4m3fn).view(torch.uint8)
+
+        pool = finite_codes(nb, block_size * TOKEN_BYTES)
+        scales = (torch.rand(nb, block_size, device=dev, generator=g) + 0.5) * 2.0 ** -8
+        pool[:, block_size * HEAD:] = scales.view(torch.uint8).reshape(nb, block_size * 4)
+        self.pool = pool
+        self.cache = pool.view(nb, block_size, TOKEN_BYTES)
+        self.q = finite_codes(batch, next_n, heads, HEAD).view(torch.float8_e4m3fn)
+        self.weights = torch.randn(batch * next_n, heads, device=dev, generator=g) * heads ** -0.5
+        self.context_lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+        perm = torch.randperm(nb, device=dev, generator=g)[: batch * pages]
+        self.table = perm.to(torch.int32).reshape(batch, pages).contiguous()
+        self.out = torch.empty(batch * next_n, self.max_model_len, dtype=torch.float32, device=dev)
+        self.figures = logits_figures(batch, next_n, heads, ctx, self.max_model_len, block_size)
+
+    def call(self, layout: str):
+        from impl.indexer_logits import fp8_paged_mqa_logits
+
+        def run():
+            fp8_paged_mqa_logits(self.q, self.cache, self.weights, self.context_lens, self.table, self.max_model_len,
+                                 layout=layout, out=self.out, target="gfx950", check_lengths=False)
+
+        return run
+
+    def torch_call(self, layout: str):
+        """The reference's arithmetic in torch ops, vectorized over the batch: gather every visible key and scale
+        through strided views of the pool, decode the fp8 codes (torch's own float8_e4m3fn), fp32 head dot products
+        (batched matmul), relu, weights, head sum, scale, -inf past each request's length (all lengths are the
+        context here, so nothing is masked). Checked against ours once, outside any timing."""
+        import torch
+
+        bs, nb = self.block_size, self.cache.shape[0]
+        stride = bs * TOKEN_BYTES
+        n = torch.arange(self.ctx, device=self.pool.device)
+        blk = self.table.long()[:, n // bs]  # [B, ctx]
+        pos = (n % bs)[None, :].expand_as(blk)
+        if layout == "normal":
+            data = self.pool.as_strided((nb, bs, HEAD), (stride, HEAD, 1))
+
+            def keys():
+                return data[blk, pos]
+        else:
+            tiles = self.pool.as_strided((nb, bs // 16, HEAD // 16, 16, 16), (stride, 16 * HEAD, 256, 16, 1))
+
+            def keys():
+                return tiles[blk, pos // 16, :, pos % 16, :].reshape(self.batch, self.ctx, HEAD)
+        scale_view = self.pool[:, bs * HEAD:].contiguous().view(torch.float32)  # [nb, bs]
+        qf = self.q[:, 0].to(torch.float32)  # [B, H, 128]
+
+        def run():
+            k = keys().view(torch.float8_e4m3fn).to(torch.float32)  # [B, ctx, 128]
+            s = torch.bmm(k, qf.transpose(1, 2)).relu_()  # [B, ctx, H]
+            logits = torch.bmm(s, self.weights[:, :, None]).squeeze(-1) * scale_view[blk, pos]
+            return logits
+
+        return run
+
+    def check(self, layout: str) -> None:
+        import torch
+
+        self.call(layout)()
+        ref = self.torch_call(layout)()
+        err = float((self.out - ref).abs().max())
+        assert err <= 1e-4 * float(ref.abs().max()), f"torch baseline differs from ours ({layout}): {err}"
+
+
+@pytest.fixture(scope="module")
+def logits_workload(device):
+    return LogitsWorkload(device[0])
+
+
+def _record_logits(gpu_benchmark, seconds, device, refs, w, *, family, layout, torch_seconds=None, **extra):
+    info = bench.derived_figures(kind="logits", family=family, seconds=seconds, refs=refs.get(), batch=None,
+                                 device=device[1], requests=w.batch, next_n=w.next_n, heads=w.heads, context=w.ctx,
+                                 block_size=w.block_size, layout=layout, **w.figures, **extra)
+    info["torch_seconds"] = torch_seconds
+    info["ratio_to_torch"] = torch_seconds / seconds if torch_seconds and seconds else None  # > 1: faster
+    gpu_benchmark.benchmark.extra_info.update(info)
+
+
+@pytest.fixture(scope="module")
+def logits_torch_seconds(logits_workload, flush):
+    """The torch reference's median time per layout, measured once in this run."""
+    made = {}
+
+    def get(layout):
+        if layout not in made:
+            logits_workload.check(layout)
+            made[layout] = _median(logits_workload.torch_call(layout), flush, bench.GPU_ROUNDS)
+        return made[layout]
+
+    return get
+
+
+@pytest.mark.parametrize("layout", LOGITS_LAYOUTS)
+def test_paged_mqa_logits(gpu_benchmark, logits_workload, logits_torch_seconds, refs, device, layout):
+    base = logits_torch_seconds(layout)
+    seconds = gpu_benchmark(logits_workload.call(layout))
+    _record_logits(gpu_benchmark, seconds, device, refs, logits_workload, family="paged-mqa-logits", layout=layout,
+                   torch_seconds=base)
+
+
+@pytest.mark.parametrize("layout", LOGITS_LAYOUTS)
+def test_paged_mqa_logits_torch_baseline(gpu_benchmark, logits_workload, logits_torch_seconds, refs, device, layout):
+    logits_torch_seconds(layout)  # checked against ours first
+    seconds = gpu_benchmark(logits_workload.torch_call(layout))
+    _record_logits(gpu_benchmark, seconds, device, refs, logits_workload, family="torch-reference", layout=layout)
+
+
+def test_paged_mqa_logits_subject(gpu_benchmark, logits_workload, logits_torch_seconds, refs, device, subject):
+    """Upstream's Triton paged logits (C4A's block-flat layout only: rocm_fp8_paged_mqa_logits_triton) on the same
+    inputs for gfx950's target (OCP fp8): a column beside ours."""
+    from contracts.subjects import SubjectSkip
+
+    w = logits_workload
+    try:
+        fn = subject.bind("gfx950").indexer_logits.triton_launcher(w.q, w.cache, w.weights, w.context_lens, w.table,
+                                                                   w.max_model_len, target="gfx950")
+        fn()
+    except SubjectSkip as exc:
+        pytest.skip(exc.reason(subject.label))
+    seconds = gpu_benchmark(fn)
+    _record_logits(gpu_benchmark, seconds, device, refs, w, family="paged-mqa-logits", layout="normal",
+                   torch_seconds=logits_torch_seconds("normal"), subject=subject.label)

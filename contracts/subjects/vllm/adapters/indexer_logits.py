@@ -35,8 +35,9 @@ import types
 
 import torch
 
-from contracts.subjects import EntryMissing, Family
+from contracts.subjects import EntryMissing, Family, SubjectUnavailable
 from impl.formats import default_indexer_layout
+from impl.runtime import triton_mode
 from impl.targets import get_target
 
 #: upstream's compress_ratio for our layout: C4A's block-flat (NORMAL) cache, or the SHUFFLE one of ratio 1 and 2
@@ -161,6 +162,28 @@ def build(ctx) -> Family:
             k_scale = k_scale.view(torch.float32)
         return _run(ops.rocm_fp8_mqa_logits, q, out, _fp8(q), (_fp8(k_fp8), k_scale), weights, ks, ke)
 
+    def triton_launcher(q, kv_cache, weights, context_lens, block_tables, max_model_len, *, target=None):
+        """A zero-argument call of upstream's ``rocm_fp8_paged_mqa_logits_triton`` on these arguments, for timing on
+        a native host: the workspace is one buffer made here (upstream's workspace manager hands out the same one
+        each step), so the call is upstream's host function and kernel and nothing else."""
+        _check_target(target)
+        if triton_mode() != "native":
+            raise SubjectUnavailable("the direct launcher is for native hosts; under the interpreter upstream's "
+                                     "code runs through the entry point (with its corrections)")
+        if tgt.main_cache_fp8 == "fnuz":
+            raise SubjectUnavailable("upstream's kernel loads FNUZ fp8 (gfx942), which Triton on NVIDIA refuses")
+        rows = int(q.shape[0]) * int(q.shape[1])
+        buf = torch.empty(rows, max_model_len, dtype=torch.float32, device=q.device)
+
+        class _Fixed:
+            def get_simultaneous(self, *specs):
+                return [buf]
+
+        ops.current_workspace_manager = lambda: _Fixed()  # this binding's import only; the timing owns it
+        args = _paged_args(q, kv_cache, weights, context_lens, block_tables, max_model_len)
+        fn = ops.rocm_fp8_paged_mqa_logits_triton
+        return lambda: fn(*args, max_model_len)
+
     def topk_indices(logits, k, *, out=None):
         raise EntryMissing("indexer_logits.topk_indices", TOPK_MISSING)
 
@@ -170,4 +193,5 @@ def build(ctx) -> Family:
     return Family("indexer_logits", fp8_paged_mqa_logits=fp8_paged_mqa_logits,
                   fp8_paged_mqa_logits_triton=fp8_paged_mqa_logits_triton,
                   fp8_paged_mqa_logits_torch=fp8_paged_mqa_logits_torch, fp8_mqa_logits=fp8_mqa_logits,
-                  topk_indices=topk_indices, topk_indices_prefill=topk_indices_prefill)
+                  topk_indices=topk_indices, topk_indices_prefill=topk_indices_prefill,
+                  triton_launcher=triton_launcher)
