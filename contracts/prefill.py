@@ -58,7 +58,8 @@ def _reference(inp: fz.PrefillInputs) -> ref_prefill.PrefillReference:
 def _compare_with_oracle(got: torch.Tensor, inp: fz.PrefillInputs, label: str) -> list[Violation]:
     ref = _reference(inp)
     # oracles.compare's model for the input dtype (fp16: its unit and underflow floor), SPEC 3's BLOCK_K
-    tol = ref_prefill.prefill_tolerance(ref, fz.dtype_name(inp.q.dtype), triton_mode(), int(inp.q.shape[-1]))
+    tol = ref_prefill.prefill_tolerance(ref, fz.dtype_name(inp.q.dtype), triton_mode(), int(inp.q.shape[-1]),
+                                        fz.dtype_name(inp.out.dtype))
     return attention_violations(label, got, ref.out, tol)
 
 
@@ -86,7 +87,12 @@ def _agreement_examples(target: Target) -> list[fz.PrefillCase]:
             # BLOCK_K tiles
             base.replace(seed=8, dtype="float16", sq=2, heads=17, skv=40, mode="ragged", width=36, lens=(36, 20),
                          indptr_offset=2, tail_junk=1, sink="large", q_layout="contiguous", kv_layout="2d",
-                         scale=0.3)]
+                         scale=0.3),
+            # an out of another float dtype, converted on store: fp32 from bf16 (dense, in place), bf16 from fp16
+            # (ragged, past three tiles)
+            base.replace(seed=9, out_dtype="float32", sink="ordinary"),
+            base.replace(seed=10, dtype="float16", out_dtype="bfloat16", mode="ragged", skv=40, width=36,
+                         lens=(36, 3, 0), indptr_offset=1, out_width="nope", q_layout="contiguous")]
 
 
 @contract("prefill-oracle-agreement", targets=ALL_TARGETS, cases=lambda t: fz.prefill_cases(),
@@ -97,14 +103,17 @@ def prefill_oracle_agreement(case: fz.PrefillCase, target: Target) -> list[Viola
     One softmax per (row, head) over the row's valid entries plus the sink as a zero-value logit (-inf, ordinary,
     large, mixed sinks; none); V = K; an empty row gives 0; invalid entries (-1, -2, slots at or past skv, INT32
     extremes) are masked; dense rows keep only their first clamp(topk_length or count(idx >= 0), 0, k) entries and
-    ragged rows only [indptr[r], indptr[r+1]). Every kv row no valid entry reaches is NaN (dead rows, rows past the
+    ragged rows only [indptr[r], indptr[r+1]) (ours reads each in its own kernel mode, upstream converts dense rows
+    to ragged ones first: both are judged by the same oracle). Every kv row no valid entry reaches is NaN (dead rows, rows past the
     view, padding lanes), and every entry a correct kernel drops points at one, so a stray read shows. d is 448+64
     (one 512-lane tile) or 512+64 (NoPE and RoPE tiles); bf16 or fp16; rows of up to 40 entries (three BLOCK_K
     tiles: the online softmax rescales across them) and 17 heads (a second head block) in some cases; output d or
-    nope wide; q, kv and out non-contiguous; a non-default scale. Inputs are not modified and nothing is written past
+    nope wide, of q's dtype or another float dtype (bf16, fp16, fp32: converted on store); q, kv and out
+    non-contiguous; a non-default scale. Inputs are not modified and nothing is written past
     out's last dim. Tolerance: oracles.prefill.prefill_tolerance - oracles.compare's model (relative to
-    sum_j p_j |v_j|, dot length d, SPEC 3's BLOCK_K, the dtype's units, interpreter truncation for bf16) plus, for
-    fp16, the underflow floor 2^-25 (1 + sum_j |v_j|); no fraction of lanes may fail; the margin is the worst
+    sum_j p_j |v_j|, dot length d, SPEC 3's BLOCK_K, the input dtype's unit for p and the output dtype's for the
+    store, interpreter truncation for bf16) plus, for fp16 on either side, the underflow floor 2^-25 (1 + sum_j
+    |v_j|); no fraction of lanes may fail; the margin is the worst
     error-to-tolerance ratio. Sources: SPEC 3 (Triton fallback), seed 003, upstream's prefill ragged-kernel test.
     """
     inp = fz.build_prefill_inputs(case)

@@ -10,18 +10,26 @@ value:
 
 An empty row without a sink gives 0. An entry is valid when it lies inside its row's range and 0 <= slot < skv;
 anything else (-1, INT32 extremes, slots at or past skv, entries outside indptr, dense entries past the row's
-length) is masked and never read. The output is ``d`` wide, or ``nope`` wide (RoPE lanes dropped).
+length) is masked and never read. The output is ``d`` wide, or ``nope`` wide (RoPE lanes dropped), of q's dtype or
+another float dtype (bf16, fp16, fp32): the fp32 result is converted on store, as upstream's kernel stores into
+whatever ``out`` it is given.
 
 Indices come dense (``[sq, k]`` or ``[sq, 1, k]``, with an optional ``topk_length [sq]``) or ragged (``indices``
-plus ``indptr [sq + 1]``). Dense indices go through ``impl.ragged.build_ragged_indices_from_dense``: row r keeps its
-first clamp(topk_length[r] or count(idx >= 0), 0, k) entries, and values outside [0, skv) become -1.
+plus ``indptr [sq + 1]``). Row r of dense indices keeps its first clamp(topk_length[r] or count(idx >= 0), 0, k)
+entries (SPEC 2's rule); the Triton kernel reads dense rows in place (the DSv4 prefill assembly's padded rows go
+straight in, with no conversion and no host read), ragged ones through indptr. Only the OPUS route converts dense
+indices, with ``impl.ragged.build_ragged_indices_from_dense`` (values outside [0, skv) become -1).
 
 Routing (seed 003): the entry first asks ``can_use_aiter_sparse_prefill_opus`` (every SPEC 3 condition, the target
 from ``Target.opus_eligible``) and ``get_aiter_sparse_prefill_opus`` (the real AITER op, or None). When both hold,
 OPUS gets the ragged indices (dense ones converted as above) with the masked entries removed - AITER documents
 that every index it is given must be a valid row - and an empty second segment; if the OPUS call reports failure (raises RuntimeError)
 the Triton kernel runs instead, so the result never depends on whether OPUS accepted the shape. Otherwise the
-Triton kernel ``_sparse_attn_prefill_ragged_kernel`` runs.
+Triton kernel ``_sparse_attn_prefill_kernel`` runs (its dense or ragged mode, as the indices came).
+
+Upstream (vLLM 0.33.0) has a separate dense entry too, but it converts the rows to ragged ones
+(``build_ragged_indices_from_dense``) and runs the ragged kernel; the results are the same, the dense kernel here
+saves the conversion.
 
 Sources: vllm-project/vllm ``vllm/v1/attention/ops/rocm_aiter_mla_sparse.py`` (``rocm_sparse_attn_prefill``,
 ``_can_use_aiter_sparse_prefill_opus``, ``_get_aiter_sparse_prefill_opus``) as SPEC section 3 and seed 003 restate
@@ -52,8 +60,10 @@ OPUS_MIN_QUERIES = 1024
 #: the OPUS op's module and name in AMD AITER
 AITER_OPUS_MODULE = "aiter.ops.pa_sparse_prefill_opus"
 AITER_OPUS_NAME = "pa_sparse_prefill_opus"
-#: dtypes both paths accept for q (kv and out must match)
+#: dtypes both paths accept for q (kv must match)
 PREFILL_DTYPES = (torch.bfloat16, torch.float16)
+#: dtypes the Triton path stores into (converting the fp32 result on store); OPUS needs out of q's dtype
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEFAULT_ROPE_DIM = 64
 BLOCK_H = 16
 NUM_WARPS = 4
@@ -93,28 +103,32 @@ def _load_rows(base, rows_off, lanes, row_mask, lane_mask, stride_d, IN_BF16: tl
 
 
 @triton.jit
-def _sparse_attn_prefill_ragged_kernel(
+def _sparse_attn_prefill_kernel(
         q, stride_qs, stride_qh, stride_qd,
         kv, stride_kvs, stride_kvd, num_kv,
-        idx, indptr, sink,
+        idx, stride_ir, stride_ik, row_info, dense_width, sink,
         out, stride_os, stride_oh, stride_od,
         num_heads, scale,
         NOPE: tl.constexpr, ROPE: tl.constexpr, OUT_D: tl.constexpr, SPLIT_D: tl.constexpr,
         BLOCK_A: tl.constexpr, BLOCK_R: tl.constexpr, HAS_SINK: tl.constexpr, IN_BF16: tl.constexpr,
-        BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Sparse prefill over a ragged index list.
+        DENSE: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Sparse prefill over ragged or dense index rows.
 
-    Layout: q [sq, h, d] and out [sq, h, OUT_D] (OUT_D = d or NOPE) with any strides; kv [skv, d] rows with any
-    strides; bf16 tensors are passed as int16 views and widened exactly; ``idx``/``indptr`` int32, row r owning
-    idx[indptr[r]:indptr[r+1]]; ``sink`` fp32 [>= h] when HAS_SINK.
+    Layout: q [sq, h, d] and out [sq, h, OUT_D] (OUT_D = d or NOPE; out of any float dtype, converted on store)
+    with any strides; kv [skv, d] rows with any strides; bf16 tensors are passed as int16 views and widened
+    exactly. Ragged (DENSE false): ``idx`` int32 1-D, ``row_info`` the int32 indptr, row r owning
+    idx[indptr[r]:indptr[r+1]] (``stride_ir``/``dense_width`` unused). Dense: ``idx`` int32/int64 [sq, dense_width]
+    with strides (stride_ir, stride_ik), ``row_info`` the int32/int64 row lengths, row r owning its first
+    clamp(len[r], 0, dense_width) entries. ``sink`` fp32 [>= h] when HAS_SINK.
     Grid (sq, ceil(h / BLOCK_H)). Program (r, hb) walks row r's entries in BLOCK_K-token tiles with a natural-exp
     online softmax over heads hb*BLOCK_H.., folds in the sink as a zero-value logit, normalises and stores.
     Lanes: with SPLIT_D a BLOCK_A = next_pow2(NOPE) tile plus a BLOCK_R = next_pow2(ROPE) tile at offset NOPE;
     otherwise one BLOCK_A = next_pow2(d) tile. Lanes past their part are masked.
-    Invariant: an entry is read only when it lies in [indptr[r], indptr[r+1]) and 0 <= slot < num_kv; masked
-    entries get logit -inf and value 0, so no stray row (poisoned or outside the tensor) can reach the sums; with
-    no valid entry and no sink l == 0 and the row is written as 0. The running max starts at -FLT_MAX, not -inf,
-    so a tile of masked entries rescales by exp(0) instead of producing inf - inf."""
+    Invariant: an entry is read only when it lies in its row's range and 0 <= slot < num_kv (compared in int64, so
+    an int64 index past int32 is masked, not wrapped); masked entries get logit -inf and value 0, so no stray row
+    (poisoned or outside the tensor) can reach the sums; with no valid entry and no sink l == 0 and the row is
+    written as 0. The running max starts at -FLT_MAX, not -inf, so a tile of masked entries rescales by exp(0)
+    instead of producing inf - inf."""
     r = tl.program_id(0)
     hb = tl.program_id(1)
     heads = hb * BLOCK_H_ + tl.arange(0, BLOCK_H_)
@@ -138,13 +152,19 @@ def _sparse_attn_prefill_ragged_kernel(
         acc_r = tl.zeros((BLOCK_H_, BLOCK_R), tl.float32)
     m_i = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
     l_i = tl.zeros((BLOCK_H_,), tl.float32)
-    lo = tl.load(indptr + r).to(tl.int64)
-    hi = tl.load(indptr + r + 1).to(tl.int64)
+    if DENSE:
+        lo = r.to(tl.int64) * stride_ir
+        n = tl.minimum(tl.maximum(tl.load(row_info + r).to(tl.int64), 0), dense_width)
+        step = stride_ik
+    else:
+        lo = tl.load(row_info + r).to(tl.int64)
+        n = tl.load(row_info + r + 1).to(tl.int64) - lo
+        step = 1
     tk = tl.arange(0, BLOCK_K).to(tl.int64)
-    for t0 in range(lo, hi, BLOCK_K):
+    for t0 in range(0, n, BLOCK_K):
         offs = t0 + tk
-        in_row = offs < hi
-        raw = tl.load(idx + offs, mask=in_row, other=-1).to(tl.int64)
+        in_row = offs < n
+        raw = tl.load(idx + lo + offs * step, mask=in_row, other=-1).to(tl.int64)
         valid = in_row & (raw >= 0) & (raw < num_kv)
         kv_rows = tl.where(valid, raw, 0) * stride_kvs
         ka = _load_rows(kv, kv_rows, la, valid, la_mask, stride_kvd, IN_BF16).to(dot_ty)
@@ -374,7 +394,8 @@ def sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     ``indices``: dense int32/int64 ``[sq, k]`` or ``[sq, 1, k]`` with optional ``topk_length [sq]``, or ragged
     int32 1-D with ``indptr`` int32 ``[sq + 1]`` (read on the host to reject a decreasing one). ``softmax_scale``:
     a finite float (no default: the caller knows its head dim and mscale). ``attn_sink``: fp32 ``[>= h]``
-    (-inf = no sink; the first h entries are used). ``out``: q's dtype, ``[sq, h, d]`` or ``[sq, h, nope]`` (RoPE
+    (-inf = no sink; the first h entries are used). ``out``: bf16, fp16 or fp32 (converted on store; OPUS only
+    for q's dtype), ``[sq, h, d]`` or ``[sq, h, nope]`` (RoPE
     lanes dropped), any strides whose elements do not overlap, apart from every input's memory; allocated like q
     when None. ``rope_head_dim``: the RoPE part of d (SPEC checks only d = nope + rope; 448 + 64 and 512 + 64 both
     pass). ``target`` decides OPUS eligibility.
@@ -433,8 +454,8 @@ def sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         out = torch.empty_like(q)
     else:
         _require_tensor("out", out)
-        if out.dtype != q.dtype:
-            raise TypeError(f"out: expected dtype {_dtype_name(q.dtype)} (the dtype of q), got "
+        if out.dtype not in OUT_DTYPES:
+            raise TypeError(f"out: expected dtype bfloat16, float16 or float32 (converted on store), got "
                             f"{_dtype_name(out.dtype)}")
         if out.dim() != 3 or tuple(out.shape[:2]) != (sq, h) or out.shape[2] not in (d, nope):
             raise ValueError(f"out: expected shape [{sq}, {h}, {d}] or [{sq}, {h}, {nope}] (nope wide), got "
@@ -458,18 +479,25 @@ def sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
             if run_aiter_sparse_prefill_opus(op, q, kv2, r_idx, r_ptr, float(softmax_scale), sink_h, out):
                 return out
     if dense is not None:
-        r_idx, r_ptr = build_ragged_indices_from_dense(dense, topk_length, num_rows=skv)
+        sparse_attn_prefill_triton(q, kv2, dense, None, float(softmax_scale), sink_h, out, rope_head_dim,
+                                   topk_length=topk_length)
     else:
-        r_idx, r_ptr = indices, indptr
-    sparse_attn_prefill_triton(q, kv2, r_idx, r_ptr, float(softmax_scale), sink_h, out, rope_head_dim)
+        sparse_attn_prefill_triton(q, kv2, indices, indptr, float(softmax_scale), sink_h, out, rope_head_dim)
     return out
 
 
-def sparse_attn_prefill_triton(q: torch.Tensor, kv2: torch.Tensor, indices: torch.Tensor, indptr: torch.Tensor,
-                               softmax_scale: float, attn_sink: torch.Tensor | None, out: torch.Tensor,
-                               rope_head_dim: int) -> None:
-    """Launch ``_sparse_attn_prefill_ragged_kernel`` on validated arguments (``sparse_attn_prefill`` checks
-    them): ragged int32 ``indices``/``indptr``, ``kv2 [skv, d]``, ``attn_sink`` None or fp32 [>= h]."""
+def sparse_attn_prefill_triton(q: torch.Tensor, kv2: torch.Tensor, indices: torch.Tensor,
+                               indptr: torch.Tensor | None, softmax_scale: float, attn_sink: torch.Tensor | None,
+                               out: torch.Tensor, rope_head_dim: int, *,
+                               topk_length: torch.Tensor | None = None) -> None:
+    """Launch ``_sparse_attn_prefill_kernel`` on validated arguments (``sparse_attn_prefill`` checks them):
+    ragged int32 ``indices``/``indptr``, or - ``indptr`` None - dense int32/int64 ``indices [sq, k]`` (any strides)
+    read in place with ``topk_length [sq]`` (None: each row's count of entries >= 0, SPEC 2's rule, computed on
+    the device); ``kv2 [skv, d]``; ``attn_sink`` None or fp32 [>= h]; ``out`` bf16/fp16/fp32.
+
+    The dense path is the one the DSv4 prefill assembly feeds (``impl.prefill_assembly``: padded [T, W] rows and
+    their lengths): it reads the rows where they are, with no dense -> ragged conversion and no host read of the
+    packed length."""
     sq, h, d = (int(x) for x in q.shape)
     nope = d - rope_head_dim
     split = splits_nope_rope(nope, rope_head_dim)
@@ -479,14 +507,20 @@ def sparse_attn_prefill_triton(q: torch.Tensor, kv2: torch.Tensor, indices: torc
     # bf16 is read as raw 16-bit words and widened exactly (see impl.triton_helpers.load_as_f32)
     qv = q.view(torch.int16) if is_bf16 else q
     kvv = kv2.view(torch.int16) if is_bf16 else kv2
-    sink = attn_sink if attn_sink is not None else indptr
+    dense = indptr is None
+    if dense:
+        lens = topk_length if topk_length is not None else (indices >= 0).sum(dim=-1)
+        row_info, stride_ir, stride_ik, width = lens, indices.stride(0), indices.stride(1), int(indices.shape[1])
+    else:
+        row_info, stride_ir, stride_ik, width = indptr, 0, 1, 0
+    sink = attn_sink if attn_sink is not None else row_info
     grid = (sq, triton.cdiv(h, BLOCK_H))
-    _sparse_attn_prefill_ragged_kernel[grid](
+    _sparse_attn_prefill_kernel[grid](
         qv, q.stride(0), q.stride(1), q.stride(2),
         kvv, kv2.stride(0), kv2.stride(1), int(kv2.shape[0]),
-        indices, indptr, sink,
+        indices, stride_ir, stride_ik, row_info, width, sink,
         out, out.stride(0), out.stride(1), out.stride(2),
         h, float(softmax_scale),
         NOPE=nope, ROPE=rope_head_dim, OUT_D=int(out.shape[2]), SPLIT_D=split, BLOCK_A=block_a, BLOCK_R=block_r,
-        HAS_SINK=attn_sink is not None, IN_BF16=is_bf16, BLOCK_H_=BLOCK_H, BLOCK_K=block_k_for(d),
+        HAS_SINK=attn_sink is not None, IN_BF16=is_bf16, DENSE=dense, BLOCK_H_=BLOCK_H, BLOCK_K=block_k_for(d),
         num_warps=NUM_WARPS)

@@ -124,19 +124,32 @@ U_FP16 = 2.0 ** -11
 FP16_SUBNORMAL = 2.0 ** -24
 
 
-def prefill_error_model(dtype: str, triton_mode: str, d: int) -> cmp.AttentionErrorModel:
-    """``oracles.compare``'s model for a prefill in ``dtype`` ("bfloat16" | "float16").
+OUT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def prefill_error_model(dtype: str, triton_mode: str, d: int, out_dtype: str | None = None
+                        ) -> cmp.AttentionErrorModel:
+    """``oracles.compare``'s model for a prefill with q and kv in ``dtype`` ("bfloat16" | "float16") and the
+    output stored as ``out_dtype`` (None: ``dtype``; also "float32").
 
     bf16: ``AttentionErrorModel.for_mode`` with the QK dot over all d lanes. fp16: the same fp32 steps (q and k
-    enter the dot exactly: an fp16 x fp16 product has 22 significant bits), but p is rounded to fp16 for the PV dot
-    and the output is fp16, each relative U_FP16 = 2^-11 in the normal range (the interpreter's fp16 cast rounds
-    to nearest, unlike its truncating bf16 cast). fp16's narrow exponent range adds an absolute term the relative
-    model cannot cover: see ``fp16_underflow_floor``."""
-    model = dataclasses.replace(cmp.AttentionErrorModel.for_mode(triton_mode), dot_len=d)
+    enter the dot exactly: an fp16 x fp16 product has 22 significant bits), but p is rounded to fp16 for the PV dot,
+    relative U_FP16 = 2^-11 in the normal range (the interpreter's fp16 cast rounds to nearest, unlike its
+    truncating bf16 cast). The output's rounding is its own dtype's: bf16 as ``for_mode`` says, fp16 U_FP16, fp32
+    none (the fp32 result is stored as it is; the division's one fp32 rounding is in the model already). fp16's
+    narrow exponent range, on either side, adds an absolute term the relative model cannot cover: see
+    ``fp16_underflow_floor``."""
+    base = cmp.AttentionErrorModel.for_mode(triton_mode)
+    model = dataclasses.replace(base, dot_len=d)
     if dtype == "float16":
         model = dataclasses.replace(model, operand_unit=U_FP16, output_unit=U_FP16)
     elif dtype != "bfloat16":
         raise ValueError(f"dtype: expected 'bfloat16' or 'float16', got {dtype!r}")
+    if out_dtype is not None:
+        units = {"bfloat16": base.output_unit, "float16": U_FP16, "float32": 0.0}
+        if out_dtype not in units:
+            raise ValueError(f"out_dtype: expected one of {OUT_DTYPES} or None, got {out_dtype!r}")
+        model = dataclasses.replace(model, output_unit=units[out_dtype])
     return model
 
 
@@ -156,15 +169,18 @@ def fp16_underflow_floor(ref: PrefillReference, heads: int) -> torch.Tensor:
     return (half_spacing * (1.0 + ref.v_abs_sum))[:, None, :].expand(-1, heads, -1).clone()
 
 
-def prefill_tolerance(ref: PrefillReference, dtype: str, triton_mode: str, d: int) -> torch.Tensor:
-    """Per-lane tolerance [sq, h, out_width] of a prefill output in ``dtype`` against ``ref``: ``oracles.compare``'s
-    relative model (``prefill_error_model``; SPEC 3's BLOCK_K tokens per tile, one split, no split-K), plus the fp16
-    underflow floor (``fp16_underflow_floor``); the steps after the underflow (fp32 rescales, sums and division, a few
-    2^-24 each, and the fp16 output rounding, U_FP16) scale that floor by at most 1 + 2 U_FP16."""
-    model = prefill_error_model(dtype, triton_mode, d)
+def prefill_tolerance(ref: PrefillReference, dtype: str, triton_mode: str, d: int,
+                      out_dtype: str | None = None) -> torch.Tensor:
+    """Per-lane tolerance [sq, h, out_width] of a prefill over ``dtype`` inputs, stored as ``out_dtype`` (None:
+    ``dtype``), against ``ref``: ``oracles.compare``'s relative model (``prefill_error_model``; SPEC 3's BLOCK_K
+    tokens per tile, one split, no split-K), plus the fp16 underflow floor (``fp16_underflow_floor``) when the
+    inputs or the output are fp16 (p's rounding and the output's, either bounded by it); the steps after the
+    underflow (fp32 rescales, sums and division, a few 2^-24 each, and an fp16 output rounding, U_FP16) scale that
+    floor by at most 1 + 2 U_FP16. Lanes whose value an fp16 output cannot hold (|v| > 65504) are not modelled."""
+    model = prefill_error_model(dtype, triton_mode, d, out_dtype)
     tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v, 1,
                                   spec_block_k(d), model)
-    if dtype == "float16":
+    if "float16" in (dtype, out_dtype):
         tol = tol + (1 + 2 * U_FP16) * fp16_underflow_floor(ref, int(ref.out.shape[1]))
     return tol
 

@@ -26,7 +26,8 @@ HEAD_DIM = 512  # 448 NoPE + 64 RoPE
 def _assert_matches_oracle(got, q, kv, scale, sink, **idx):
     ref = ref_prefill.ref_sparse_attn_prefill(q, kv, softmax_scale=scale, attn_sink=sink,
                                               out_width=int(got.shape[-1]), **idx)
-    tol = ref_prefill.prefill_tolerance(ref, fz.dtype_name(q.dtype), triton_mode(), int(q.shape[-1]))
+    tol = ref_prefill.prefill_tolerance(ref, fz.dtype_name(q.dtype), triton_mode(), int(q.shape[-1]),
+                                        fz.dtype_name(got.dtype))
     bad = cmp.compare_attention(got.cpu(), ref.out, tol)
     assert not bad, bad[:3]
     return ref, tol
@@ -97,6 +98,11 @@ def test_spec_tile_and_fp16_model():
     m16 = ref_prefill.prefill_error_model("float16", triton_mode(), 576)
     assert m16.operand_unit == m16.output_unit == 2.0 ** -11 and m16.dot_len == 576
     assert ref_prefill.prefill_error_model("bfloat16", triton_mode(), 512).output_unit >= 2.0 ** -8
+    # an out of another dtype rounds as that dtype; p keeps the input's unit
+    m = ref_prefill.prefill_error_model("float16", triton_mode(), 576, "float32")
+    assert m.output_unit == 0 and m.operand_unit == 2.0 ** -11
+    m = ref_prefill.prefill_error_model("bfloat16", triton_mode(), 576, "float16")
+    assert m.output_unit == 2.0 ** -11 and m.operand_unit >= 2.0 ** -8
 
 
 def test_multi_tile_rows_and_a_second_head_block():
@@ -111,6 +117,51 @@ def test_multi_tile_rows_and_a_second_head_block():
     out = torch.full_like(q, math.nan)
     pf.sparse_attn_prefill(q, kv, indices, 0.11, sink, out, indptr=indptr, target="generic")
     _assert_matches_oracle(out, q, kv, 0.11, sink, indices=indices.tolist(), indptr=indptr.tolist())
+
+
+@pytest.mark.parametrize("q_dtype,out_dtype", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.float16),
+                                               (torch.float16, torch.bfloat16), (torch.float16, torch.float32)])
+def test_out_of_another_float_dtype_is_converted_on_store(q_dtype, out_dtype):
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(2, 3, 576, generator=g).to(q_dtype).to(DEV)
+    kv = torch.randn(9, 576, generator=g).to(q_dtype).to(DEV)
+    dense = torch.tensor([[0, 3, 8, 2, -1], [5, 7, 1, 4, 6]], dtype=torch.int32, device=DEV)
+    sink = torch.tensor([0.5, -math.inf, 3.0], dtype=torch.float32, device=DEV)
+    out = torch.full((2, 3, 576), math.nan, dtype=out_dtype, device=DEV)
+    pf.sparse_attn_prefill(q, kv, dense, 0.05, sink, out, target="gfx950")
+    _assert_matches_oracle(out, q, kv, 0.05, sink, dense=dense.tolist(), topk_length=None)
+    if out_dtype == torch.float32:
+        # the same fp32 result, stored without rounding: q's dtype is exactly its rounding (to nearest natively;
+        # the interpreter truncates bf16)
+        same = pf.sparse_attn_prefill(q, kv, dense, 0.05, sink, target="gfx950")
+        err = (out.cpu().to(q_dtype).float() - same.cpu().float()).abs()
+        unit = 2.0 ** -7 if q_dtype == torch.bfloat16 else 2.0 ** -10
+        assert bool((err <= unit * same.cpu().float().abs()).all())
+
+
+def test_dense_rows_are_read_in_place_and_equal_the_ragged_rows_bit_for_bit(monkeypatch):
+    g = torch.Generator().manual_seed(14)
+    q = torch.randn(3, 17, 576, generator=g).to(torch.bfloat16).to(DEV)
+    kv = torch.randn(40, 576, generator=g).to(torch.bfloat16).to(DEV)
+    kv[39] = math.nan  # only entries past a row's length point at it
+    width = 36
+    lens = [36, 20, 0]
+    rows = [torch.randperm(39, generator=g)[:n].tolist() + [39] * (width - n) for n in lens]
+    rows[1][3] = -1
+    rows[1][5] = 2 ** 31 - 1
+    buf = torch.full((3, 1, width + 4), 39, dtype=torch.int64)
+    buf[:, 0, :width] = torch.tensor(rows)
+    dense = buf.to(DEV)[:, :, :width]  # [sq, 1, k] with a padded row stride
+    topk = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    sink = torch.linspace(-1.0, 1.0, 17, dtype=torch.float32).to(DEV)
+    ragged = torch.tensor([v for r, n in zip(rows, lens) for v in r[:n]], dtype=torch.int32, device=DEV)
+    indptr = torch.tensor([0, 36, 56, 56], dtype=torch.int32, device=DEV)
+    want = pf.sparse_attn_prefill(q, kv, ragged, 0.11, sink, indptr=indptr, target="generic")
+    monkeypatch.setattr(pf, "build_ragged_indices_from_dense",
+                        lambda *a, **k: pytest.fail("dense rows converted on the Triton path"))
+    got = pf.sparse_attn_prefill(q, kv, dense, 0.11, sink, topk_length=topk, target="generic")
+    assert torch.equal(got.cpu(), want.cpu())  # the same entries in the same tiles: the same bits
+    _assert_matches_oracle(got, q, kv, 0.11, sink, dense=[r for r in rows], topk_length=lens)
 
 
 # --- the guard (upstream's selection tests, on fake tensors: "q on the GPU" needs no GPU) ---------------------
@@ -407,7 +458,8 @@ def _bad_calls():
         (dict(ok, attn_sink=sink.to(torch.bfloat16)), TypeError, "attn_sink"),
         (dict(ok, attn_sink=sink[:2]), ValueError, "attn_sink"),
         (dict(ok, out=torch.zeros(2, 3, 500, dtype=torch.bfloat16, device=DEV)), ValueError, "out"),
-        (dict(ok, out=torch.zeros(2, 3, HEAD_DIM, dtype=torch.float16, device=DEV)), TypeError, "out"),
+        (dict(ok, out=torch.zeros(2, 3, HEAD_DIM, dtype=torch.float64, device=DEV)), TypeError, "out"),
+        (dict(ok, out=torch.zeros(2, 3, HEAD_DIM, dtype=torch.int16, device=DEV)), TypeError, "out"),
         (dict(ok, rope_head_dim=HEAD_DIM), ValueError, "rope_head_dim"),
     ]
 

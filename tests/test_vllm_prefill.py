@@ -139,6 +139,18 @@ def test_upstream_prefill_agrees_with_the_oracle_and_a_planted_kernel_bug_does_n
     assert v and all(x.message.startswith("prefill output vs float64 oracle") for x in v)
 
 
+def test_upstreams_dense_triton_entry_converts_and_stores_into_another_dtype(vllm_subject):
+    t = get_target("generic")
+    case = cp._agreement_examples(t)[0].replace(out_dtype="float32", dense_3d=False)
+    inp = fz.build_prefill_inputs(case)
+    fam = vllm_subject.bind(t).prefill
+    kv2 = inp.kv.reshape(inp.kv.shape[0], -1)
+    fam.sparse_attn_prefill_triton(inp.q, kv2, inp.indices, None, inp.softmax_scale, inp.attn_sink[:case.heads],
+                                   inp.out, 64, topk_length=inp.topk_length)
+    assert inp.out.dtype == torch.float32
+    assert cp._compare_with_oracle(inp.out.detach().cpu().clone(), inp, "upstream dense") == []
+
+
 # --- router ------------------------------------------------------------------------------------------------------
 
 def test_upstream_gate_policy_is_ours_for_the_weight_policy(vllm_subject):

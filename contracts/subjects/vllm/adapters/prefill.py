@@ -13,8 +13,11 @@ Entries (our signatures, upstream's code):
 - ``get_aiter_sparse_prefill_opus()``: ``_get_aiter_sparse_prefill_opus`` (its ``functools.cache`` cleared per
   call) in an AITER environment the adapter fakes; by default the one of a host without AMD AITER, where it gives
   None.
-- ``sparse_attn_prefill_triton(q, kv2, indices, indptr, softmax_scale, attn_sink, out, rope_head_dim)``:
-  ``_rocm_sparse_attn_prefill_ragged_triton``.
+- ``sparse_attn_prefill_triton(q, kv2, indices, indptr, softmax_scale, attn_sink, out, rope_head_dim, *,
+  topk_length)``: ``_rocm_sparse_attn_prefill_ragged_triton``; with ``indptr`` None (dense ``[sq, k]`` indices and
+  their lengths) upstream's dense Triton entry ``_rocm_sparse_attn_prefill_triton``, which converts the rows with
+  ``build_ragged_indices_from_dense`` and runs the same ragged kernel (0.33.0 has no kernel reading dense rows).
+  Upstream's kernels store into an ``out`` of any float dtype, converting on store, as ours do.
 
 Routing seams. A contract replaces one of the three helpers above on this family (``mock.patch.object``), exactly
 as it does on ``impl.prefill`` for ours; while ``sparse_attn_prefill`` runs, upstream's own module-level name is then
@@ -72,6 +75,7 @@ def build(ctx) -> Family:
     orig_guard = ops._can_use_aiter_sparse_prefill_opus
     orig_loader = ops._get_aiter_sparse_prefill_opus
     orig_ragged = ops._rocm_sparse_attn_prefill_ragged_triton
+    orig_dense = ops._rocm_sparse_attn_prefill_triton
     depth = _Depth()
     missing_rewrite = _host_assert_missing(ctx)
 
@@ -120,10 +124,15 @@ def build(ctx) -> Family:
                 return orig_loader()
         return run(call)
 
-    def sparse_attn_prefill_triton(q, kv2, indices, indptr, softmax_scale, attn_sink, out, rope_head_dim):
+    def sparse_attn_prefill_triton(q, kv2, indices, indptr, softmax_scale, attn_sink, out, rope_head_dim, *,
+                                   topk_length=None):
         if missing_rewrite:
             raise FidelityError(missing_rewrite)
         d = int(q.shape[-1])
+        if indptr is None:
+            run(orig_dense, q, kv2, indices, float(softmax_scale), attn_sink, d - rope_head_dim, rope_head_dim,
+                topk_length=topk_length, out=out)
+            return
         run(orig_ragged, q, kv2, indices, indptr, float(softmax_scale), attn_sink, d - rope_head_dim,
             rope_head_dim, out)
 
