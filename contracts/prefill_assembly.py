@@ -180,7 +180,7 @@ def prefill_assembly_oracle(case: fz.AssemblyCase, target: Target) -> list[Viola
     longest run of requests whose area (count * (max(seq // ratio) + max(q_len + min(prefix, window - 1))))
     stays within 4 * (ceil(max_model_len / ratio) + window + max_num_batched_tokens), N = max(seq // ratio) (0 for
     SWA-only), M = N + max(gather) - and, named apart, chunks that cover the requests in order and stay within the
-    budget. Combined rows (``combine_topk_swa_indices``, run per chunk of the oracle's plan with the exact,
+    budget (a case with a wrong plan reports only that). Combined rows (``combine_topk_swa_indices``, run per chunk of the oracle's plan with the exact,
     possibly replay-shortened gathers): every entry equal to ``ref_combined_rows`` (vLLM 0.33.0's rules: top-k ids
     kept only in [0, N), the window starting no earlier than the first gathered token), the -1 padding to a
     multiple of 128 included; lengths topk_len + swa_len; int32; every entry -1 or in [0, chunk * M). Pinned: the
@@ -191,11 +191,13 @@ def prefill_assembly_oracle(case: fz.AssemblyCase, target: Target) -> list[Viola
     each row's topk_len; int32/int64, 2-D/3-D, padded and column-major top-k; query_start_loc not starting at 0.
     Inputs are left unchanged. Sources: SPEC 3 (DSv4 assembly), SPEC 9 (chunk plan), upstream's combine tests."""
     fam = bound(target).prefill_assembly
-    inp = fz.build_assembly_inputs(case)
-    before = _bits(inp.topk_full)
     v: list[Violation] = []
     if case.workspace is None:
-        v += _plan_violations(case, inp.plan, fam)
+        v += _plan_violations(case, fz.oracle_plan(case), fam)
+        if v:  # the rows are judged on the oracle's plan; a wrong plan is reported alone (and shrinks fast)
+            return v
+    inp = fz.build_assembly_inputs(case)
+    before = _bits(inp.topk_full)
     prefixes: list[tuple] = []
     for ci, ch in enumerate(inp.chunks):
         v += _combine_violations(case, ch, ci, fam, prefixes)

@@ -104,6 +104,25 @@ class AssemblyCase(Case):
                 for s, q, c in zip(self.seq_lens, self.query_lens, self.replay_cut)]
 
 
+def _budget_tile(ratio: int, window: int, mml: int, mnbt: int, pick: int):
+    """(c, seq, q): c in 5..7 requests of that shape whose chunk area c * (seq // ratio + q + min(prefix, window -
+    1)) equals the area budget exactly (SPEC 9: such a chunk still fits), or None; ``pick`` chooses among them."""
+    compressed = 0 if ratio <= 1 else -(-mml // ratio)
+    budget = ref.SPEC_PREFILL_CHUNK_SIZE * (compressed + window + mnbt)
+    found = []
+    for c in (5, 6, 7):
+        if budget % c:
+            continue
+        width = budget // c
+        for q in range(1, mnbt + 1):
+            for s in range(q, mml + 1):
+                n = s // ratio if ratio > 1 else 0
+                if n + q + min(s - q, window - 1) == width:
+                    found.append((c, s, q))
+                    break
+    return found[pick % len(found)] if found else None
+
+
 def _rotated(lo: int, hi: int, start: int):
     n = hi - lo + 1
     return st.integers(0, n - 1).map(lambda x: lo + (start - lo + x) % n)
@@ -128,8 +147,15 @@ def assembly_cases():
             topk = 0
         mml = max(mml, mnbt)
         n = draw(_rotated(1, 8, 5))
-        sizing = draw(st.sampled_from(["near_max", "mixed", "small"]))
+        sizing = draw(st.sampled_from(["near_max", "mixed", "small", "at_budget"]))
         seqs, qs = [], []
+        tile = _budget_tile(ratio, window, mml, mnbt, draw(st.integers(0, 2 ** 16))) if sizing == "at_budget" else None
+        if tile is not None:  # c requests whose area is exactly the budget, then one more
+            c, s_t, q_t = tile
+            seqs, qs = [s_t] * c, [q_t] * c
+            n, sizing = 1, "small"
+        elif sizing == "at_budget":
+            sizing = "near_max"
         for _ in range(n):
             kind = sizing if sizing != "mixed" else draw(st.sampled_from(["near_max", "small"]))
             if kind == "near_max":
@@ -142,7 +168,7 @@ def assembly_cases():
                 s = min(q + prefix, mml)
             seqs.append(s)
             qs.append(q)
-        cuts = draw(st.lists(st.sampled_from([0, 0, 0, 1, 2, 5, 1000]), min_size=n, max_size=n))
+        cuts = draw(st.lists(st.sampled_from([0, 0, 0, 1, 2, 5, 1000]), min_size=len(seqs), max_size=len(seqs)))
         return AssemblyCase(
             seed=draw(st.integers(0, 2 ** 31 - 1)), ratio=ratio, topk=topk,
             topk_extra=draw(st.sampled_from([0, 3] if topk else [3, 1])), window=window, seq_lens=tuple(seqs), query_lens=tuple(qs),
@@ -190,8 +216,9 @@ def oracle_plan(case: AssemblyCase) -> list[tuple[int, int, int, int]]:
                                window=case.window)
 
 
-def _randint(gen, lo: int, hi: int) -> int:
-    return lo + int(torch.randint(0, hi - lo + 1, (1,), generator=gen))
+def _chunk_of_requests(plan):
+    """Each request's chunk tuple, in request order."""
+    return [c for c in plan for _ in range(c[0], c[1])]
 
 
 def build_assembly_inputs(case: AssemblyCase, device: str | None = None) -> AssemblyInputs:
@@ -201,31 +228,27 @@ def build_assembly_inputs(case: AssemblyCase, device: str | None = None) -> Asse
     plan = oracle_plan(case)
     K = case.topk + case.topk_extra
     T = sum(case.query_lens)
-    chunk_of = {}
-    for ci, (s, e, _, _) in enumerate(plan):
-        for r in range(s, e):
-            chunk_of[r] = ci
-    rows: list[list[int]] = []
-    for r, (s, q) in enumerate(zip(case.seq_lens, case.query_lens)):
-        _, _, n_c, m_c = plan[chunk_of[r]]
-        invalid = [-1, -2, n_c, n_c + 1, m_c] + ([INT32_MIN, INT32_MAX] if case.int32_extremes else [])
-        for i in range(q):
-            pos = s - q + i
-            visible = (pos + 1) // case.ratio
-            topk_len = min(visible, case.topk)
-            row = []
-            for j in range(K):
-                if j < topk_len:
-                    u = float(torch.rand(1, generator=gen))
-                    if u < case.invalid_rate:
-                        row.append(invalid[_randint(gen, 0, len(invalid) - 1)])
-                    elif u < case.invalid_rate + 0.1 and n_c > 0:
-                        row.append(n_c - 1)  # the last id kept
-                    else:
-                        row.append(_randint(gen, 0, max(visible - 1, 0)))
-                else:  # never read: a live-looking id, so a read past topk_len changes the row
-                    row.append(_randint(gen, 0, n_c - 1) if n_c > 0 else 0)
-            rows.append(row)
+    # per token: its request's chunk N and M, and how many compressed rows it may see
+    n_t, m_t, vis_t = [], [], []
+    for s, q, (_, _, n_c, m_c) in zip(case.seq_lens, case.query_lens, _chunk_of_requests(plan)):
+        n_t += [n_c] * q
+        m_t += [m_c] * q
+        vis_t += [(s - q + i + 1) // case.ratio for i in range(q)]
+    n_t, m_t, vis_t = (torch.tensor(x, dtype=torch.int64).reshape(T, 1) for x in (n_t, m_t, vis_t))
+    topk_len = vis_t.clamp(max=case.topk)
+    col = torch.arange(K, dtype=torch.int64).reshape(1, K)
+    u = torch.rand(T, K, generator=gen, dtype=torch.float64)
+    causal = (torch.rand(T, K, generator=gen, dtype=torch.float64) * vis_t).floor().to(torch.int64)
+    junk = (torch.rand(T, K, generator=gen, dtype=torch.float64) * n_t).floor().to(torch.int64)
+    extremes = [INT32_MIN, INT32_MAX] if case.int32_extremes else []
+    invalid = torch.cat([torch.full((T, 1), -1), torch.full((T, 1), -2), n_t, n_t + 1, m_t]
+                        + [torch.full((T, 1), x) for x in extremes], dim=1)
+    pick = torch.randint(0, invalid.shape[1], (T, K), generator=gen)
+    vals = torch.where(u < case.invalid_rate, invalid.gather(1, pick),
+                       torch.where((u < case.invalid_rate + 0.1) & (n_t > 0), n_t - 1, causal))
+    # never read past topk_len: a live-looking id, so a read there changes the row
+    vals = torch.where(col < topk_len, vals, junk)
+    rows = vals.tolist()
     if case.topk_rows is not None:
         rows = [list(r) for r in case.topk_rows]
     dt = torch.int32 if case.topk_dtype == "int32" else torch.int64
