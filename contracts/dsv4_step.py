@@ -80,21 +80,21 @@ def step_entries(sub) -> dict:
     return found
 
 
-def _examples(target: Target) -> list[Dsv4StepCase]:
-    return [
-        # request 0 completes C128A row 0 at step 1 (position 127) and C4A rows at 123 and 127; request 1 has no
-        # compressed row yet and a window that is not full; odd block sizes everywhere
-        Dsv4StepCase(seed=11, contexts=(126, 2), steps=2, heads=1, window=4, swa_block_size=3, c4a_block_size=12,
-                     c128a_block_size=256, topk=3, cu_count=1, scale=0.11, sink="mixed", padded=True),
-    ]
+#: a regression case (tests/test_dsv4_step.py runs it): request 0 completes C128A row 0 at step 1 (position 127) and
+#: C4A rows at 123 and 127; request 1 has no compressed row yet and a window that is not full; odd block sizes.
+#: Not a pinned example of the contract: each case costs the interpreter seconds, and a row's budget holds one
+#: generated case (whose first draw is as rich, see fuzz.dsv4_step.step_cases)
+REGRESSION_CASE = Dsv4StepCase(seed=11, contexts=(126, 2), steps=2, heads=1, window=4, swa_block_size=3,
+                               c4a_block_size=12, c128a_block_size=256, topk=3, cu_count=1, scale=0.11, sink="mixed",
+                               padded=True)
 
 
 def _cases(target: Target):
     return fz.step_cases()
 
 
-@contract("dsv4-step-agreement", targets=ALL_TARGETS, cases=_cases, examples=_examples, min_cases=1, max_cases=1,
-          case_type=Dsv4StepCase, numeric=True)
+@contract("dsv4-step-agreement", targets=ALL_TARGETS, cases=_cases, min_cases=1, max_cases=1, case_type=Dsv4StepCase,
+          numeric=True)
 def dsv4_step_agreement(case: Dsv4StepCase, target: Target) -> list[Violation]:
     """A few decode steps of a toy DSv4 attention (SWA-only, C4A and C128A layers) agree, layer by layer and step by
     step, with a float64 reference of the same step written from SPEC.

@@ -108,21 +108,28 @@ class Dsv4StepCase(Case):
         return -(-(self.max_position + 1) // 64) * 64
 
 
+def _near_boundary(steps: int):
+    """A prefix whose steps complete a C128A row (127 - s, 255 - s), or one just completed (128, 256)."""
+    return st.sampled_from([127 - s for s in range(steps)] + [255 - s for s in range(steps)] + [128, 256])
+
+
 def _contexts(steps: int):
-    """Prefix lengths: a C128A row completed during the steps (127 - s, 255 - s), one just completed, short
-    prefixes with no compressed row (and windows not yet full), and anything up to 300."""
-    near = st.sampled_from([127 - s for s in range(steps)] + [255 - s for s in range(steps)] + [128, 256])
-    return st.one_of(near, st.integers(1, 9), st.integers(10, 300))
+    """Prefix lengths: near a C128A row boundary, short prefixes with no compressed row (and windows not yet
+    full), and anything up to 300."""
+    return st.one_of(_near_boundary(steps), st.integers(1, 9), st.integers(10, 300))
 
 
 @st.composite
 def step_cases(draw):
     """A Hypothesis strategy of :class:`Dsv4StepCase`. The simplest draw (what the ``ci`` profile tries first)
-    is already a rich case: two requests completing C4A and C128A rows during the steps, odd SWA and C128A block
-    sizes, a C4A block of 16 rows (where a reader's default indexer-K layout would be SHUFFLE)."""
+    is already a rich case: one request completing C4A and C128A rows during the steps, one with a short prefix (no
+    compressed row, a window not yet full), odd SWA and C128A block sizes, a C4A block of 16 rows (where a
+    reader's default indexer-K layout would be SHUFFLE)."""
     steps = draw(st.sampled_from([2, 3]))
     batch = draw(st.sampled_from([2, 1]))
-    contexts = tuple(draw(st.lists(_contexts(steps), min_size=batch, max_size=batch)))
+    first = draw(st.one_of(_near_boundary(steps), _contexts(steps)))
+    rest = draw(st.lists(st.one_of(st.integers(1, 9), _contexts(steps)), min_size=batch - 1, max_size=batch - 1))
+    contexts = (first, *rest)
     return Dsv4StepCase(
         seed=draw(st.integers(0, 2 ** 31 - 1)),
         contexts=contexts,

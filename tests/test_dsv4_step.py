@@ -106,7 +106,7 @@ def test_row_check_accepts_the_reference_writer_and_rejects_another_row(flavour)
 
 
 def test_case_round_trip_and_validation():
-    c = cstep._examples(None)[0]
+    c = cstep.REGRESSION_CASE
     assert Dsv4StepCase.from_json(json.loads(json.dumps(c.to_json()))) == c
     with pytest.raises(CaseError, match="c4a_block_size"):
         Dsv4StepCase.from_json({**c.to_json(), "c4a_block_size": 6})
@@ -183,3 +183,7 @@ def test_indexer_layout_mix_up_is_named(monkeypatch):
                         layers=("c4a",))
     v = cstep.dsv4_step_agreement(case, impl.targets.get_target("gfx942"))
     assert v and cstep.SHUFFLE_READING in v[0].message
+
+
+def test_regression_case_passes():
+    assert cstep.dsv4_step_agreement(cstep.REGRESSION_CASE, impl.targets.get_target("gfx942")) == []
