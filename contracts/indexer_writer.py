@@ -11,6 +11,7 @@ picks the direct writer's layout itself, and its MXFP4 kernel is CUDA PTX) gets 
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import torch
@@ -43,6 +44,12 @@ INF_KV_UNDERFLOW_BYTES = "end-to-end bytes differ where an infinite kv has an un
 REFUSAL_MISSING = "a layout that cannot hold the block size was accepted"
 REFUSAL_WRONG = "a layout that cannot hold the block size raised something other than ValueError"
 REFUSAL_WROTE = "a refused call changed the cache"
+#: a direct-writer token whose fp32 scale is one ulp from the correctly rounded max(amax, 1e-4) / DIV (a division
+#: that is not correctly rounded: Triton's fp32 `/` on NVIDIA), its codes as they follow from it
+SCALE_ULP = "token scale one fp32 ulp from the correctly rounded max(amax, 1e-4) / DIV"
+#: a direct-writer token with the reference's scale whose differing codes are neighbours with x / scale within two
+#: fp32 ulps of their rounding boundary (a quotient that is not correctly rounded)
+QUOTIENT_ULP = "codes one step apart where x / scale lies within two fp32 ulps of their rounding boundary"
 #: an fp8 token whose bytes are exactly the OCP e4m3 / 448 quantization of its row on a target whose indexer cache
 #: is FNUZ (/ 224): the flavour decides, not the arithmetic
 OTHER_FLAVOUR = "token stored as OCP e4m3 with scale / 448 where the target's indexer cache is FNUZ"
@@ -132,8 +139,35 @@ def compare_direct(case: DirectCase, target: Target) -> list[Violation]:
             codes.update(recs[:oiw.HEAD])
             if not bool(torch.isfinite(rows[t]).all()):
                 messages[t] = NONFINITE_TOKEN
+            else:
+                why = _rounding_of_division(got[recs], want[recs], rows[t], target.main_cache_fp8)
+                if why:
+                    messages[t] = why
     return storage_diff("direct writer", got, want, owner, messages,
                         nan_equal=(codes, _nan_codes(target.main_cache_fp8)))
+
+
+def _rounding_of_division(got: torch.Tensor, want: torch.Tensor, row: torch.Tensor, flavour: str) -> str | None:
+    """:data:`SCALE_ULP` or :data:`QUOTIENT_ULP` when a finite token's difference (128 codes then the scale word)
+    is only that of an fp32 division that is not correctly rounded; None otherwise (or when nothing differs)."""
+    if torch.equal(got, want):
+        return None
+    gb = int(got[oiw.HEAD:].clone().view(torch.int32)[0])
+    wb = int(want[oiw.HEAD:].clone().view(torch.int32)[0])
+    if abs(gb - wb) == 1:
+        return SCALE_ULP
+    if gb != wb:
+        return None
+    scale = float(want[oiw.HEAD:].clone().view(torch.float32)[0])
+    for j in (got[:oiw.HEAD] != want[:oiw.HEAD]).nonzero().flatten().tolist():
+        a, b = int(got[j]), int(want[j])
+        va, vb = oiw.fp8_value(a, flavour), oiw.fp8_value(b, flavour)
+        q = float(row[j]) / scale
+        ulp = math.ulp(float(torch.tensor(q, dtype=torch.float32))) * 2 ** 29  # an fp32 ulp, in float64 units
+        if not (math.isfinite(va) and math.isfinite(vb) and abs(a - b) == 1 and (a ^ b) < 0x80
+                and abs(q - (va + vb) / 2) <= 2 * ulp):
+            return None
+    return QUOTIENT_ULP
 
 
 # --- compressor -----------------------------------------------------------------------------------------------------
