@@ -325,6 +325,11 @@ def compile_once(case: CompileOnceCase, target: Target) -> list[Violation]:
     if not cap.launches:
         return out
     keys = list(dict.fromkeys(launch.key for launch in cap.launches))
+    compiled = [launch.compiled for launch in cap.launches]
+    native = before is not None and all(c is not None for c in compiled)
+    objects = list({id(c): c for c in compiled}.values()) if native else []
+    seen_natively = (f"; natively {len(objects)} compiled kernels (kernel cache {before} -> "
+                     f"{native_variants(kernel)} entries)") if native else ""
     if len(keys) > 1:
         groups = [[f"(T={T}, B={B})" for (T, B), launch in zip(case.launches, cap.launches) if launch.key == k]
                   for k in keys]
@@ -335,14 +340,11 @@ def compile_once(case: CompileOnceCase, target: Target) -> list[Violation]:
             what = (f"the {target.name} cp-gather specializes on the launch's counts: {len(keys)} compilations "
                     "for one geometry")
         out.append(Violation(what, key_differences(keys), "1 specialization",
-                             f"{len(keys)}: " + " | ".join(", ".join(gr) for gr in groups)))
-    compiled = [launch.compiled for launch in cap.launches]
-    if before is not None and all(c is not None for c in compiled):
-        objects = list({id(c): c for c in compiled}.values())
-        if len(objects) > 1:
-            out.append(Violation("Triton compiled the cp-gather more than once for one geometry", "native",
-                                 "1 compiled kernel", f"{len(objects)} (kernel cache {before} -> "
-                                 f"{native_variants(kernel)} entries)"))
+                             f"{len(keys)}: " + " | ".join(", ".join(gr) for gr in groups) + seen_natively))
+    if native:
+        if len(objects) > 1 and len(keys) == 1:
+            out.append(Violation("Triton compiled the cp-gather more than once for one geometry where the derived "
+                                 "keys are one", "native", "1 compiled kernel", seen_natively[2:]))
         by_key = [keys.index(launch.key) for launch in cap.launches]
         by_obj = [next(i for i, o in enumerate(objects) if o is c) for c in compiled]
         if not len(set(zip(by_key, by_obj))) == len(keys) == len(objects):
