@@ -34,8 +34,9 @@ readers (cp-gather, the MQA logits) take the cache as the platform's fp8 type. (
 OCP e4m3 / 448 on every platform; see .smv-findings/W.md.)
 
 Layouts: the direct writer takes ``layout`` (``None``: :func:`impl.formats.default_indexer_layout`, NORMAL when bs == 1
-and SHUFFLE otherwise, which needs bs % 16 == 0). The compressor defaults to NORMAL: the indexer exists for C4A layers
-only and C4A's indexer cache is block-flat; SHUFFLE (bs % 16 == 0) may be asked for explicitly for FP8.
+and SHUFFLE otherwise, which needs bs % 16 == 0). The compressor defaults to the ratio's layout
+(:func:`impl.prefill_assembly.indexer_k_layout_for_ratio`): NORMAL, since the indexer exists for C4A layers only and
+C4A's indexer cache is block-flat; SHUFFLE (bs % 16 == 0) may be asked for explicitly for FP8.
 
 ``intermediates`` (compressor, optional fp32 ``[T, 128]``) receives every writing token's fp32 row right before
 quantization: the normed NoPE dims and the rotated RoPE dims, before the bf16 rounding. The contract
@@ -55,6 +56,7 @@ import triton.language as tl
 from impl import formats
 from impl.cache_writers import require_kernel_device, require_tensor
 from impl.compressor import pool_window_rows
+from impl.prefill_assembly import indexer_k_layout_for_ratio
 from impl.targets import Target, get_target
 from impl.triton_helpers import bf16_round, fp8_encode_bits, load_as_f32
 
@@ -89,9 +91,12 @@ def state_row_width(ratio: int) -> int:
     return 2 * (2 if ratio == 4 else 1) * HEAD
 
 
-def compressor_layout(ratio: int, layout: "str | None" = None) -> str:
-    """The layout the compressor writes: NORMAL for C4A (block-flat) unless one is given."""
-    return "normal" if layout is None else _layout_name(layout)
+def compressor_layout(ratio: int, layout: "str | None" = None, block_size: "int | None" = None) -> str:
+    """The layout the compressor writes: the one given, else the ratio's (:func:`impl.prefill_assembly.
+    indexer_k_layout_for_ratio`: NORMAL for C4A, whose indexer cache is block-flat)."""
+    if layout is None:
+        return indexer_k_layout_for_ratio(ratio, block_size)
+    return _layout_name(layout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -394,8 +399,11 @@ def _validate_compressor(state, state_block_table, token_to_req, positions, slot
         lay_name = "normal"
         bs = _check_mxfp4_cache(cache)
     else:
-        lay_name = compressor_layout(ratio, layout)
         require_tensor("cache", cache, (torch.uint8,))
+        if cache.dim() != 3:
+            raise ValueError(f"cache: expected shape [num_blocks, block_size, {TOKEN_BYTES}], got "
+                             f"{list(cache.shape)}")
+        lay_name = compressor_layout(ratio, layout, int(cache.shape[1]) or None)
         bs = _check_indexer_cache(cache, lay_name).block_size
     require_tensor("slot_mapping", slot_mapping, (torch.int64,), dim=1)
     if intermediates is not None:
