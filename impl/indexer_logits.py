@@ -14,7 +14,8 @@ Every column of the output, up to ``max_model_len``, is written: a visible posit
 -inf (no column is left holding whatever the buffer held before).
 
 Numbers. q and the keys are e4m3 codes of the target's platform flavour (``Target.main_cache_fp8``: FNUZ on gfx942,
-OCP elsewhere), decoded from their bits by :func:`impl.triton_helpers.fp8_decode_bits` (so FNUZ runs on NVIDIA too).
+OCP elsewhere), converted by the device where it converts that flavour (natively: OCP everywhere, FNUZ on AMD) and
+decoded from their bits by :func:`impl.triton_helpers.fp8_decode_bits` otherwise (FNUZ on NVIDIA, the interpreter).
 Every fp8 value is exact in bf16, so the head dot products run as bf16 MMA with fp32 accumulation on a GPU (the
 products of two e4m3 values are exact in fp32) and in fp32 under the interpreter (:func:`impl.triton_helpers.dot`);
 the relu, the weight, the head sum and the scale are fp32. The error against exact arithmetic is therefore that of
@@ -54,7 +55,7 @@ import triton
 import triton.language as tl
 
 from impl.formats import INDEXER_HEAD_DIM, INDEXER_TOKEN_BYTES, IndexerKLayout, default_indexer_layout
-from impl.runtime import kernel_device, native_without_gpu_hint
+from impl.runtime import detect_device, kernel_device, native_without_gpu_hint, triton_mode
 from impl.targets import Target, get_target
 from impl.triton_helpers import INTERPRETER, dot, fp8_decode_bits
 from impl.validation import dtype_name, require_tensor
@@ -62,7 +63,7 @@ from impl.validation import dtype_name, require_tensor
 D = INDEXER_HEAD_DIM
 #: positions per tile (one tile of keys against all heads), and tiles per program of the paged kernel (q decoded once)
 BLOCK_KV = 64
-TILES_PER_PROGRAM = 4
+TILES_PER_PROGRAM = 8
 INT_DTYPES = (torch.int32, torch.int64)
 FP8_TORCH = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
 _NEG_INF = float("-inf")
@@ -70,6 +71,14 @@ _NEG_INF = float("-inf")
 
 def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _hw_fp8(tgt: Target) -> bool:
+    """Whether the device converts the target's fp8 flavour itself: natively, OCP everywhere and FNUZ on AMD (Triton
+    on NVIDIA refuses FNUZ); never under the interpreter (its fp8 conversions are not trusted: DESIGN numerics)."""
+    if triton_mode() != "native":
+        return False
+    return not tgt.main_cache_is_fnuz or detect_device().kind == "rocm"
 
 
 def _heads_pad(h: int) -> int:
@@ -91,12 +100,26 @@ def _mma_operand(x):
 
 
 @triton.jit
+def _fp8_operand(codes, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr):
+    """uint8 e4m3 codes -> the dot operand. With HW_FP8 (natively, where the device converts this flavour: OCP
+    everywhere, FNUZ on AMD) the hardware converts the codes to bf16; otherwise the shared decode from bits does it
+    (FNUZ on NVIDIA, the interpreter). Both are exact, NaN codes giving NaN."""
+    if HW_FP8:
+        if IS_FNUZ:
+            return codes.to(tl.float8e4b8, bitcast=True).to(tl.bfloat16)
+        else:
+            return codes.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+    else:
+        return _mma_operand(fp8_decode_bits(codes, IS_FNUZ))
+
+
+@triton.jit
 def _key_logits(k_codes, scale, q_op, w, h_ok, BLOCK_ROWS: tl.constexpr, H_PAD: tl.constexpr,
-                IS_FNUZ: tl.constexpr):
+                IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr):
     """scale[s] * sum_h w[h] * relu(k[s] . q[h]) for a [BLOCK_ROWS, 128] tile of key codes; padded heads contribute
     exactly 0 (masked after the product, so a NaN key cannot leak through a zero pad weight); the key scale
     multiplies the head sum once, after the relu (a scale of either sign gives the formula's value)."""
-    k = _mma_operand(fp8_decode_bits(k_codes, IS_FNUZ))
+    k = _fp8_operand(k_codes, IS_FNUZ, HW_FP8)
     s = dot(k, tl.trans(q_op), tl.zeros((BLOCK_ROWS, H_PAD), dtype=tl.float32))
     s = tl.where(s < 0, 0.0, s)  # relu that keeps NaN
     p = s * w[None, :]
@@ -105,12 +128,13 @@ def _key_logits(k_codes, scale, q_op, w, h_ok, BLOCK_ROWS: tl.constexpr, H_PAD: 
 
 
 @triton.jit
-def _load_q_heads(q_row, stride_qh, NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, IS_FNUZ: tl.constexpr):
+def _load_q_heads(q_row, stride_qh, NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, IS_FNUZ: tl.constexpr,
+                  HW_FP8: tl.constexpr):
     h = tl.arange(0, H_PAD)
     d = tl.arange(0, 128)
     h_ok = h < NUM_HEADS
     codes = tl.load(q_row + h[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0)
-    return _mma_operand(fp8_decode_bits(codes, IS_FNUZ)), h_ok
+    return _fp8_operand(codes, IS_FNUZ, HW_FP8), h_ok
 
 
 @triton.jit
@@ -122,7 +146,8 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
                              out_ptr, stride_out, max_model_len,
                              NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, NEXT_N: tl.constexpr,
                              BLOCK: tl.constexpr, TILES: tl.constexpr, CTX_PER_ROW: tl.constexpr,
-                             SHUFFLE: tl.constexpr, IS_FNUZ: tl.constexpr):
+                             SHUFFLE: tl.constexpr, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr,
+                             NUM_STAGES: tl.constexpr):
     """Grid ``(B * next_n, cdiv(max_model_len, BLOCK * TILES))``: program (row, chunk) writes columns
     [chunk*TILES*BLOCK, (chunk+1)*TILES*BLOCK) of output row ``row`` = b * next_n + j, one BLOCK-wide tile of keys
     against all heads at a time (q is decoded once per program and reused by its TILES tiles).
@@ -150,10 +175,10 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
             tl.store(out_row + pos, tl.full((BLOCK,), float("-inf"), tl.float32), mask=pos < max_model_len)
     else:
         q_op, h_ok = _load_q_heads(q_ptr + b.to(tl.int64) * stride_qb + j * stride_qn, stride_qh,
-                                   NUM_HEADS, H_PAD, IS_FNUZ)
+                                   NUM_HEADS, H_PAD, IS_FNUZ, HW_FP8)
         w = tl.load(w_ptr + row.to(tl.int64) * stride_w + tl.arange(0, H_PAD), mask=h_ok, other=0.0)
         d = tl.arange(0, 128)
-        for t in tl.static_range(TILES):
+        for t in tl.range(0, TILES, num_stages=NUM_STAGES):
             pos = first + t * BLOCK + tl.arange(0, BLOCK)
             in_row = pos < max_model_len
             live = pos < visible
@@ -172,7 +197,7 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
             sbits = sbits | (tl.load(sp + 2, mask=live, other=0).to(tl.int32) << 16)
             sbits = sbits | (tl.load(sp + 3, mask=live, other=0).to(tl.int32) << 24)
             scale = sbits.to(tl.float32, bitcast=True)
-            logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ)
+            logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ, HW_FP8)
             tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
 
 
@@ -183,7 +208,7 @@ def _mqa_logits_kernel(q_ptr, stride_qt, stride_qh,
                        row_start_ptr, row_end_ptr,
                        out_ptr, stride_out, num_keys,
                        NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, BLOCK: tl.constexpr,
-                       IS_FNUZ: tl.constexpr):
+                       IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr):
     """Grid ``(T, cdiv(S, BLOCK))``: program (t, tile) writes columns [tile*BLOCK, (tile+1)*BLOCK) of row t.
 
     Layout: q codes [T, H, 128], key codes [S, 128] (lane stride 1), fp32 key scales [S], weights [T, H].
@@ -201,12 +226,13 @@ def _mqa_logits_kernel(q_ptr, stride_qt, stride_qh,
         tl.store(out_row + pos, tl.full((BLOCK,), float("-inf"), tl.float32), mask=in_row)
     else:
         live = (pos >= ks) & (pos < ke)
-        q_op, h_ok = _load_q_heads(q_ptr + t.to(tl.int64) * stride_qt, stride_qh, NUM_HEADS, H_PAD, IS_FNUZ)
+        q_op, h_ok = _load_q_heads(q_ptr + t.to(tl.int64) * stride_qt, stride_qh, NUM_HEADS, H_PAD, IS_FNUZ,
+                                   HW_FP8)
         w = tl.load(w_ptr + t.to(tl.int64) * stride_w + tl.arange(0, H_PAD), mask=h_ok, other=0.0)
         d = tl.arange(0, 128)
         codes = tl.load(k_ptr + pos.to(tl.int64)[:, None] * stride_k + d[None, :], mask=live[:, None], other=0)
         scale = tl.load(ks_scale_ptr + pos.to(tl.int64) * stride_kscale, mask=live, other=0.0)
-        logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ)
+        logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ, HW_FP8)
         tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
 
 
@@ -423,7 +449,8 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_m
         block_tables, block_tables.stride(0),
         out, out.stride(0), max_model_len,
         NUM_HEADS=H, H_PAD=_heads_pad(H), NEXT_N=next_n, BLOCK=block, TILES=tiles, CTX_PER_ROW=per_row,
-        SHUFFLE=lay.layout == "shuffle", IS_FNUZ=tgt.main_cache_is_fnuz, num_warps=4,
+        SHUFFLE=lay.layout == "shuffle", IS_FNUZ=tgt.main_cache_is_fnuz, HW_FP8=_hw_fp8(tgt),
+        NUM_STAGES=2, num_warps=4,
     )
     return out
 
@@ -448,7 +475,8 @@ def fp8_mqa_logits(q, k_fp8, k_scale, weights, ks, ke, *, out=None, target=None)
         weights, weights.stride(0),
         ks, ke,
         out, out.stride(0), S,
-        NUM_HEADS=H, H_PAD=_heads_pad(H), BLOCK=block, IS_FNUZ=tgt.main_cache_is_fnuz, num_warps=4,
+        NUM_HEADS=H, H_PAD=_heads_pad(H), BLOCK=block, IS_FNUZ=tgt.main_cache_is_fnuz, HW_FP8=_hw_fp8(tgt),
+        num_warps=4,
     )
     return out
 
