@@ -153,7 +153,8 @@ def _combine_violations(case: fz.AssemblyCase, ch: fz.ChunkInputs, ci: int, fam,
         col = int(diff[t].nonzero()[0])
         lo = max(col - 3, 0)
         hi = min(max(col + 6, lens[t]), W, lo + 16)
-        v.append(Violation(f"combined row differs from the oracle first at its {_describe_column(col, topk_len, lens[t])}",
+        part = _describe_column(col, topk_len, lens[t])
+        v.append(Violation(f"combined row differs from the oracle first at its {part}",
                            f"{where}, request {ch.start + b} (seq {ch.seqs[b]}, gather {ch.gathers[b]}), position "
                            f"{pos}, columns {lo}..{hi - 1}", fmt(want[t, lo:hi].tolist(), 240),
                            fmt(g[t, lo:hi].tolist(), 240)))
@@ -177,19 +178,20 @@ def prefill_assembly_oracle(case: fz.AssemblyCase, target: Target) -> list[Viola
     """The DSv4 prefill assembly equals SPEC's loop oracles exactly.
 
     Chunk plan (``plan_prefill_chunks``): equal to ``oracles.prefill_assembly.ref_plan_chunks`` - each chunk the
-    longest run of requests whose area (count * (max(seq // ratio) + max(q_len + min(prefix, window - 1))))
-    stays within 4 * (ceil(max_model_len / ratio) + window + max_num_batched_tokens), N = max(seq // ratio) (0 for
+    longest run of requests whose area (count * (max(seq // ratio) + max(q_len + min(prefix, window - 1)))) stays
+    within 4 * (ceil(max_model_len / ratio) + window + max_num_batched_tokens), N = max(seq // ratio) (0 for
     SWA-only), M = N + max(gather) - and, named apart, chunks that cover the requests in order and stay within the
-    budget (a case with a wrong plan reports only that). Combined rows (``combine_topk_swa_indices``, run per chunk of the oracle's plan with the exact,
-    possibly replay-shortened gathers): every entry equal to ``ref_combined_rows`` (vLLM 0.33.0's rules: top-k ids
-    kept only in [0, N), the window starting no earlier than the first gathered token), the -1 padding to a
-    multiple of 128 included; lengths topk_len + swa_len; int32; every entry -1 or in [0, chunk * M). Pinned: the
-    older upstream table (ratio 2, window 3, M 20, N 8) restated under 0.33.0's rules, the same layout with full
-    gathers (where the old table's formula and 0.33.0 agree), a chunk area equal to the budget, a fifth request
-    crossing it, SWA-only with window 128, C128A. Cases: C4A, C128A and SWA-only layers; prefixes longer and shorter
-    than the window, q_len 1; invalid top-k ids (-1, -2, N, N + 1, M, INT32 extremes) and live-looking ids past
-    each row's topk_len; int32/int64, 2-D/3-D, padded and column-major top-k; query_start_loc not starting at 0.
-    Inputs are left unchanged. Sources: SPEC 3 (DSv4 assembly), SPEC 9 (chunk plan), upstream's combine tests."""
+    budget (a case with a wrong plan reports only that). Combined rows (``combine_topk_swa_indices``, run per chunk
+    of the oracle's plan with the exact, possibly replay-shortened gathers): every entry equal to
+    ``ref_combined_rows`` (vLLM 0.33.0's rules: top-k ids kept only in [0, N), the window starting no earlier than
+    the first gathered token), the -1 padding to a multiple of 128 included; lengths topk_len + swa_len; int32;
+    every entry -1 or in [0, chunk * M). Pinned: the older upstream table (ratio 2, window 3, M 20, N 8) restated
+    under 0.33.0's rules, the same layout with full gathers (where the old table's formula and 0.33.0 agree), a
+    chunk area equal to the budget, a fifth request crossing it, SWA-only with window 128, C128A. Cases (generated:
+    chunks crossing the budget, chunks exactly at it): C4A, C128A and SWA-only layers; prefixes longer and shorter
+    than the window, q_len 1; invalid top-k ids (-1, -2, N, N + 1, M, INT32 extremes) and live-looking ids past each
+    row's topk_len; int32/int64, 2-D/3-D, padded and column-major top-k; query_start_loc not starting at 0. Inputs
+    are left unchanged. Sources: SPEC 3 (DSv4 assembly), SPEC 9 (chunk plan), upstream's combine tests."""
     fam = bound(target).prefill_assembly
     v: list[Violation] = []
     if case.workspace is None:

@@ -77,10 +77,11 @@ class PrefillCase(Case):
     ``skv`` kv rows (some dead: NaN) laid out as ``kv_layout``; per row ``lens`` entries, each invalid with
     probability ``invalid_rate`` (``int32_extremes``: INT32_MIN/MAX among the invalid ones). ``mode`` "dense":
     ``width`` entries per row, with ``topk_length`` when ``topk_given`` (``topk_quirks``: lengths past the width,
-    always for a full first row, and negative ones), 3-D indices when ``dense_3d``; "ragged": ``indptr_offset`` junk entries before the first row and
-    ``tail_junk`` after the last. A sink of kind ``sink``; q as ``q_layout``; out ``out_width`` wide ("nope": the
-    NoPE lanes only), inside a wider NaN buffer when ``out_padded``, of dtype ``out_dtype`` (None: q's); q and kv
-    values scaled by ``magnitude`` (small enough for an fp16 out to hold every output)."""
+    always for a full first row, and negative ones), 3-D indices when ``dense_3d``; "ragged": ``indptr_offset`` junk
+    entries before the first row and ``tail_junk`` after the last. A sink of kind ``sink``; q as ``q_layout``; out
+    ``out_width`` wide ("nope": the NoPE lanes only), inside a wider NaN buffer when ``out_padded``, of dtype
+    ``out_dtype`` (None: q's); q and kv values scaled by ``magnitude`` (small enough for an fp16 out to hold every
+    output)."""
 
     KIND = "prefill"
     seed: int

@@ -171,7 +171,8 @@ def assembly_cases():
         cuts = draw(st.lists(st.sampled_from([0, 0, 0, 1, 2, 5, 1000]), min_size=len(seqs), max_size=len(seqs)))
         return AssemblyCase(
             seed=draw(st.integers(0, 2 ** 31 - 1)), ratio=ratio, topk=topk,
-            topk_extra=draw(st.sampled_from([0, 3] if topk else [3, 1])), window=window, seq_lens=tuple(seqs), query_lens=tuple(qs),
+            topk_extra=draw(st.sampled_from([0, 3] if topk else [3, 1])), window=window, seq_lens=tuple(seqs),
+            query_lens=tuple(qs),
             replay_cut=tuple(cuts), max_model_len=mml, max_num_batched_tokens=mnbt,
             invalid_rate=draw(st.sampled_from([0.2, 0.0, 0.5])), int32_extremes=draw(st.booleans()),
             topk_dtype=draw(st.sampled_from(["int32", "int64"])), topk_3d=draw(st.booleans()),

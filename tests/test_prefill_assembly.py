@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-import impl  # noqa: F401
+import impl  # noqa: F401  (the Triton mode first)
 from contracts import prefill_assembly as cpa
 from fuzz import prefill_assembly as fz
 from fuzz.cases import CaseError
