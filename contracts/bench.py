@@ -506,6 +506,7 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
         if host_bound:
             lines.append("! the host took longer to queue the call than the L2 flush before it ran on the GPU: that "
                          "time includes launch overhead (host_launch_seconds in the JSON)")
+    lines.extend(_indexer_lines(rows, before))
     meta = [r for r in rows if r["kind"] == "metadata"]
     if meta:
         lines.append(f"metadata build() on the host, target {meta[0].get('target', '?')}, steady decode, topk 2048")
@@ -525,6 +526,43 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
     if not lines:
         lines.append("no benchmark results (every selected benchmark was skipped)")
     return "\n".join(lines)
+
+
+def _indexer_lines(rows, before: dict) -> list[str]:
+    """The indexer path's rows (bench_indexer.py): the cp-gather against the copy ceiling and torch indexing, the
+    paged logits against the torch reference, each subject beside ours for the same shape and layout."""
+    idx = [r for r in rows if r["kind"] in ("gather", "logits")]
+    if not idx:
+        return []
+
+    def shape(r):
+        if r["kind"] == "gather":
+            return f"gather {r.get('tokens')} tok bs {r.get('block_size')}"
+        return f"logits B{r.get('requests')} H{r.get('heads')} ctx {r.get('context')}"
+
+    ours_t = {(r["kind"], shape(r), r.get("layout")): r["seconds"] for r in idx if not r.get("subject")}
+    subj = any(r.get("subject") for r in idx)
+    head = (f"{'indexer path':<30} {'layout':<8} {'implementation':<24} {'time us':>9} {'GB/s':>8} {'%copy':>6} "
+            f"{'vs torch':>8}" + (f" {'ours/subj':>9}" if subj else "") + (f" {'vs before':>10}" if before else ""))
+    out = [head]
+    for r in sorted(idx, key=lambda r: (r["kind"], shape(r), str(r.get("layout")), 1 if r.get("subject") else 0,
+                                        r["family"])):
+        t = r["seconds"]
+        label = f"{r['subject']} {r['family']}" if r.get("subject") else f"triton {r['family']}"
+        if not t:
+            out.append(f"{shape(r):<30} {str(r.get('layout')):<8} {label:<24} {'not timed':>9}")
+            continue
+        vs = f"{r['ratio_to_torch']:>7.2f}x" if r.get("ratio_to_torch") else f"{'-':>8}"
+        line = (f"{shape(r):<30} {str(r.get('layout')):<8} {label:<24} {t * 1e6:>9.1f} {r['bytes'] / t / 1e9:>8.0f} "
+                f"{_pct(r.get('fraction_of_copy_ceiling'))} {vs}")
+        if subj:
+            o = ours_t.get((r["kind"], shape(r), r.get("layout"))) if r.get("subject") else None
+            line += f" {t / o:>8.2f}x" if o else f" {'':>9}"  # > 1: ours is faster than the subject's
+        if before:
+            b = before.get(r["fullname"])
+            line += f" {t / b:>9.2f}x" if b else f" {'-':>10}"
+        out.append(line)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------

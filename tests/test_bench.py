@@ -413,7 +413,7 @@ def test_run_builds_the_pytest_command_and_prints_the_table(pytester, monkeypatc
     cmd = fake.cmd
     assert cmd[:3] == [sys.executable, "-m", "pytest"]
     files = [Path(c) for c in cmd if c.endswith(".py") and not c.startswith("-")]
-    assert {f.name for f in files} == {"bench_decode.py", "bench_metadata.py"} and all(f.is_file() for f in files)
+    assert {f.name for f in files} == {"bench_decode.py", "bench_indexer.py", "bench_metadata.py"} and all(f.is_file() for f in files)
     assert f"--benchmark-json={out.resolve()}" in cmd and f"--benchmark-compare={Path(src).resolve()}" in cmd
     assert cmd[cmd.index("-k") + 1] == "decode" and Path(fake.cwd) == ROOT
     assert out.is_file() and "vs bench.json" in text and "torch gather + SDPA" in text
@@ -636,3 +636,26 @@ def test_table_gives_each_subject_row_its_time_over_ours():
     row = _line(table, "vllm==0.33.0 gfx950")
     assert row.split()[-1] == "1.50x"  # the subject's 3 us over our 2 us
     assert _line(table, "triton gfx950").rstrip().endswith("x") is False or "1.50x" not in _line(table, "triton gfx950")
+
+
+def test_table_shows_the_indexer_path_beside_torch_the_copy_ceiling_and_the_subject():
+    def b(name, seconds, **info):
+        base = {"smv_bench": bench.EXTRA_INFO_VERSION, "bytes": 4_000_000, "flops": 0,
+                "copy_ceiling_bytes_per_s": 4e12}
+        base.update(info)
+        return {"name": name, "fullname": name, "stats": {"median": seconds}, "extra_info": base}
+
+    gather = dict(kind="gather", tokens=65536, block_size=64, layout="normal")
+    logits = dict(kind="logits", requests=64, heads=64, context=8192, layout="normal")
+    doc = {"benchmarks": [
+        b("test_gather[t65536-normal]", 2e-6, family="gfx950", fraction_of_copy_ceiling=0.5, ratio_to_torch=4.0,
+          **gather),
+        b("test_logits[normal]", 60e-6, family="paged", ratio_to_torch=16.0, **logits),
+        b("test_logits_subject[normal]", 30e-6, family="paged", subject="vllm==0.33.0", **logits)]}
+    lines = bench.format_table(doc).splitlines()
+    assert any(line.startswith("indexer path") and "ours/subj" in line for line in lines)
+    g = _line("\n".join(lines), "gather 65536 tok bs 64")
+    assert "triton gfx950" in g and " 50.0%" in g and "4.00x" in g and "2000" in g  # 4 MB in 2 us
+    sub = _line("\n".join(lines), "vllm==0.33.0 paged")
+    assert sub.split()[-1] == "0.50x"  # the subject's 30 us over our 60 us: ours is slower
+    assert "16.00x" in _line("\n".join(lines), "triton paged")
