@@ -311,7 +311,7 @@ def _extents_examples(target: Target) -> list[MetadataCase]:
 
 
 @contract("cache-key-staleness", targets=AMD_TARGETS,
-          cases=lambda target: st.one_of(metadata_case(), burst_case(), key_pair_case()),
+          cases=lambda target: st.one_of(key_pair_case(), metadata_case(), key_pair_case(), burst_case()),
           examples=_staleness_examples, skip_reason=_SKIP, case_type=MetadataCase, numeric=True)
 def cache_key_staleness(case: MetadataCase, target: Target) -> list[Violation]:
     """Whenever the sparse metadata builder reuses its cached work partition, the partition equals a fresh
