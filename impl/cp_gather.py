@@ -15,7 +15,7 @@ block_table[b, o // bs]. What a token gets when that chain breaks (the same for 
 * a valid token with an **invalid block** (o // bs >= W, or a table entry outside [0, nb)): its ``k_scale`` row
   becomes four zero bytes (fp32 +0.0) and its ``k_fp8`` row keeps what it held (SPEC 5: "an invalid block stores
   scale 0"; upstream stores the scale and masks the data). A zero scale is what makes the logits of such a row 0;
-  the stale fp8 bytes beside it are the caller's buffer (``.smv-findings/G.md`` notes what a NaN code there does).
+  the stale fp8 bytes beside it are the caller's buffer (FINDINGS.md, "cp-gather: observed", says what a NaN code there does).
 
 Both variants mask every one of these cases; they differ in what Triton specializes, i.e. in how often they
 compile (``target.cp_gather_variant``, SPEC 5 / seed 004 item 4):

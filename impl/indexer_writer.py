@@ -31,7 +31,7 @@ block is NaN, OCP MX 1.0) and zero nibbles; +-inf saturates (code 254, nibble 6,
 
 Fp8 flavour: the target's platform fp8 (``target.main_cache_fp8``, FNUZ on gfx942), for both writers: the indexer-K
 readers (cp-gather, the MQA logits) take the cache as the platform's fp8 type. (Upstream's head-128 compressor writes
-OCP e4m3 / 448 on every platform; see .smv-findings/W.md.)
+OCP e4m3 / 448 on every platform; see FINDINGS.md IW2.)
 
 Layouts: the direct writer takes ``layout`` (``None``: :func:`impl.formats.default_indexer_layout`, NORMAL when bs == 1
 and SHUFFLE otherwise, which needs bs % 16 == 0). The compressor defaults to the ratio's layout

@@ -66,7 +66,7 @@ def test_upstreams_gfx950_kernel_compiles_once_and_its_legacy_kernel_per_count_c
 
 
 def test_uc1_upstreams_gfx950_kernel_compiles_once_per_alignment_of_a_sliced_block_table(vllm_subject):
-    # .smv-findings/G.md UC1: rows [i, i + B) of one 7-wide int32 table start 28 bytes apart
+    # FINDINGS.md UC1: rows [i, i + B) of one 7-wide int32 table start 28 bytes apart
     sliced = fg.compile_once_examples()[1]
     assert sliced.table_rows and sliced.table_width * 4 % 16
     with using(vllm_subject):

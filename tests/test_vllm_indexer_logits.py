@@ -1,7 +1,7 @@
 """The vllm subject's indexer-logits adapter: upstream's paged logits (the Triton kernel for a C4A cache on gfx9, the
 torch reference everywhere else, AITER being absent) and prefill logits run upstream's own code (a bug planted
 into a copy of the tree changes the answer); each upstream difference the contract finds has its own stable
-message (UL1..UL6 in .smv-findings/L.md); the top-k is missing, named with its reason, and the logits are judged
+message (UL1..UL6 in FINDINGS.md); the top-k is missing, named with its reason, and the logits are judged
 without it."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The vllm subject's indexer-K writers (adapters/indexer_writer.py): upstream's direct writer and head-128 compressor
 run behind our signature (a bug planted into a copy of the tree changes the answer), ``indexer-writer-exact`` judges
-them with stable messages (.smv-findings/W.md: IW1 SHUFFLE at an odd block size, IW2 OCP on gfx942, IW3/IW4 the
+them with stable messages (FINDINGS.md: IW1 SHUFFLE at an odd block size, IW2 OCP on gfx942, IW3/IW4 the
 non-finite rules), and what upstream lacks (MXFP4, layouts it cannot be asked for, MX_SCALE) is never drawn."""
 from __future__ import annotations
 

@@ -298,9 +298,9 @@ def test_copy_ceiling(gpu_benchmark, refs, device, flush):
 
 
 # =====================================================================================================================
-# INDEXER LOGITS (fp8_mqa_logits / fp8_paged_mqa_logits vs the torch reference): engineer L's section.
-# Add the logits workload and its benchmarks here, measured in the same run as the gather above (same fixtures:
-# ``device``, ``flush``, ``refs``, ``gpu_benchmark``), with kind="logits" in extra_info.
+# INDEXER LOGITS (fp8_mqa_logits / fp8_paged_mqa_logits vs the torch reference).
+# Measured in the same run as the gather above (same fixtures: ``device``, ``flush``, ``refs``, ``gpu_benchmark``),
+# with kind="logits" in extra_info.
 # =====================================================================================================================
 
 #: the decode indexer at a realistic size: 64 requests, one query row each, 64 heads, 8192 visible keys of 64-token
