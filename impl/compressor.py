@@ -266,13 +266,15 @@ def _compress_finalize_kernel(
 # Host API
 # ---------------------------------------------------------------------------------------------------------------
 
-def _validate(state, state_block_table, token_to_req, positions, slot_mapping, norm_weight, cos_sin_cache, cache,
-              ratio, eps, intermediates):
-    if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio not in SUPPORTED_RATIOS:
-        raise ValueError(f"ratio: expected one of {SUPPORTED_RATIOS} (C4A / C128A), got {ratio!r}")
+def check_window_inputs(state, state_block_table, token_to_req, positions, norm_weight, cos_sin_cache, *, ratio,
+                        eps, head: int, width: int, ratios: tuple, ratio_words: str) -> int:
+    """The compressor inputs every head size shares (the state of ``width``-float rows and its table, positions,
+    requests, the norm weight of ``head`` lanes, the cos/sin table), checked before any launch; returns the token
+    count."""
+    if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio not in ratios:
+        raise ValueError(f"ratio: expected one of {ratios} ({ratio_words}), got {ratio!r}")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps: expected a finite float >= 0, got {eps!r}")
-    width = state_row_width(ratio)
     require_tensor("state", state, (torch.float32,), dim=3)
     if state.shape[2] != width or state.stride(2) != 1:
         raise ValueError(f"state: expected [num_state_blocks, state_block_size, {width}] with contiguous rows for "
@@ -288,32 +290,29 @@ def _validate(state, state_block_table, token_to_req, positions, slot_mapping, n
     if token_to_req.shape[0] != T:
         raise ValueError(f"token_to_req: expected {T} entries (one per token), got {token_to_req.shape[0]}")
     require_tensor("norm_weight", norm_weight, (torch.float32, torch.bfloat16), dim=1)
-    if norm_weight.shape[0] != HEAD or norm_weight.stride(0) != 1:
-        raise ValueError(f"norm_weight: expected a contiguous [{HEAD}] vector, got {list(norm_weight.shape)}")
+    if norm_weight.shape[0] != head or norm_weight.stride(0) != 1:
+        raise ValueError(f"norm_weight: expected a contiguous [{head}] vector, got {list(norm_weight.shape)}")
     require_tensor("cos_sin_cache", cos_sin_cache, (torch.float32,), dim=2)
     if cos_sin_cache.shape[1] != formats.DSV4_ROPE_DIM or cos_sin_cache.stride(1) != 1:
         raise ValueError(f"cos_sin_cache: expected [max_pos, {formats.DSV4_ROPE_DIM}] (cos 0:32, sin 32:64) with "
                          f"contiguous rows, got {list(cos_sin_cache.shape)}")
-    layout = check_cache(cache)
-    require_tensor("slot_mapping", slot_mapping, (torch.int64,), dim=1)
+    return T
+
+
+def check_intermediates_and_devices(T: int, head: int, intermediates, **tensors) -> None:
+    """``intermediates`` (optional) is a contiguous fp32 ``[T, head]``; every tensor is on the kernel device."""
     if intermediates is not None:
         require_tensor("intermediates", intermediates, (torch.float32,), dim=2)
-        if tuple(intermediates.shape) != (T, HEAD) or not intermediates.is_contiguous():
-            raise ValueError(f"intermediates: expected a contiguous [{T}, {HEAD}] tensor, got "
+        if tuple(intermediates.shape) != (T, head) or not intermediates.is_contiguous():
+            raise ValueError(f"intermediates: expected a contiguous [{T}, {head}] tensor, got "
                              f"{list(intermediates.shape)}")
-    tensors = dict(state=state, state_block_table=state_block_table, token_to_req=token_to_req,
-                   positions=positions, slot_mapping=slot_mapping, norm_weight=norm_weight,
-                   cos_sin_cache=cos_sin_cache, cache=cache)
-    if intermediates is not None:
         tensors["intermediates"] = intermediates
     require_kernel_device(**tensors)
 
-    pos = positions.detach().cpu()
-    if T and int(pos.min()) < 0:
-        raise ValueError(f"positions: expected >= 0, got {int(pos.min())}")
-    slots = slot_mapping.detach().cpu()
-    writes = ((slots >= 0) & ((pos + 1) % ratio == 0)).tolist() if T else []
-    check_slot_mapping(slot_mapping, T, cache.shape[0] * layout.block_size, writes=writes)
+
+def check_window_tables(state, state_block_table, token_to_req, cos_sin_cache, pos, writes, ratio: int) -> None:
+    """For every writing token (host copies ``pos`` and ``writes``): its request is a row of the state block table,
+    its RoPE row is in the cos/sin table, and its pooling window maps through columns and blocks that exist."""
     reqs = token_to_req.detach().cpu().to(torch.int64)
     table = state_block_table.detach().cpu().to(torch.int64)
     R = window_rows(ratio)
@@ -333,6 +332,26 @@ def _validate(state, state_block_table, token_to_req, positions, slot_mapping, n
         if bool(((ids < 0) | (ids >= state.shape[0])).any()):
             raise ValueError(f"state_block_table: request {r} maps its window to blocks {ids.tolist()}, expected ids "
                              f"in [0, {state.shape[0]})")
+
+
+def _validate(state, state_block_table, token_to_req, positions, slot_mapping, norm_weight, cos_sin_cache, cache,
+              ratio, eps, intermediates):
+    T = check_window_inputs(state, state_block_table, token_to_req, positions, norm_weight, cos_sin_cache,
+                            ratio=ratio, eps=eps, head=HEAD, width=state_row_width(ratio) if ratio in SUPPORTED_RATIOS else 0,
+                            ratios=SUPPORTED_RATIOS, ratio_words="C4A / C128A")
+    layout = check_cache(cache)
+    require_tensor("slot_mapping", slot_mapping, (torch.int64,), dim=1)
+    check_intermediates_and_devices(T, HEAD, intermediates, state=state, state_block_table=state_block_table,
+                                    token_to_req=token_to_req, positions=positions, slot_mapping=slot_mapping,
+                                    norm_weight=norm_weight, cos_sin_cache=cos_sin_cache, cache=cache)
+
+    pos = positions.detach().cpu()
+    if T and int(pos.min()) < 0:
+        raise ValueError(f"positions: expected >= 0, got {int(pos.min())}")
+    slots = slot_mapping.detach().cpu()
+    writes = ((slots >= 0) & ((pos + 1) % ratio == 0)).tolist() if T else []
+    check_slot_mapping(slot_mapping, T, cache.shape[0] * layout.block_size, writes=writes)
+    check_window_tables(state, state_block_table, token_to_req, cos_sin_cache, pos, writes, ratio)
     return layout
 
 

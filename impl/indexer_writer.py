@@ -47,7 +47,6 @@ Bad input raises ValueError/TypeError naming the argument before any kernel runs
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import triton
@@ -55,7 +54,8 @@ import triton.language as tl
 
 from impl import formats
 from impl.cache_writers import require_kernel_device, require_tensor
-from impl.compressor import pool_window_rows
+from impl.compressor import (check_intermediates_and_devices, check_window_inputs, check_window_tables,
+                             pool_window_rows)
 from impl.prefill_assembly import indexer_k_layout_for_ratio
 from impl.targets import Target, get_target
 from impl.triton_helpers import bf16_round, fp8_encode_bits, load_as_f32
@@ -361,38 +361,16 @@ def indexer_k_quant_and_cache(k: torch.Tensor, cache: torch.Tensor, slot_mapping
 
 def _validate_compressor(state, state_block_table, token_to_req, positions, slot_mapping, norm_weight,
                          cos_sin_cache, cache, ratio, eps, kv_format, layout, mx_scale, intermediates):
-    if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio not in SUPPORTED_RATIOS:
-        raise ValueError(f"ratio: expected one of {SUPPORTED_RATIOS} (the indexer is C4A's), got {ratio!r}")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps: expected a finite float >= 0, got {eps!r}")
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format: expected one of {KV_FORMATS}, got {kv_format!r}")
     if not isinstance(mx_scale, bool):
         raise TypeError(f"mx_scale: expected a bool, got {type(mx_scale).__name__}")
     if kv_format == "mxfp4" and mx_scale:
         raise ValueError("mx_scale: only for the fp8 cache (MXFP4 always stores UE8M0 codes)")
-    width = state_row_width(ratio)
-    require_tensor("state", state, (torch.float32,), dim=3)
-    if state.shape[2] != width or state.stride(2) != 1:
-        raise ValueError(f"state: expected [num_state_blocks, state_block_size, {width}] with contiguous rows for "
-                         f"ratio {ratio}, got shape {list(state.shape)} strides {list(state.stride())}")
-    if state.shape[0] < 1 or state.shape[1] < 1:
-        raise ValueError(f"state: expected at least one block of at least one row, got {list(state.shape)}")
-    require_tensor("state_block_table", state_block_table, (torch.int32, torch.int64), dim=2)
-    if state_block_table.shape[1] and state_block_table.stride(1) != 1:
-        raise ValueError("state_block_table: rows must be contiguous")
-    require_tensor("positions", positions, (torch.int64,), dim=1)
-    T = positions.shape[0]
-    require_tensor("token_to_req", token_to_req, (torch.int32, torch.int64), dim=1)
-    if token_to_req.shape[0] != T:
-        raise ValueError(f"token_to_req: expected {T} entries (one per token), got {token_to_req.shape[0]}")
-    require_tensor("norm_weight", norm_weight, (torch.float32, torch.bfloat16), dim=1)
-    if norm_weight.shape[0] != HEAD or norm_weight.stride(0) != 1:
-        raise ValueError(f"norm_weight: expected a contiguous [{HEAD}] vector, got {list(norm_weight.shape)}")
-    require_tensor("cos_sin_cache", cos_sin_cache, (torch.float32,), dim=2)
-    if cos_sin_cache.shape[1] != ROPE or cos_sin_cache.stride(1) != 1:
-        raise ValueError(f"cos_sin_cache: expected [max_pos, {ROPE}] (cos 0:32, sin 32:64) with contiguous rows, "
-                         f"got {list(cos_sin_cache.shape)}")
+    T = check_window_inputs(state, state_block_table, token_to_req, positions, norm_weight, cos_sin_cache,
+                            ratio=ratio, eps=eps, head=HEAD,
+                            width=state_row_width(ratio) if ratio in SUPPORTED_RATIOS else 0,
+                            ratios=SUPPORTED_RATIOS, ratio_words="the indexer is C4A's")
     if kv_format == "mxfp4":
         if layout is not None and _layout_name(layout) != "normal":
             raise ValueError(f"layout: the MXFP4 indexer cache is token-major ('normal'), got {layout!r}")
@@ -406,17 +384,9 @@ def _validate_compressor(state, state_block_table, token_to_req, positions, slot
         lay_name = compressor_layout(ratio, layout, int(cache.shape[1]) or None)
         bs = _check_indexer_cache(cache, lay_name).block_size
     require_tensor("slot_mapping", slot_mapping, (torch.int64,), dim=1)
-    if intermediates is not None:
-        require_tensor("intermediates", intermediates, (torch.float32,), dim=2)
-        if tuple(intermediates.shape) != (T, HEAD) or not intermediates.is_contiguous():
-            raise ValueError(f"intermediates: expected a contiguous [{T}, {HEAD}] tensor, got "
-                             f"{list(intermediates.shape)}")
-    tensors = dict(state=state, state_block_table=state_block_table, token_to_req=token_to_req,
-                   positions=positions, slot_mapping=slot_mapping, norm_weight=norm_weight,
-                   cos_sin_cache=cos_sin_cache, cache=cache)
-    if intermediates is not None:
-        tensors["intermediates"] = intermediates
-    require_kernel_device(**tensors)
+    check_intermediates_and_devices(T, HEAD, intermediates, state=state, state_block_table=state_block_table,
+                                    token_to_req=token_to_req, positions=positions, slot_mapping=slot_mapping,
+                                    norm_weight=norm_weight, cos_sin_cache=cos_sin_cache, cache=cache)
 
     pos = positions.detach().cpu()
     if T and int(pos.min()) < 0:
@@ -426,25 +396,7 @@ def _validate_compressor(state, state_block_table, token_to_req, positions, slot
     slots = slot_mapping.detach().cpu()
     writes = ((slots >= 0) & ((pos + 1) % ratio == 0)).tolist() if T else []
     check_indexer_slots(slot_mapping, T, cache.shape[0] * bs, writes=writes)
-    reqs = token_to_req.detach().cpu().to(torch.int64)
-    table = state_block_table.detach().cpu().to(torch.int64)
-    R = window_rows(ratio)
-    sbs = state.shape[1]
-    for t in [i for i, w in enumerate(writes) if w]:
-        r, p = int(reqs[t]), int(pos[t])
-        if not 0 <= r < table.shape[0]:
-            raise ValueError(f"token_to_req: token {t} names request {r}, outside [0, {table.shape[0]})")
-        rope_row = (p // ratio) * ratio
-        if rope_row >= cos_sin_cache.shape[0]:
-            raise ValueError(f"cos_sin_cache: token {t} needs row {rope_row}, the table has {cos_sin_cache.shape[0]}")
-        cols = sorted({q // sbs for q in range(max(p - R + 1, 0), p + 1)})
-        if cols[-1] >= table.shape[1]:
-            raise ValueError(f"state_block_table: token {t} (position {p}) needs column {cols[-1]}, the table has "
-                             f"{table.shape[1]}")
-        ids = table[r, cols]
-        if bool(((ids < 0) | (ids >= state.shape[0])).any()):
-            raise ValueError(f"state_block_table: request {r} maps its window to blocks {ids.tolist()}, expected ids "
-                             f"in [0, {state.shape[0]})")
+    check_window_tables(state, state_block_table, token_to_req, cos_sin_cache, pos, writes, ratio)
     return lay_name, bs
 
 
