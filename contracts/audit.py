@@ -356,6 +356,14 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
                        first.violations, first.repro, first.case, second.stopped_by or first.stopped_by,
                        max(margins) if margins else None, first.limit, subject=first.subject,
                        findings=list(first.findings) + [f for f in second.findings if f not in first.findings])
+    from contracts.runner import reach_verdict
+    from fuzz.dimensions import reach_doc
+
+    merged.reach_required = first.reach_required
+    merged.reach_covered = set(first.reach_covered) | set(second.reach_covered)
+    merged.reach_enforced = first.reach_enforced
+    merged.reach = reach_doc(first.reach_required, merged.reach_covered,
+                             bool((first.reach or {}).get("exhaustive")))
     if second.status in ("fail", "error"):
         merged.status, merged.reason = second.status, second.reason
         merged.violations, merged.repro, merged.case = second.violations, second.repro, second.case
@@ -365,6 +373,7 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
         merged.status = "known"
         merged.violations, merged.repro, merged.case = second.violations, second.repro, second.case
         merged.reason = known_reason(merged.findings, second.violations)
+    reach_verdict(merged)
     return merged
 
 

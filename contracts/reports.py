@@ -10,7 +10,8 @@ import xml.etree.ElementTree as ET
 #: 3: subjects: per row ``subject`` ({name, version}) and ``findings`` (ids of the known findings that explained
 #: its failing cases); status ``known``; run.subjects (each subject's name, version, source, modules' sha256,
 #: rewrites, label, spec, seconds, counts) and run.findings ({file, ids}); run.budget is each subject's budget
-AUDIT_SCHEMA_VERSION = 3
+#: 4: per row ``reach``: ``{"pairs_declared", "pairs_covered", "missing", "exhaustive"}`` (fuzz/dimensions.py)
+AUDIT_SCHEMA_VERSION = 4
 #: 2: ``subject`` at the top level ({name, version, source}) and ``finished``
 ZOO_SCHEMA_VERSION = 2
 STATUSES = ("pass", "fail", "error", "skipped", "incomplete", "known")
@@ -56,6 +57,10 @@ AUDIT_JSON_SCHEMA = {
                 "repro": {"type": ["string", "null"]},
                 "subject": SUBJECT_ROW,
                 "findings": {"type": "array", "items": {"type": "string"}},
+                "reach": {"type": "object", "required": ["pairs_declared", "pairs_covered", "missing", "exhaustive"],
+                          "properties": {"pairs_declared": {"type": "integer"}, "pairs_covered": {"type": "integer"},
+                                         "missing": {"type": "array", "items": {"type": "string"}},
+                                         "exhaustive": {"type": "boolean"}}},
             }}},
     },
 }
@@ -69,6 +74,8 @@ def audit_schema(version: int = AUDIT_SCHEMA_VERSION) -> dict:
     if version >= 3:
         schema["properties"]["run"]["required"] += ["subjects", "findings"]
         schema["properties"]["results"]["items"]["required"] += ["subject", "findings"]
+    if version >= 4:
+        schema["properties"]["results"]["items"]["required"] += ["reach"]
     return schema
 
 

@@ -8,12 +8,15 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+from hypothesis import event as hyp_event
 from hypothesis import given, settings
 
 from contracts import findings as known_findings
 from contracts.core import Contract, Violation, collecting_margins
 from contracts.subjects import FidelityError, Subject, SubjectSkip, ours, using
+from fuzz import dimensions
 from fuzz.cases import Case, CaseError
+from fuzz.dimensions import reach_doc
 from fuzz.profiles import profile_settings
 from impl.targets import Target, get_target
 
@@ -53,6 +56,13 @@ class RowResult:
     subject: dict | None = None
     #: ids of the known findings (findings.toml) that explained failing cases of this row
     findings: list = field(default_factory=list)
+    #: ``{"pairs_declared", "pairs_covered", "missing", "exhaustive"}`` (None: nothing declared, nothing run)
+    reach: dict | None = None
+    #: the declared tuples of this row and those its generated cases hit (for the audit's merge of two passes)
+    reach_required: list | None = field(default=None, repr=False)
+    reach_covered: set = field(default_factory=set, repr=False)
+    #: a ``ci`` row with a covering array: missing a declared tuple makes it ``incomplete``
+    reach_enforced: bool = field(default=False, repr=False)
 
     @property
     def cases(self) -> int:
@@ -63,7 +73,8 @@ class RowResult:
                 "cases": self.cases, "pinned_cases": self.pinned_cases, "generated_cases": self.generated_cases,
                 "stopped_by": self.stopped_by, "margin": None if self.margin is None else round(self.margin, 6),
                 "seconds": round(self.seconds, 3), "violations": [v.as_json() for v in self.violations],
-                "repro": self.repro, "subject": dict(self.subject or _ours_row()), "findings": list(self.findings)}
+                "repro": self.repro, "subject": dict(self.subject or _ours_row()), "findings": list(self.findings),
+                "reach": dict(self.reach) if self.reach is not None else reach_doc(None, set())}
 
 
 def _ours_row() -> dict:
@@ -222,6 +233,19 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
     user_limit = max_examples
     n = base.max_examples if user_limit is None else user_limit
     n = n if contract.max_cases is None else min(n, contract.max_cases)
+    # declared dimensions: under ci (nightly: triples) the generated phase starts with the covering array, one
+    # case per row (the generator's case forced to hit it); the array is the row's minimum and overrides the limit
+    family = dimensions.family_for(contract.id)
+    exhaustive = bool(contract.extra.get("exhaustive", False))
+    strength = 0 if exhaustive else dimensions.strength_for(profile, family, t)
+    array = family.covering_array(t, strength) if strength else []
+    required = family.required(t, strength or 2) if family is not None and not exhaustive else []
+    enforce_reach = bool(array) and profile == "ci"
+    row.reach_required = required
+    n = max(n, len(array))
+    min_generated = max(contract.min_cases, len(array))
+    if stop_after is not None:
+        stop_after = max(stop_after, len(array))
     row.limit = n
     # a case limit set by a user or a contract is "max_cases"; the profile's own count is part of "exhausted"
     limit_is_max_cases = user_limit is not None or contract.max_cases is not None
@@ -229,7 +253,7 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
         raise ValueError(f"skip / stop_after: expected 0 or more, got {skip!r} / {stop_after!r}")
     shrink_end = deadline + max(10.0, budget * 0.5) if shrink_until is None else shrink_until
     state: dict = {"pinned": 0, "generated": 0, "skipped": 0, "failing": None, "stop": None, "margin": None,
-                   "known": None, "known_ids": []}
+                   "known": None, "known_ids": [], "combo": None}
 
     def note_margin(m):
         if m is not None and contract.numeric:
@@ -281,6 +305,11 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                         raise _Stop
                 elif time.monotonic() > shrink_end:
                     raise _Stop  # stop shrinking; the smallest failing case so far stands
+                if state["failing"] is None:
+                    pos = state["skipped"] + state["generated"]
+                    state["combo"] = array[pos] if pos < len(array) else None
+                if state["combo"] is not None:  # a covering-array case (while shrinking: the failing one's row)
+                    case = family.force(case, state["combo"], t)
                 try:
                     v, m = _checked(contract, case, t)
                 except CaseError as exc:  # a generator bug: no shrinking, no database entry
@@ -293,6 +322,11 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                     raise _Stop from None
                 ids = classify(v) if v else None
                 if state["failing"] is None:
+                    if family is not None:
+                        hit = family.hit(case, t)
+                        for k, val in sorted(hit, key=repr):
+                            hyp_event(f"{k}={val}")
+                        row.reach_covered |= dimensions.covered_by(required, hit)
                     state["generated"] += 1
                     if progress:
                         progress(state["pinned"], state["generated"])
@@ -304,6 +338,8 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                 if v and not ids:
                     state["failing"] = (case, v)
                     raise _Falsified(str(v[0]))
+                if state["failing"] is None:
+                    state["combo"] = None
 
             if seed is not None:
                 from hypothesis import seed as hseed
@@ -392,17 +428,30 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
         row.status = "incomplete"
         row.reason = (f"the budget of {budget:.1f}s ran out after {state['pinned']} of {len(pinned)} pinned "
                       f"examples")
-    elif state["stop"] == "budget" and skip + state["generated"] < min(contract.min_cases, n):
+    elif state["stop"] == "budget" and skip + state["generated"] < min(min_generated, n):
         row.status = "incomplete"
         row.reason = (f"the budget of {budget:.1f}s ran out after {skip + state['generated']} of at least "
-                      f"{min(contract.min_cases, n)} generated cases")
-    elif state["stop"] == "max_cases" and skip + state["generated"] < contract.min_cases:
+                      f"{min(min_generated, n)} generated cases")
+    elif state["stop"] == "max_cases" and skip + state["generated"] < min_generated:
         # a case limit below the contract's minimum is not evidence either; the row says the limit did it, not
         # the clock (an exhausted space, by contrast, means every distinct case was checked)
         row.status = "incomplete"
         row.reason = (f"the case limit stopped the row at {skip + state['generated']} generated cases, below the "
-                      f"contract's minimum of {contract.min_cases}")
+                      f"contract's minimum of {min_generated}")
+    row.reach = reach_doc(required, row.reach_covered, exhaustive)
+    row.reach_enforced = enforce_reach
+    if enforce_reach and skip == 0:
+        reach_verdict(row)
     return row
+
+
+def reach_verdict(row: RowResult) -> None:
+    """A passing ``ci`` row that missed a declared tuple is ``incomplete``, naming what it missed."""
+    missing = (row.reach or {}).get("missing") or []
+    if row.status == "pass" and missing and getattr(row, "reach_enforced", False):
+        row.status = "incomplete"
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        row.reason = f"declared pairs not reached by the generated cases: {shown}"
 
 
 def known_reason(ids, violations) -> str:
