@@ -303,3 +303,111 @@ def build_decode_inputs(case: DecodeCase, target: Target, device: str | None = N
     sink = make_sink(case.sink, pad_heads, gen)
     sink = sink.to(device) if sink is not None else None
     return DecodeInputs(q, mview, midx, mptr, eview, eidx, eptr, sink, case.scale, (mpool, epool))
+
+
+# --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
+
+#: the extra segment's tile per decode family (impl/decode.py: gfx950 64-token tiles, gfx942 BLOCK_K 32, generic 16)
+EXTRA_TILE = {"gfx950": 64, "gfx942": 32, "generic": 16}
+EXTRA_LEN_CLASSES = ("swa-only", "0", "1", "t-1", "t", "t+1")
+INVALID_CLASSES = ("none", "in-pool", "int32")
+PLANS = ("selector", "pinned", "adaptive")
+
+
+def _extra_len(cls: str, tile: int) -> int:
+    return {"0": 0, "1": 1, "t-1": tile - 1, "t": tile, "t+1": tile + 1}[cls]
+
+
+def _len_class(n: int, tile: int) -> str:
+    for cls in EXTRA_LEN_CLASSES[1:]:
+        if n == _extra_len(cls, tile):
+            return cls
+    return "other"
+
+
+def _bs_class(bs: int) -> str:
+    return "1" if bs == 1 else ("odd" if bs % 2 else "even")
+
+
+def classify_decode(case: DecodeCase, target: Target) -> dict:
+    """The dimension values a decode case hits (the extra length class is its first row's)."""
+    tile = EXTRA_TILE[target.decode_family]
+    return {
+        "extra_len": "swa-only" if case.extra_lens is None else _len_class(case.extra_lens[0], tile),
+        "plan": "adaptive" if case.adaptive is not None else ("pinned" if case.num_splits is not None
+                                                              else "selector"),
+        "invalid": "none" if case.invalid_rate == 0 else ("int32" if case.int32_extremes else "in-pool"),
+        "trust": case.trust,
+        "poison": case.poison,
+        "sink": case.sink,
+        "main_bs": _bs_class(case.main_bs),
+    }
+
+
+def force_decode(case: DecodeCase, combo: dict, target: Target) -> DecodeCase:
+    """``case`` rewritten to hit ``combo`` (lengths, plan, invalid entries, trust, poison, sink, block size)."""
+    import dataclasses
+
+    tile = EXTRA_TILE[target.decode_family]
+    f = dataclasses.asdict(case)
+    f["adaptive"] = case.adaptive
+    if "extra_len" in combo:
+        if combo["extra_len"] == "swa-only":
+            f["extra_lens"] = None
+        else:
+            rest = list(case.extra_lens or [0] * case.batch)[1:]
+            f["extra_lens"] = tuple([_extra_len(combo["extra_len"], tile)] + rest)
+    if "plan" in combo:
+        plan = combo["plan"]
+        f["adaptive"] = None
+        if plan == "selector":
+            f["num_splits"] = None
+        elif plan == "pinned":
+            f["num_splits"] = 1 + case.seed % min(target.split_cap or 1, 6)
+        else:
+            s = 5 + case.seed % 3
+            f["num_splits"], f["adaptive"] = s, AdaptiveSplits(one_wave=1 + case.seed % s)
+    if "invalid" in combo:
+        inv = combo["invalid"]
+        f["invalid_rate"] = 0.0 if inv == "none" else (case.invalid_rate or 0.4)
+        f["int32_extremes"] = inv == "int32"
+    for k in ("trust", "poison", "sink"):
+        if k in combo:
+            f[k] = combo[k]
+    if "main_bs" in combo:
+        f["main_bs"] = {"1": 1, "odd": 5, "even": 2}[combo["main_bs"]]
+    if f["extra_lens"] is None:
+        f["trust"] = False
+    for k in ("main_lens", "extra_lens"):
+        if f[k] is not None:
+            f[k] = tuple(f[k])
+    return DecodeCase(**f)
+
+
+def _decode_allowed(c: dict, target: Target) -> bool:
+    if c.get("plan") == "pinned" and target.split_selector is None:
+        return False
+    if c.get("plan") == "adaptive" and target.decode_family != "gfx950":
+        return False
+    if c.get("trust") is True and (not target.may_trust_extra_nan_free or c.get("extra_len") == "swa-only"):
+        return False
+    return True
+
+
+def _declare_decode():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "decode",
+        (Dimension("extra_len", EXTRA_LEN_CLASSES, "first row's extra-segment length around the family's tile"),
+         Dimension("plan", PLANS, "the split plan: the target's selector, pinned splits, gfx950's adaptive"),
+         Dimension("invalid", INVALID_CLASSES, "invalid entries: none, -1 / past the pool, plus INT32 extremes"),
+         Dimension("trust", (False, True), "the trust gate (gfx950, with an extra cache)"),
+         Dimension("poison", POISON_KINDS, "NaN / inf in referenced rows"),
+         Dimension("sink", SINK_KINDS),
+         Dimension("main_bs", ("1", "odd", "even"), "main cache block-size class")),
+        (("extra_len", "plan"), ("extra_len", "invalid"), ("trust", "poison"), ("trust", "extra_len")),
+        classify_decode, force_decode, _decode_allowed), "decode-oracle-agreement")
+
+
+DECODE_DIMENSIONS = _declare_decode()
