@@ -347,7 +347,8 @@ def _audit_subject(sub, ids, targets, *, budget, profile, seed, repro_dir, use_e
 def _merge(first: RowResult, second: RowResult) -> RowResult:
     """One row from the two passes: generated cases and time add up, the second pass says what stopped the row;
     a failure or a harness error of the second pass wins, then a known case of either; the second pass running
-    out of budget is no loss (the first already reached the minimum)."""
+    out of budget is no loss (the first already reached the minimum). A second-pass failure's ``first_violation``
+    counts the first pass's cases and seconds too."""
     from contracts.runner import known_reason
 
     margins = [m for m in (first.margin, second.margin) if m is not None]
@@ -367,6 +368,9 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
     if second.status in ("fail", "error"):
         merged.status, merged.reason = second.status, second.reason
         merged.violations, merged.repro, merged.case = second.violations, second.repro, second.case
+        if second.first_violation is not None:  # the second pass's own counts, after all of the first's
+            merged.first_violation = {"cases": first.cases + second.first_violation["cases"],
+                                      "seconds": first.seconds + second.first_violation["seconds"]}
     elif first.status == "known":
         merged.reason = known_reason(merged.findings, first.violations)
     elif second.status == "known":

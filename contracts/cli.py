@@ -388,7 +388,7 @@ def _select_mutants(args, subject=None):
 
 def cmd_zoo(args) -> int:
     from contracts.reports import ZOO_SCHEMA_VERSION, write_json
-    from contracts.zoo.runner import run_zoo, subject_json
+    from contracts.zoo.runner import run_zoo, subject_json, ttk_summary
 
     subject = _subject(args.subject) if args.subject else None
     mutants = _select_mutants(args, subject)
@@ -421,8 +421,12 @@ def cmd_zoo(args) -> int:
             write_json(os.path.join(args.report, "zoo.json"),
                        {"schema_version": ZOO_SCHEMA_VERSION, "subject": subject_json(subject), "finished": False,
                         "results": list(partial.values()),
+                        "time_to_kill": ttk_summary(list(partial.values())),
                         "kill_rate": sum(x["status"] == "killed" for x in partial.values()) / len(partial)})
-        print(f"[{done[0]}/{total}] {r.status.upper():<8} {r.id} ({r.seconds:.1f}s) {r.detail[:160]}",
+        ttk = r.as_json()["time_to_kill"]
+        ttk_note = "" if not ttk else (f", killed after {ttk['cases']} cases in {ttk['seconds']:.1f}s"
+                                       + (" by a crash" if ttk.get("crash") else ""))
+        print(f"[{done[0]}/{total}] {r.status.upper():<8} {r.id} ({r.seconds:.1f}s{ttk_note}) {r.detail[:160]}",
               file=sys.stderr, flush=True)
 
     doc = run_zoo(mutants, cap=args.cap, jobs=args.jobs, budget=args.budget, on_result=on_result, subject=subject,
@@ -436,6 +440,10 @@ def cmd_zoo(args) -> int:
     under = f" planted into {subject.label}" if subject is not None and subject.name != "ours" else ""
     print(f"{total} mutants{under}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
           + f"; kill rate {doc['kill_rate']:.0%} in {doc['seconds']:.0f}s")
+    t = doc["time_to_kill"]
+    if t["killed"]:
+        print(f"time to kill over {t['killed']} killed: median {t['median_seconds']:.1f}s ({t['median_cases']:g} "
+              f"cases), worst {t['worst_seconds']:.1f}s ({t['worst']}); most cases {t['worst_cases']}")
     for r in doc["results"]:
         if r["status"] != "killed":
             print(f"  {r['status'].upper()}: {r['id']}: {r['detail']}")

@@ -11,9 +11,13 @@ import xml.etree.ElementTree as ET
 #: its failing cases); status ``known``; run.subjects (each subject's name, version, source, modules' sha256,
 #: rewrites, label, spec, seconds, counts) and run.findings ({file, ids}); run.budget is each subject's budget
 #: 4: per row ``reach``: ``{"pairs_declared", "pairs_covered", "missing", "exhaustive"}`` (fuzz/dimensions.py)
-AUDIT_SCHEMA_VERSION = 4
+#: 5: per row ``first_violation``: ``{"cases", "seconds"}`` until the first case that failed the row, or null
+AUDIT_SCHEMA_VERSION = 5
 #: 2: ``subject`` at the top level ({name, version, source}) and ``finished``
-ZOO_SCHEMA_VERSION = 2
+#: 3: per entry ``time_to_kill`` (``{"cases", "seconds", "contract", "target"}``, ``"crash": true`` for a kill by
+#: crash; null for an entry not killed) and at the top level ``time_to_kill`` (``{"killed", "median_seconds",
+#: "worst_seconds", "worst", "median_cases", "worst_cases"}`` over the killed entries)
+ZOO_SCHEMA_VERSION = 3
 STATUSES = ("pass", "fail", "error", "skipped", "incomplete", "known")
 ZOO_STATUSES = ("killed", "survived", "stale", "error")
 STOPPED_BY = ("budget", "max_cases", "exhausted")
@@ -57,6 +61,8 @@ AUDIT_JSON_SCHEMA = {
                 "repro": {"type": ["string", "null"]},
                 "subject": SUBJECT_ROW,
                 "findings": {"type": "array", "items": {"type": "string"}},
+                "first_violation": {"type": ["object", "null"], "required": ["cases", "seconds"],
+                                    "properties": {"cases": {"type": "integer"}, "seconds": {"type": "number"}}},
                 "reach": {"type": "object", "required": ["pairs_declared", "pairs_covered", "missing", "exhaustive"],
                           "properties": {"pairs_declared": {"type": "integer"}, "pairs_covered": {"type": "integer"},
                                          "missing": {"type": "array", "items": {"type": "string"}},
@@ -76,6 +82,8 @@ def audit_schema(version: int = AUDIT_SCHEMA_VERSION) -> dict:
         schema["properties"]["results"]["items"]["required"] += ["subject", "findings"]
     if version >= 4:
         schema["properties"]["results"]["items"]["required"] += ["reach"]
+    if version >= 5:
+        schema["properties"]["results"]["items"]["required"] += ["first_violation"]
     return schema
 
 

@@ -56,6 +56,10 @@ class RowResult:
     subject: dict | None = None
     #: ids of the known findings (findings.toml) that explained failing cases of this row
     findings: list = field(default_factory=list)
+    #: ``{"cases", "seconds"}`` when the row failed: the cases checked up to and including the first one whose
+    #: violation failed the row (pinned and generated; the audit's merged row counts both passes), and the row's
+    #: seconds until that check ended (before any shrinking); None for a row that did not fail
+    first_violation: dict | None = None
     #: ``{"pairs_declared", "pairs_covered", "missing", "exhaustive"}`` (None: nothing declared, nothing run)
     reach: dict | None = None
     #: the declared tuples of this row and those its generated cases hit (for the audit's merge of two passes)
@@ -74,6 +78,8 @@ class RowResult:
                 "stopped_by": self.stopped_by, "margin": None if self.margin is None else round(self.margin, 6),
                 "seconds": round(self.seconds, 3), "violations": [v.as_json() for v in self.violations],
                 "repro": self.repro, "subject": dict(self.subject or _ours_row()), "findings": list(self.findings),
+                "first_violation": None if self.first_violation is None else {
+                    "cases": self.first_violation["cases"], "seconds": round(self.first_violation["seconds"], 3)},
                 "reach": dict(self.reach) if self.reach is not None else reach_doc(None, set())}
 
 
@@ -118,6 +124,22 @@ def _checked(contract: Contract, case, target: Target) -> tuple[list[Violation],
     if out is None:
         raise TypeError(f"contract {contract.id}: check returned None; it must return a list of Violation")
     return list(out), (max(margins) if margins else None)
+
+
+#: a file the runner rewrites before each case it checks (``{"contract", "target", "skip", "pinned", "generated",
+#: "started"}``: this call's counts so far and its wall-clock start), so a run that dies mid-case still says which
+#: row and case it was in (``smv zoo`` reads it for a kill by crash)
+CASE_TRACE_ENV = "SMV_CASE_TRACE"
+
+
+def _trace(path: str | None, contract_id: str, target: str, state: dict, skip: int, started: float) -> None:
+    if not path:
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"contract": contract_id, "target": target, "skip": skip, "pinned": state["pinned"],
+                   "generated": state["generated"], "started": started}, fh)
+    os.replace(tmp, path)
 
 
 def case_to_json(case):
@@ -228,6 +250,8 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
              repro_dir, progress, use_examples, max_examples, stop_after, skip, shrink_until,
              known_repro) -> RowResult:
     start = time.monotonic()
+    trace = os.environ.get(CASE_TRACE_ENV) or None
+    started_wall = time.time()
     deadline = start + budget
     base = profile_settings(profile)
     user_limit = max_examples
@@ -259,6 +283,12 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
         if m is not None and contract.numeric:
             state["margin"] = m if state["margin"] is None else max(state["margin"], m)
 
+    def note_first():
+        # the first case that fails the row, counted when its check ends (a shrink's replays come later); this
+        # call's own cases and seconds (the audit's second pass adds the first pass's)
+        state["first_violation"] = {"cases": state["pinned"] + state["generated"],
+                                    "seconds": time.monotonic() - start}
+
     def note_known(case, violations, ids):
         if state["known"] is None:
             state["known"] = (case, violations, ids)
@@ -273,6 +303,7 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
             if time.monotonic() > deadline:
                 state["stop"] = "budget"
                 break
+            _trace(trace, contract.id, t.name, state, skip, started_wall)
             v, m = _checked(contract, case, t)
             state["pinned"] += 1
             if progress:
@@ -283,6 +314,7 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                     note_known(case, v, ids)
                     continue
                 state["failing"] = (case, v)
+                note_first()
                 break
             note_margin(m)
         if state["failing"] is None and state["stop"] is None and n > skip:
@@ -310,6 +342,8 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                     state["combo"] = array[pos] if pos < len(array) else None
                 if state["combo"] is not None:  # a covering-array case (while shrinking: the failing one's row)
                     case = family.force(case, state["combo"], t)
+                if state["failing"] is None:
+                    _trace(trace, contract.id, t.name, state, skip, started_wall)
                 try:
                     v, m = _checked(contract, case, t)
                 except CaseError as exc:  # a generator bug: no shrinking, no database entry
@@ -336,6 +370,8 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                         note_known(case, v, ids)
                 # only an unexplained violation falsifies: the shrinker never moves toward a known signature
                 if v and not ids:
+                    if state["failing"] is None:
+                        note_first()
                     state["failing"] = (case, v)
                     raise _Falsified(str(v[0]))
                 if state["failing"] is None:
@@ -466,6 +502,7 @@ def _fill(row: RowResult, state: dict, start: float) -> None:
     row.generated_cases = state["generated"]
     row.stopped_by = state["stop"]
     row.margin = state["margin"]
+    row.first_violation = state.get("first_violation")
 
 
 def _load_repro(path: str):

@@ -34,6 +34,8 @@ def test_planted_bug_is_killed(mutant):
     res = run_mutant(mutant, cap=CAP)
     assert res.status == "killed", f"{mutant.id}: {res.status}: {res.detail}"
     assert set(mutant.expect) <= set(res.fired)
+    ttk = res.as_json()["time_to_kill"]  # measured in the audit's rows: at least one case, within the mutant's time
+    assert ttk["cases"] >= 1 and 0 < ttk["seconds"] < res.seconds and ttk["contract"] in mutant.expect, ttk
 
 
 def _m(**kw):
@@ -65,10 +67,11 @@ def test_patch_changing_nothing_observable_survives_and_fails_the_command(tmp_pa
     rep = tmp_path / "rep"
     assert smv(["zoo", "--catalog", str(cat), "--report", str(rep)]) == 1
     doc = json.loads((rep / "zoo.json").read_text())
-    assert doc["schema_version"] == 2 and doc["kill_rate"] == 0.0
+    assert doc["schema_version"] == 3 and doc["kill_rate"] == 0.0
     (r,) = doc["results"]
     assert r["status"] == "survived" and r["fired"] == [] and r["expect"] == ["ue8m0-codec-exact"]
-    assert set(r) == {"id", "status", "expect", "fired", "seconds", "detail"}
+    assert set(r) == {"id", "status", "expect", "fired", "seconds", "detail", "time_to_kill"}
+    assert r["time_to_kill"] is None and doc["time_to_kill"]["killed"] == 0
 
 
 def test_unimportable_patch_is_error_not_kill():
@@ -80,6 +83,9 @@ def test_crash_counts_as_killed():
     res = run_mutant(_m(find="UE8M0_NAN_CODE = 255",
                         replace="UE8M0_NAN_CODE = 255\nimport os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"))
     assert res.status == "killed" and "SIGSEGV" in res.detail
+    ttk = res.as_json()["time_to_kill"]  # at import, before any case: no row, and the process's own seconds
+    assert ttk["crash"] is True and ttk["cases"] == 0 and ttk["contract"] is None
+    assert 0 < ttk["seconds"] <= res.seconds
 
 
 def test_time_cap_is_error():
@@ -144,3 +150,120 @@ def test_plain_pytest_still_kills_a_planted_bug_of_every_contract():
     covered = {c for m in MUTANTS if m.id in CORE for c in m.expect}
     ours = {c for c in load_all() if c != "subject-agreement"}  # its planted bugs live in upstream's catalogs
     assert ours <= covered, sorted(ours - covered)
+
+
+# --- time to kill: measured by the runner, not invented ----------------------------------------------------------
+
+def _sequence(register, cid, n, **kw):
+    """The row's generated cases in order (ci profile, seed 0), recorded by a check that passes them all."""
+    from contracts.runner import run_contract
+
+    seen = []
+
+    def record(case, target):
+        """Records every case."""
+        seen.append(case)
+        return []
+
+    c = register(cid, record, **kw)
+    r = run_contract(c, "gfx950", profile="ci", seed=0, max_examples=n, use_examples=False, budget=60)
+    assert r.status == "pass" and r.first_violation is None and r.as_json()["first_violation"] is None
+    return seen
+
+
+def _fails_on(bad):
+    from contracts.core import Violation
+
+    def check(case, target):
+        """Fails on the planted cases."""
+        return [Violation("planted", "here", "not planted", case)] if case in bad else []
+
+    return check
+
+
+def test_first_violation_is_the_case_index_of_the_planted_bug(register):
+    from contracts.runner import run_contract
+
+    seq = _sequence(register, "test-ttk-record", 12)
+    k = next(i for i in range(5, len(seq)) if seq[i] not in seq[:i])  # a case first drawn at index k
+    c = register("test-ttk-fails", _fails_on({seq[k]}))
+    r = run_contract(c, "gfx950", profile="ci", seed=0, max_examples=12, use_examples=False, budget=60)
+    assert r.status == "fail" and r.first_violation["cases"] == k + 1
+    assert 0 < r.first_violation["seconds"] <= r.seconds
+    # pinned examples are cases too: two passing ones come first
+    c2 = register("test-ttk-fails-pinned", _fails_on({seq[k]}), examples=lambda t: [-1, -2])
+    r2 = run_contract(c2, "gfx950", profile="ci", seed=0, max_examples=12, budget=60)
+    assert r2.first_violation["cases"] == k + 3 and r2.pinned_cases == 2
+
+
+def test_first_violation_in_the_second_pass_counts_the_first(register, tmp_path):
+    from contracts import reports
+    from contracts.audit import run_audit
+
+    seq = _sequence(register, "test-ttk-record2", 12, min_cases=3)
+    k = next(i for i in range(6, len(seq)) if seq[i] not in seq[:i])  # past pass 1's three cases
+    register("test-ttk-pass2", _fails_on({seq[k]}), min_cases=3)
+    doc, code = run_audit(["test-ttk-pass2"], ["gfx950"], budget=60, profile="ci", max_cases=12, progress=False,
+                          use_examples=False, report_dir=str(tmp_path))
+    (row,) = doc["results"]
+    assert code == 1 and row["status"] == "fail" and row["first_violation"]["cases"] == k + 1
+    assert 0 < row["first_violation"]["seconds"] <= row["seconds"]
+    assert doc["schema_version"] == reports.AUDIT_SCHEMA_VERSION >= 5
+    assert reports.validate(doc, reports.audit_schema(5)) == []
+
+
+def test_crash_mid_row_is_timed_from_the_case_trace(register, tmp_path, monkeypatch):
+    """The runner's trace says which case a dying run was in; the zoo counts that case and the row's time."""
+    import os
+    import signal
+    import time
+
+    from contracts.runner import CASE_TRACE_ENV, run_contract
+    from contracts.zoo.runner import _crash_time_to_kill
+
+    calls = []
+
+    def dies(case, target):
+        """Kills its process at its fifth case."""
+        calls.append(case)
+        if len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return []
+
+    trace = tmp_path / "trace.json"
+    monkeypatch.setenv(CASE_TRACE_ENV, str(trace))
+    c = register("test-ttk-dies", dies)
+    t0 = time.time()
+    pid = os.fork()
+    if pid == 0:  # the child runs the row and dies in it
+        try:
+            run_contract(c, "gfx950", profile="ci", seed=0, max_examples=12, use_examples=False, budget=60)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    ended = time.time()
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    ttk = _crash_time_to_kill(trace, tmp_path / "no-report", t0, ended)
+    assert ttk["crash"] is True and ttk["cases"] == 5
+    assert (ttk["contract"], ttk["target"]) == ("test-ttk-dies", "gfx950")
+    assert 0 <= ttk["seconds"] <= ended - t0 + 0.01
+    # no trace at all: the crash came before any case (at import)
+    none = _crash_time_to_kill(tmp_path / "absent.json", tmp_path, t0, ended)
+    assert none["cases"] == 0 and none["crash"] is True
+
+
+def test_time_to_kill_of_a_mutant_is_its_slowest_expected_contract():
+    from contracts.zoo.runner import time_to_kill, ttk_summary
+
+    rows = [{"contract": "a", "target": "gfx942", "status": "fail", "first_violation": {"cases": 9, "seconds": 4.0}},
+            {"contract": "a", "target": "gfx950", "status": "fail", "first_violation": {"cases": 2, "seconds": 1.0}},
+            {"contract": "b", "target": "gfx950", "status": "fail", "first_violation": {"cases": 3, "seconds": 2.5}},
+            {"contract": "b", "target": "gfx942", "status": "pass", "first_violation": None}]
+    assert time_to_kill(rows, ["a"]) == {"cases": 2, "seconds": 1.0, "contract": "a", "target": "gfx950"}
+    assert time_to_kill(rows, ["a", "b"]) == {"cases": 3, "seconds": 2.5, "contract": "b", "target": "gfx950"}
+    assert time_to_kill(rows, ["a", "c"]) is None
+    res = [{"id": i, "status": "killed", "time_to_kill": {"cases": n, "seconds": s}}
+           for i, n, s in (("x", 1, 1.0), ("y", 5, 9.0), ("z", 2, 3.0))] + [{"id": "w", "status": "survived",
+                                                                                "time_to_kill": None}]
+    assert ttk_summary(res) == {"killed": 3, "median_seconds": 3.0, "worst_seconds": 9.0, "worst": "y",
+                                "median_cases": 2, "worst_cases": 5}

@@ -62,10 +62,69 @@ class MutantResult:
     fired: list[str] = field(default_factory=list)
     seconds: float = 0.0
     detail: str = ""
+    #: a killed mutant's ``{"cases", "seconds", "contract", "target"}`` (``"crash": True`` for a kill by crash);
+    #: see :func:`time_to_kill`
+    time_to_kill: dict | None = None
 
     def as_json(self) -> dict:
         return {"id": self.id, "status": self.status, "expect": self.expect, "fired": self.fired,
-                "seconds": round(self.seconds, 2), "detail": self.detail}
+                "seconds": round(self.seconds, 2), "detail": self.detail,
+                "time_to_kill": None if self.status != "killed" else self.time_to_kill}
+
+
+def time_to_kill(rows: list[dict], expect: list[str]) -> dict | None:
+    """A kill's cost from the audit rows' ``first_violation``: for each expected contract its fastest failing row,
+    and of those the slowest (the mutant is killed once every expected contract has fired). ``cases`` are the
+    row's cases checked up to and including the first failing one, ``seconds`` the row's time until that check
+    ended (generation and checking; not the process start, which ``seconds`` of the entry includes)."""
+    worst = None
+    for c in expect:
+        fv = [(r["first_violation"], r) for r in rows
+              if r["contract"] == c and r["status"] == "fail" and r.get("first_violation")]
+        if not fv:
+            return None
+        f, r = min(fv, key=lambda x: x[0]["seconds"])
+        if worst is None or f["seconds"] > worst["seconds"]:
+            worst = {"cases": f["cases"], "seconds": round(f["seconds"], 3), "contract": c, "target": r["target"]}
+    return worst
+
+
+def _crash_time_to_kill(trace: Path, report: Path, launched: float, ended: float) -> dict:
+    """A kill by crash: the row and case the run was in (the runner's case trace), ``cases`` counting the case
+    that crashed and the row's first pass when it crashed in the second, ``seconds`` the row's time until the
+    process ended. A crash before any case (at import) is 0 cases and the seconds since the process started."""
+    try:
+        tr = json.loads(trace.read_text())
+    except (OSError, ValueError):
+        return {"cases": 0, "seconds": round(ended - launched, 3), "contract": None, "target": None, "crash": True}
+    cases = tr["pinned"] + tr["generated"] + 1
+    seconds = max(0.0, ended - tr["started"])
+    if tr.get("skip"):  # the second pass: the first pass's row is in the report saved after it
+        try:
+            rows = json.loads((report / "audit.json").read_text())["results"]
+            first = next(r for r in rows if r["contract"] == tr["contract"] and r["target"] == tr["target"])
+            cases += first["cases"]
+            seconds += first["seconds"]
+        except (OSError, ValueError, StopIteration, KeyError):
+            cases += tr["skip"]
+    return {"cases": cases, "seconds": round(seconds, 3), "contract": tr["contract"], "target": tr["target"],
+            "crash": True}
+
+
+def ttk_summary(results: list[dict]) -> dict:
+    """zoo.json's top-level ``time_to_kill``: the median and the worst over the killed entries that measured one."""
+    import statistics
+
+    measured = [r for r in results if r.get("status") == "killed" and r.get("time_to_kill")]
+    if not measured:
+        return {"killed": 0, "median_seconds": None, "worst_seconds": None, "worst": None, "median_cases": None,
+                "worst_cases": None}
+    secs = [r["time_to_kill"]["seconds"] for r in measured]
+    cases = [r["time_to_kill"]["cases"] for r in measured]
+    worst = max(measured, key=lambda r: r["time_to_kill"]["seconds"])
+    return {"killed": len(measured), "median_seconds": round(statistics.median(secs), 3),
+            "worst_seconds": worst["time_to_kill"]["seconds"], "worst": worst["id"],
+            "median_cases": statistics.median(cases), "worst_cases": max(cases)}
 
 
 def default_root() -> Path:
@@ -155,9 +214,11 @@ def _findings_file() -> str | None:
 
 
 def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, code_root: Path, cwd: Path,
-           tree: "Path | None" = None, findings: str | None = None) -> subprocess.CompletedProcess:
+           tree: "Path | None" = None, findings: str | None = None,
+           trace: "Path | None" = None) -> subprocess.CompletedProcess:
     """``smv audit`` of ``contracts`` on ``targets`` in a subprocess (generated cases only, the ci profile's
-    derandomized sequence), importing the suite from ``code_root``; under ``vllm@tree`` when given."""
+    derandomized sequence), importing the suite from ``code_root``; under ``vllm@tree`` when given. ``trace``:
+    the runner's case trace file (``contracts.runner.CASE_TRACE_ENV``)."""
     cmd = [sys.executable, "-m", "contracts.cli", "audit", "--profile", "ci", "--no-progress", "--generator-only",
            "--max-cases", "0", "--budget", str(budget), "--report", str(report)]
     if tree is not None:
@@ -172,6 +233,10 @@ def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, c
     env["PYTHONPATH"] = str(code_root) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.pop("SMV_TARGET", None)
+    if trace is not None:
+        from contracts.runner import CASE_TRACE_ENV
+
+        env[CASE_TRACE_ENV] = str(trace)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -256,9 +321,12 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
             (tmp / m.file).write_text(text.replace(m.find, m.replace))
             code_root, cwd = tmp, tmp
         report = tmp / "report"
+        trace = tmp / "case-trace.json"
+        launched = time.time()
         try:
             proc = _audit(report, m.expect, m.targets, budget=max(cap * 0.6, 5.0), timeout=cap, code_root=code_root,
-                          cwd=cwd, tree=tree if on_subject else None, findings=findings)
+                          cwd=cwd, tree=tree if on_subject else None, findings=findings, trace=trace)
+            ended = time.time()
         except subprocess.TimeoutExpired:
             res.status, res.detail = "error", f"time cap of {cap:.0f}s ran out"
             return res
@@ -268,6 +336,7 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
             res.status = "killed"
             res.fired = list(m.expect)
             res.detail = f"the contract run crashed with signal {signal.Signals(-proc.returncode).name}"
+            res.time_to_kill = _crash_time_to_kill(trace, report, launched, ended)
             return res
         if not audit.is_file():
             crash = any(s in " ".join(tail) for s in ("Segmentation", "core dumped", "illegal memory"))
@@ -275,6 +344,8 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
             res.detail = ("the contract run crashed: " if crash else
                           f"no audit report (exit {proc.returncode}); the patched code may not import: ") + \
                 " | ".join(tail)
+            if crash:
+                res.time_to_kill = _crash_time_to_kill(trace, report, launched, ended)
             return res
         doc = json.loads(audit.read_text())
         by_contract: dict[str, list[dict]] = {}
@@ -292,6 +363,7 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
             res.status = "killed"
             first = next(r for rows in by_contract.values() for r in rows if r["status"] == "fail")
             res.detail = f"{first['contract']} on {first['target']}: {first['reason'][:200]}"
+            res.time_to_kill = time_to_kill(doc["results"], m.expect)
         elif problems:
             res.status, res.detail = "error", "; ".join(problems)
         else:
@@ -340,7 +412,8 @@ def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs:
     killed = sum(r.status == "killed" for r in ordered)
     from contracts.reports import ZOO_SCHEMA_VERSION
 
+    results_json = [r.as_json() for r in ordered]
     return {"schema_version": ZOO_SCHEMA_VERSION, "subject": subject_json(subject),
-            "results": [r.as_json() for r in ordered],
+            "results": results_json, "time_to_kill": ttk_summary(results_json),
             "kill_rate": round(killed / len(ordered), 4) if ordered else 1.0,
             "seconds": round(time.monotonic() - t0, 2)}
