@@ -604,6 +604,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="known findings (default: the suite's findings.toml); a row whose every violation is one "
                         "of them is known, which passes")
     a.set_defaults(func=cmd_audit)
+    mu = sub.add_parser("mutate", help="mutation score: a seeded sample of cosmic-ray's mutants of impl/, each "
+                                       "judged by the contracts that cover its module")
+    mu.add_argument("--sample", type=_int_at_least(1, "a count >= 1"), default=60, help="mutants (default 60)")
+    mu.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
+    mu.add_argument("--report", metavar="DIR", help="write DIR/mutate.json (rewritten after every mutant)")
+    mu.add_argument("--cap", type=seconds, default=90.0, help="time cap per mutant in seconds (default 90)")
+    mu.add_argument("--jobs", type=_int_at_least(1, "a count >= 1"), default=1, help="mutants run at once")
+    mu.add_argument("--module", action="append", metavar="PATH",
+                    help="only this module, relative to the root, e.g. impl/decode.py (repeatable; default impl/*.py)")
+    mu.add_argument("--target", action="append", choices=TARGET_NAMES, help="target (repeatable; default: all)")
+    mu.add_argument("--equivalents", metavar="FILE",
+                    help="inspected equivalent mutants (default contracts/mutate_equivalent.toml)")
+    mu.add_argument("--no-progress", action="store_true", help="no per-mutant progress lines on stderr")
+    mu.set_defaults(func=lambda args: __import__("contracts.mutate", fromlist=["main_cli"]).main_cli(args))
     z = sub.add_parser("zoo", help="plant each catalogued bug and prove its contracts catch it")
     z.add_argument("--catalog", action="append", help="TOML catalog (repeatable; default: the built-in ones)")
     z.add_argument("--mutant", action="append", help="only this mutant id (repeatable)")

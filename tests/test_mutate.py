@@ -1,0 +1,145 @@
+"""``smv mutate``: cosmic-ray's mutants of a tiny module, judged through a stand-in for the zoo's subprocess audit
+(the real audit runs in ``test_one_real_mutant``, slow)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from contracts import mutate
+from contracts.zoo import runner as zoo_runner
+
+TINY = '''\
+def clamp(x, hi):
+    if x > hi:
+        return hi
+    return x + 0
+'''
+
+
+@pytest.fixture()
+def tiny_root(tmp_path):
+    (tmp_path / "impl").mkdir()
+    (tmp_path / "impl" / "__init__.py").write_text("")
+    (tmp_path / "impl" / "tiny.py").write_text(TINY)
+    return tmp_path
+
+
+def fake_audit(calls):
+    """Stands in for ``contracts.zoo.runner._audit``: the contract ``tiny-clamp`` fails when ``clamp`` lost its
+    bound (run in-process: exec the mutated module)."""
+    def audit(report, contracts, targets, *, budget, timeout, code_root, cwd, tree=None, findings=None):
+        calls.append({"contracts": list(contracts), "code_root": code_root, "timeout": timeout})
+        ns: dict = {}
+        exec((Path(code_root) / "impl" / "tiny.py").read_text(), ns)
+        try:
+            ok = ns["clamp"](5, 3) == 3 and ns["clamp"](1, 3) == 1 and ns["clamp"](3, 3) == 3
+        except Exception:  # noqa: BLE001 - a raising check is a failing row
+            ok = False
+        report.mkdir(parents=True)
+        rows = [{"contract": c, "target": "generic", "status": "pass" if ok else "fail",
+                 "reason": "" if ok else "clamp(5, 3) != 3"} for c in contracts]
+        (report / "audit.json").write_text(json.dumps({"results": rows}))
+
+        class P:
+            returncode, stdout, stderr = 0, "", ""
+        return P()
+    return audit
+
+
+def test_sites_and_ids_come_from_cosmic_ray(tiny_root):
+    sites = mutate.enumerate_sites(tiny_root, ["impl/tiny.py"])
+    ops = {s.operator for s in sites}
+    assert "core/ReplaceComparisonOperator_Gt_GtE" in ops and "core/NumberReplacer" in ops
+    s = next(s for s in sites if s.operator == "core/ReplaceComparisonOperator_Gt_GtE")
+    src = (tiny_root / "impl" / "tiny.py").read_text()
+    out = mutate.mutated_source(src, s)
+    line, before, after = mutate.changed_lines(src, out)
+    assert (line, before, after) == (2, "if x > hi:", "if x >= hi:")
+    # the id names the changed text, not the occurrence: stable when other lines move
+    assert mutate.mutant_id("impl/tiny.py", s.operator, before, after) == \
+        mutate.mutant_id("impl/tiny.py", s.operator, before, after).lower()
+
+
+def test_contract_map_is_derived_from_the_zoo_and_the_contract_modules():
+    cmap = mutate.contract_map(zoo_runner.default_root())
+    assert "decode-oracle-agreement" in cmap["impl/decode.py"]  # zoo file -> expect, and the subject family
+    assert "split-bounds" in cmap["impl/splits.py"]
+    assert "ue8m0-codec-exact" in cmap["impl/triton_helpers.py"]
+
+
+def test_session_scores_writes_incrementally_and_honours_equivalents(tiny_root, tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(zoo_runner, "_audit", fake_audit(calls))
+    report = tmp_path / "rep"
+    seen = []
+
+    def progress(i, n, r):
+        seen.append(json.loads((report / "mutate.json").read_text())["judged"])
+
+    sites = mutate.enumerate_sites(tiny_root, ["impl/tiny.py"])
+    # the Gt -> GtE mutant is equivalent for clamp (x == hi returns hi either way): recorded, so not run
+    eq = tmp_path / "eq.toml"
+    eq.write_text('[[equivalent]]\nmodule = "impl/tiny.py"\noperator = "core/ReplaceComparisonOperator_Gt_GtE"\n'
+                  'before = "if x > hi:"\nafter = "if x >= hi:"\nwhy = "x == hi returns hi on both branches"\n')
+    doc = mutate.run_session(len(sites), seed=1, root=tiny_root, modules=["impl/tiny.py"], cap=30, report=report,
+                             equivalents=eq, cmap={"impl/tiny.py": ["tiny-clamp"]}, progress=progress)
+    on_disk = json.loads((report / "mutate.json").read_text())
+    assert on_disk["schema_version"] == mutate.MUTATE_SCHEMA_VERSION and on_disk["complete"] is True
+    assert seen == list(range(1, len(seen) + 1))  # mutate.json already held each result when it was announced
+    by_op = {r["operator"]: r for r in doc["results"]}
+    assert by_op["core/ReplaceComparisonOperator_Gt_GtE"]["status"] == "equivalent"
+    assert by_op["core/ReplaceComparisonOperator_Gt_Lt"]["status"] == "killed"
+    assert all(c["contracts"] == ["tiny-clamp"] for c in calls)
+    assert doc["killed"] + doc["survived"] + doc["equivalent"] + doc["incompetent"] + doc["error"] \
+        + doc["timeout"] + doc["uncovered"] == len(doc["results"])
+    assert doc["score"] == round(doc["killed"] / (doc["killed"] + doc["survived"]), 4)
+    assert len(calls) == sum(r["status"] not in ("equivalent", "incompetent") for r in doc["results"])
+
+
+def test_a_killed_session_keeps_what_it_judged(tiny_root, tmp_path, monkeypatch):
+    monkeypatch.setattr(zoo_runner, "_audit", fake_audit([]))
+    report = tmp_path / "rep"
+
+    def stop(i, n, r):
+        if i == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        mutate.run_session(10, seed=0, root=tiny_root, modules=["impl/tiny.py"], cap=30, report=report,
+                           equivalents={}, cmap={"impl/tiny.py": ["tiny-clamp"]}, progress=stop)
+    doc = json.loads((report / "mutate.json").read_text())
+    assert doc["complete"] is False and doc["judged"] == 2 and len(doc["results"]) == 2
+
+
+def test_timeout_and_uncovered(tiny_root, monkeypatch):
+    import subprocess
+
+    def slow(*a, **k):
+        raise subprocess.TimeoutExpired("smv audit", 1)
+
+    monkeypatch.setattr(zoo_runner, "_audit", slow)
+    src = TINY
+    site = mutate.enumerate_sites(tiny_root, ["impl/tiny.py"])[0]
+    out = mutate.mutated_source(src, site)
+    assert mutate.run_one(site, src, out, ["tiny-clamp"], root=tiny_root, cap=1).status == "timeout"
+    assert mutate.run_one(site, src, out, [], root=tiny_root, cap=1).status == "uncovered"
+
+
+def test_the_equivalents_file_parses():
+    for e in mutate.load_equivalents().values():
+        assert e["why"].strip()
+
+
+@pytest.mark.slow
+def test_one_real_mutant():
+    """One cosmic-ray mutant of impl/splits.py through the real subprocess audit of split-bounds."""
+    root = zoo_runner.default_root()
+    src = (root / "impl" / "splits.py").read_text()
+    site = next(s for s in mutate.enumerate_sites(root, ["impl/splits.py"])
+                if s.operator == "core/NumberReplacer"
+                and "GFX942_MAX_SPLITS = 16" in src.splitlines()[s.line - 1])
+    r = mutate.run_one(site, src, mutate.mutated_source(src, site), ["split-bounds"], root=root, cap=120,
+                       targets=["gfx942"])
+    assert r.status == "killed", r.detail
