@@ -410,9 +410,17 @@ def _tool_version() -> str:
         return "cosmic-ray"
 
 
+def _window(before: str, after: str, width: int = 48) -> tuple[str, str]:
+    """The part of a long changed line around its first differing character."""
+    i = next((k for k, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+    lo = max(0, i - width // 2)
+    return before[lo:lo + width], after[lo:lo + width]
+
+
 def progress_line(i: int, n: int, r: MutantResult) -> str:
-    return (f"[{i}/{n}] {r.status:<10} {r.module}:{r.line} {r.operator.split('/')[-1]}  {r.before[:50]!r} -> "
-            f"{r.after[:50]!r}  {r.seconds:.1f}s  {r.detail[:100]}")
+    b, a = _window(r.before, r.after)
+    return (f"[{i}/{n}] {r.status:<10} {r.module}:{r.line} {r.operator.split('/')[-1]}  {b!r} -> {a!r}  "
+            f"{r.seconds:.1f}s  {r.detail[:100]}")
 
 
 def main_cli(args) -> int:

@@ -91,6 +91,9 @@ def test_session_scores_writes_incrementally_and_honours_equivalents(tiny_root, 
     by_op = {r["operator"]: r for r in doc["results"]}
     assert by_op["core/ReplaceComparisonOperator_Gt_GtE"]["status"] == "equivalent"
     assert by_op["core/ReplaceComparisonOperator_Gt_Lt"]["status"] == "killed"
+    line = mutate.progress_line(1, 1, mutate.MutantResult(**{**by_op["core/ReplaceComparisonOperator_Gt_Lt"],
+                                                              "seconds": 0.5}))
+    assert line.startswith("[1/1] killed") and "'if x > hi:' -> 'if x < hi:'" in line and "impl/tiny.py:2" in line
     assert all(c["contracts"] == ["tiny-clamp"] for c in calls)
     assert doc["killed"] + doc["survived"] + doc["equivalent"] + doc["incompetent"] + doc["error"] \
         + doc["timeout"] + doc["uncovered"] == len(doc["results"])
