@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from contracts.core import AMD_TARGETS, Violation, contract, fmt, record_margin, single_threaded
 from contracts.subjects import bound
 from fuzz.sparse_metadata import (MetadataCase, MetadataConfig, MetadataStep, burst_case, key_pair_case,
-                                  metadata_case)
+                                  key_weakening_case, metadata_case)
 from impl.targets import Target, effective_cu_count
 from oracles import sparse_metadata as oracle
 
@@ -311,14 +311,16 @@ def _extents_examples(target: Target) -> list[MetadataCase]:
 
 
 @contract("cache-key-staleness", targets=AMD_TARGETS,
-          cases=lambda target: st.one_of(key_pair_case(), metadata_case(), key_pair_case(), burst_case()),
+          cases=lambda target: st.one_of(key_weakening_case(), metadata_case(), key_pair_case(), burst_case()),
           examples=_staleness_examples, skip_reason=_SKIP, case_type=MetadataCase, numeric=True)
 def cache_key_staleness(case: MetadataCase, target: Target) -> list[Violation]:
     """Whenever the sparse metadata builder reuses its cached work partition, the partition equals a fresh
     computation, and the attention a consumer computes by executing it equals the oracle's (float64, over the
     oracle's own kv lists, within a derived fp32/bf16 bound). With ``seq_lens_cpu`` missing the builder never serves a
-    stale partition and never fails silently (it copies the lengths to the host, a counted sync). Seed 000 (the
-    cache key and its unresolved review comment); SPEC section 6."""
+    stale partition and never fails silently (it copies the lengths to the host, a counted sync). A quarter of the
+    generated cases probe every weakening of the key by construction (``fuzz.sparse_metadata.key_weakening_case``:
+    each separable component dropped, the clamp tightened by one, consecutive steps equal under the weakened key with
+    different sparse lengths). Seed 000 (the cache key and its unresolved review comment); SPEC section 6."""
     return _replay(case, target, staleness=True, extents=False)
 
 

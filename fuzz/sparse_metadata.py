@@ -266,3 +266,177 @@ def key_pair_case(draw) -> MetadataCase:
     if draw(st.booleans()):
         steps.append(apply_op(steps[-1], draw(OP_STRATEGIES["repeat"]), cfg))
     return MetadataCase(config=cfg, steps=tuple(steps))
+
+
+# --- key weakenings -------------------------------------------------------------------------------------------------
+#
+# The builder's cache key (impl/sparse_metadata.py; FINDINGS.md M1) is
+# ``(T, max_query_len, H, bytes(request starts), bytes(min(seq_len, topk + q_len - 1)))``. A weakening drops one
+# component or tightens the clamp by one. For each weakening that can collide, :func:`key_weakening_case` puts two
+# consecutive steps into the case that are equal under the weakened key but have different per-token sparse lengths
+# (hence a different ``paged_kv_indptr``, work partition and attention): a builder keyed on the weakened key serves
+# the first step's partition to the second, and the contract sees it by construction, not by the draw's luck.
+#
+# Two components cannot be separated within one builder, so dropping them is an equivalent change, never probed:
+# ``max_query_len`` is the largest difference of the starts with ``T`` appended, and ``H`` (the padded head count) is
+# a constant of the builder.
+
+#: every component of the key, in order
+KEY_COMPONENTS = ("num_tokens", "max_query_len", "num_heads", "starts", "clamped")
+#: components whose removal no pair of steps of one builder can show, with why
+KEY_EQUIVALENT_DROPS = {
+    "max_query_len": "implied by the request starts and num_tokens",
+    "num_heads": "a constant of the builder",
+}
+#: the weakenings :func:`key_weakening_case` probes: a component dropped, or ``clamp-1`` (``min(seq_len, topk + q_len
+#: - 2)``); ``clamped-hostless`` drops the lengths on steps without ``seq_lens_cpu`` only, so both steps of its pair
+#: come without them
+KEY_WEAKENINGS = ("drop:num_tokens", "drop:starts", "drop:clamped", "clamped-hostless", "clamp-1")
+
+
+def _starts(q_lens) -> tuple[int, ...]:
+    out = [0]
+    for q in q_lens:
+        out.append(out[-1] + q)
+    return tuple(out)
+
+
+def step_key(step: MetadataStep, cfg: MetadataConfig, weakening: str | None = None) -> tuple:
+    """The builder's cache key of ``step`` as the design states it (``weakening`` None), or under one weakening
+    (a name of :data:`KEY_WEAKENINGS` or ``drop:<component>`` of :data:`KEY_COMPONENTS`). The padded head count is
+    the configured one (a constant of the builder, so its padding does not matter here)."""
+    starts = _starts(step.q_lens)
+    tighten = 1 if weakening == "clamp-1" else 0
+    clamped = tuple(min(s, cfg.topk + q - 1 - tighten) for q, s in zip(step.q_lens, step.seq_lens))
+    if weakening == "clamped-hostless" and not step.host_lens:
+        clamped = (0,) * len(clamped)
+    key = {"num_tokens": starts[-1], "max_query_len": max(step.q_lens), "num_heads": cfg.num_heads,
+           "starts": starts[:-1], "clamped": clamped}
+    if weakening is not None and weakening.startswith("drop:"):
+        comp = weakening[5:]
+        if comp not in key:
+            raise ValueError(f"weakening {weakening!r}: no key component {comp!r}; known: {', '.join(KEY_COMPONENTS)}")
+        del key[comp]
+    elif weakening not in (None, "clamp-1", "clamped-hostless"):
+        raise ValueError(f"unknown weakening {weakening!r}")
+    return tuple(key.items())
+
+
+def step_sparse_lengths(step: MetadataStep, topk: int) -> tuple[int, ...]:
+    """Per token ``min(seq_len - q_len + offset + 1, topk)`` (0 for an empty sequence): what the partition is a
+    function of (SPEC section 6)."""
+    out = []
+    for q, s in zip(step.q_lens, step.seq_lens):
+        out += [0 if s == 0 else min(s - q + off + 1, topk) for off in range(q)]
+    return tuple(out)
+
+
+def _with(prev: MetadataStep, q, s, rng: random.Random, host: bool | None = None) -> MetadataStep:
+    return MetadataStep(q_lens=tuple(q), seq_lens=tuple(s), host_lens=prev.host_lens if host is None else host,
+                        holes=rng.choice(HOLE_MODES), seed=rng.randrange(2**31))
+
+
+def _collide(prev: MetadataStep, weakening: str, cfg: MetadataConfig, rng: random.Random) -> MetadataStep | None:
+    """A step equal to ``prev`` under ``weakening`` with different sparse lengths, or None when ``prev`` has none."""
+    topk = cfg.topk
+    q, s = list(prev.q_lens), list(prev.seq_lens)
+    cands: list[tuple[list[int], list[int]]] = []
+    if weakening == "drop:num_tokens":
+        # the last request's query length changes; starts, max_query_len and every clamped length stay
+        if len(q) >= 2:
+            m = max(q[:-1])
+            for new in range(1, m + 1):
+                if new == q[-1] or q[-1] > m or sum(q) - q[-1] + new > cfg.max_tokens:
+                    continue
+                c = min(s[-1], topk + q[-1] - 1)
+                ns = c if c == 0 or c < topk + new - 1 else None
+                if ns is not None and (ns == 0 or ns >= new):
+                    cands.append((q[:-1] + [new], s[:-1] + [ns]))
+    elif weakening == "drop:starts":
+        # the query lengths permuted (T and max_query_len stay), each request's clamped length kept
+        for _ in range(12):
+            perm = q[:]
+            rng.shuffle(perm)
+            if perm == q:
+                continue
+            ns = []
+            for qo, so, qn in zip(q, s, perm):
+                c = min(so, topk + qo - 1)
+                if c == 0 or (c < topk + qn - 1 and c >= qn):
+                    ns.append(c)
+                elif c == topk + qn - 1:
+                    ns.append(c + rng.randint(0, 2))
+                else:
+                    break
+            else:
+                cands.append((perm, ns))
+    elif weakening in ("drop:clamped", "clamped-hostless"):
+        # one request's length moves so that its clamped length changes; near the clamp where possible
+        for r in range(len(q)):
+            lim = topk + q[r] - 1
+            for ns in {s[r] + 1, s[r] - 1, lim, lim - 1, lim + 1, q[r], 0}:
+                if (ns == 0 or ns >= q[r]) and min(ns, lim) != min(s[r], lim):
+                    cands.append((q, s[:r] + [ns] + s[r + 1:]))
+    elif weakening == "clamp-1":
+        # a length at or past the clamp against one just below it: min(seq, topk + q - 2) is the same for both
+        for r in range(len(q)):
+            lim = topk + q[r] - 1
+            if s[r] >= lim:
+                cands.append((q, s[:r] + [lim - 1] + s[r + 1:]))
+            elif s[r] == lim - 1:
+                cands.append((q, s[:r] + [lim + rng.randint(0, 2)] + s[r + 1:]))
+    else:
+        raise ValueError(f"unknown weakening {weakening!r}")
+    rng.shuffle(cands)
+    for nq, ns in cands:
+        nxt = _with(prev, nq, ns, rng)
+        if step_key(nxt, cfg, weakening) == step_key(prev, cfg, weakening) and \
+                step_sparse_lengths(nxt, topk) != step_sparse_lengths(prev, topk):
+            return nxt
+    return None
+
+
+def _setup(prev: MetadataStep, weakening: str, cfg: MetadataConfig, rng: random.Random) -> MetadataStep:
+    """A step from which ``weakening`` has a colliding successor: distinct query lengths, the largest not last,
+    lengths at most ``topk`` (so the clamps leave room), and for ``clamp-1`` one request at its clamp; for
+    ``clamped-hostless`` without ``seq_lens_cpu``."""
+    n = rng.randint(2, 4)
+    q = rng.sample(range(1, MAX_Q + 1), n)
+    if q.index(max(q)) == n - 1:
+        q[0], q[-1] = q[-1], q[0]
+    s = [rng.randint(MAX_Q, cfg.topk) if cfg.topk >= MAX_Q else MAX_Q for _ in q]
+    if weakening == "clamp-1":
+        r = rng.randrange(n)
+        s[r] = cfg.topk + q[r] - 1 + rng.randint(0, 1)
+    host = False if weakening == "clamped-hostless" else rng.random() < 0.75
+    return _with(prev, q, s, rng, host=host)
+
+
+@st.composite
+def key_weakening_case(draw) -> MetadataCase:
+    """Steps that probe every weakening of :data:`KEY_WEAKENINGS`, in a drawn order: for each, a step and its
+    successor equal under the weakened key but with different sparse lengths (:func:`step_key`,
+    :func:`step_sparse_lengths`). Where the previous step has no such successor a setup step comes first. A
+    builder whose key lost a component, or whose clamp is one tighter, serves a stale partition in this case,
+    whatever else was drawn."""
+    cfg = draw(config_strategy())
+    order = draw(st.permutations(KEY_WEAKENINGS))
+    rng = random.Random(draw(st.integers(0, 2**31 - 1)))
+    steps: list[MetadataStep] = []
+    prev: MetadataStep | None = None
+    for w in order:
+        nxt = None
+        if prev is not None and (w != "clamped-hostless" or not prev.host_lens):
+            nxt = _collide(prev, w, cfg, rng)
+        if nxt is None:
+            prev = _setup(prev or MetadataStep(q_lens=(1,), seq_lens=(1,)), w, cfg, rng)
+            steps.append(prev)
+            nxt = _collide(prev, w, cfg, rng)
+            if nxt is None:  # pragma: no cover - _setup's steps always have one (tests/test_key_weakening.py)
+                raise AssertionError(f"no colliding successor for {w} from {prev}")
+        if w == "clamped-hostless":
+            nxt = MetadataStep(q_lens=nxt.q_lens, seq_lens=nxt.seq_lens, host_lens=False, holes=nxt.holes,
+                               seed=nxt.seed)
+        steps.append(nxt)
+        prev = nxt
+    return MetadataCase(config=cfg, steps=tuple(steps))
