@@ -4,7 +4,9 @@ SPEC 1.2: the product passes 2^31 at about 57K blocks. Each probe writes or read
 larger than 2^32 bytes, whose block offset computed in 32 bits would wrap to a small positive value inside the same
 pool: a wrong read or write, not a crash. The pool's start is poisoned so a wrapped access cannot agree by accident.
 Probes: the SWA insert and the compressor (writers), the decode (readers, every kernel family), the indexer-K
-gather (both variants). A component adds its
+gather (both variants), the sparse prefill (kv rows, ragged and dense indices) and the decode's epilogues (inverse
+RoPE and MXFP8 input rows). Those rows are 1.6 G bf16 elements apart, a stride that still fits an int32 (Triton
+passes it as one), so only the kernel's own widening keeps ``row * stride`` in 64 bits. A component adds its
 own with :func:`int64_probe`, naming the entry points it runs; a case names the probes whose entry points the current
 subject has (``bound(target)``), so a subject without an SWA insert is probed through its compressor and decode.
 """
@@ -310,6 +312,134 @@ def _cp_gather_far_end(seed: int, bs: int, layout: str, target: Target) -> list[
     return out
 
 
+# --- the prefill's and the epilogues' probes: rows of a tensor at the far end of a 16-bit pool ------------------------
+
+#: elements between consecutive rows of a far-rows view: below 2^31, so Triton passes it as an int32 and only the
+#: kernel's own widening keeps ``row * stride`` in 64 bits; row 3 lies at 3 * FAR_ROW_STRIDE, past 2^32 elements
+FAR_ROW_STRIDE = 3 * 2 ** 29
+#: the view's first element in the pool: row 2's offset wrapped to int32 is negative, and lands this far before it
+#: (1 G elements), still inside the pool
+FAR_ROW_BASE = 2 ** 30 + 2 ** 20
+#: 16-bit word written where a row offset computed in 32 bits lands (bf16 0x7E7E, about 8.4e37)
+ROW_POISON = 0x7E7E
+
+
+def far_rows_pool(width: int, device, rows: int = 4):
+    """A ``[rows, width]`` bf16 view (3 or 4 rows) over an uninitialised pool of up to about 12 GB (pages are only
+    committed where touched), rows FAR_ROW_STRIDE elements apart, so row 2 lies past 2^31 elements and row 3 past
+    2^32: a row offset computed in int32 wraps to a place inside the same pool (before the view for row 2, after
+    it for row 3), which is poisoned. Returns (flat, view)."""
+    assert rows in (3, 4)
+    end = FAR_ROW_BASE + (rows - 1) * FAR_ROW_STRIDE + width
+    flat = torch.empty(end + 64, dtype=torch.int16, device=device)
+    for row in range(2, rows):
+        wrapped = FAR_ROW_BASE + ((row * FAR_ROW_STRIDE + 2 ** 31) % 2 ** 32 - 2 ** 31)
+        assert 0 <= wrapped - 64 and wrapped + width + 64 <= end
+        flat[wrapped - 64: wrapped + width + 64] = ROW_POISON
+    view = flat.view(torch.bfloat16).as_strided((rows, width), (FAR_ROW_STRIDE, 1), FAR_ROW_BASE)
+    return flat, view
+
+
+def _fill_rows(view, rows: torch.Tensor) -> None:
+    for r in range(rows.shape[0]):
+        view[r].copy_(rows[r].to(view.device))
+
+
+@int64_probe("prefill", ("prefill.sparse_attn_prefill",))
+def int64_prefill_probe(target: Target) -> list[Violation]:
+    """The sparse prefill addresses kv in int64 (``slot * stride(0)``): index rows naming every row of a ``[4, d]``
+    kv whose rows are 1.6 G elements apart (row 2 past 2^31 elements, row 3 past 2^32) give the oracle's output on a small
+    copy of the same rows, ragged and dense; a 32-bit row offset would read the poisoned words it wraps to."""
+    pre = bound(target).prefill
+    dev = kernel_device()
+    gen = torch.Generator().manual_seed(11)
+    h, d, rope = 2, 128, 64
+    rows = (torch.randn(4, d, generator=gen) * 2).to(torch.bfloat16)
+    q = torch.randn(2, h, d, generator=gen).to(torch.bfloat16)
+    dense = [[3, 1, 2, 0], [1, 3, -1, 0]]
+    lens = [4, 2]
+    flat, kv = far_rows_pool(d, dev)
+    try:
+        _fill_rows(kv, rows)
+        got = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = torch.full((2, h, d), math.nan, dtype=torch.bfloat16, device=dev)
+            pre.sparse_attn_prefill(q.to(dev), kv, torch.tensor([3, 1, 2, 0, 1, 3], dtype=torch.int32, device=dev),
+                                    0.1, None, out, indptr=torch.tensor([0, 4, 6], dtype=torch.int32, device=dev),
+                                    rope_head_dim=rope, target=target)
+            got["ragged"] = out.cpu().clone()
+            out = torch.full((2, h, d), math.nan, dtype=torch.bfloat16, device=dev)
+            pre.sparse_attn_prefill(q.to(dev), kv, torch.tensor(dense, dtype=torch.int64, device=dev), 0.1, None,
+                                    out, topk_length=torch.tensor(lens, dtype=torch.int32, device=dev),
+                                    rope_head_dim=rope, target=target)
+            got["dense"] = out.cpu().clone()
+    finally:
+        del flat, kv  # release the ~12 GB pool before the next probe allocates its own
+    from contracts.decode import attention_violations
+    from impl.runtime import triton_mode
+    from oracles import prefill as ref_prefill
+    ref = ref_prefill.ref_sparse_attn_prefill(q, rows, softmax_scale=0.1, attn_sink=None, out_width=d,
+                                              indices=[3, 1, 2, 0, 1, 3], indptr=[0, 4, 6])
+    tol = ref_prefill.prefill_tolerance(ref, "bfloat16", triton_mode(), d, "bfloat16")
+    out: list[Violation] = []
+    for kind, g in got.items():
+        out += attention_violations(f"prefill ({kind} indices) reading kv rows past 2^31 elements vs oracle", g,
+                                    ref.out, tol)
+    return out
+
+
+@int64_probe("epilogues", ("epilogues.inverse_rope_gptj", "epilogues.mxfp8_quantize"))
+def int64_epilogue_probe(target: Target) -> list[Violation]:
+    """The decode's epilogues address their input rows in int64 (``row * stride(0)``): the inverse RoPE of a
+    ``[3, 1, 128]`` x (bf16 out) and the MXFP8 quantization of a ``[3, 64]`` x, both bf16 with rows 1.6 G elements
+    apart (row 2 past 2^31 elements, where an int32 product turns negative), agree with the oracle on the same
+    rows; a 32-bit row offset would read the poisoned words it wraps to. (Three rows, not four: every program is a
+    row, and row 2 is the first a 32-bit offset gets wrong.)"""
+    epi = bound(target).epilogues
+    dev = kernel_device()
+    gen = torch.Generator().manual_seed(12)
+    out: list[Violation] = []
+    R, W = 3, 128
+    rows = (torch.randn(R, W, generator=gen) * 3).to(torch.bfloat16)
+    angles = torch.rand(8, 32, generator=gen, dtype=torch.float64) * 6.0
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
+    positions = [5, 0, 7]
+    flat, x = far_rows_pool(W, dev, rows=R)
+    try:
+        _fill_rows(x, rows)
+        x3 = x.as_strided((R, 1, W), (FAR_ROW_STRIDE, W, 1), FAR_ROW_BASE)
+        # bf16 out: the output every subject's inverse RoPE writes (upstream's writes nothing else)
+        rope_out = torch.full((R, 1, W), math.nan, dtype=torch.bfloat16, device=dev)
+        epi.inverse_rope_gptj(x3, cos_sin.to(dev), torch.tensor(positions, dtype=torch.int64, device=dev),
+                              out=rope_out)
+        rope_got = rope_out.cpu().to(torch.float64)
+        x64 = x.as_strided((R, 64), (FAR_ROW_STRIDE, 1), FAR_ROW_BASE)
+        codes = torch.full((R, 64), 0xA5, dtype=torch.uint8, device=dev)
+        scales = torch.full((R, 2), 0xA5, dtype=torch.uint8, device=dev)
+        epi.mxfp8_quantize(x64, codes=codes, scales=scales)
+        got_c, got_s = codes.cpu(), scales.cpu()
+    finally:
+        del flat, x  # release the ~8.6 GB pool before the next probe allocates its own
+    from oracles import epilogues as ref_epi
+    want, mag = ref_epi.inverse_rope_gptj(rows.reshape(R, 1, W), cos_sin, positions)
+    bound_ = ref_epi.rope_error_bound(want, mag, torch.bfloat16)
+    bad = ~((rope_got - want).abs() <= bound_)
+    if bool(bad.any()):
+        i = tuple(bad.nonzero()[0].tolist())
+        out.append(Violation("inverse RoPE of x rows past 2^31 elements outside the oracle's bound",
+                             f"row {i[0]} lane {i[2]} ({int(bad.sum())} lanes)", repr(want[i].item()),
+                             repr(rope_got[i].item())))
+    ref = ref_epi.mxfp8_quantize(rows[:, :64])
+    for name, g, w in (("scale codes", got_s, ref["scales"]), ("e4m3 codes", got_c, ref["codes"])):
+        if not torch.equal(g, w.to(torch.uint8)):
+            i = tuple((g != w.to(torch.uint8)).nonzero()[0].tolist())
+            out.append(Violation(f"mxfp8 {name} of x rows past 2^31 elements differ from the oracle",
+                                 f"{name}{list(i)} ({int((g != w.to(torch.uint8)).sum())} differ)",
+                                 str(int(w[i])), str(int(g[i]))))
+    return out
+
+
 @dataclass(frozen=True)
 class Int64Case(Case):
     """The probes to run, by their names in :data:`INT64_PROBES` (the generator names every registered one)."""
@@ -332,7 +462,8 @@ def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     """Every registered probe addresses the cache in int64 (SPEC 1.2, ``block * stride(0)``): the writers (SWA
     insert, compressor) store a token at the far end of a pool larger than 2^32 bytes, whose block offset wraps to
     a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
-    reads far-end tokens and agrees with the oracle; the indexer-K gather copies far-end tokens exactly. A case runs the probes whose entry points the subject has."""
+    reads far-end tokens and agrees with the oracle; the indexer-K gather copies far-end tokens exactly; the prefill
+    and the epilogues read rows past 2^32 elements and agree with the oracle. A case runs the probes whose entry points the subject has."""
     out = []
     for name in case.probes:
         out += INT64_PROBES[name](target)
