@@ -333,3 +333,105 @@ def build_compressor_inputs(case: CompressorCase, device) -> dict:
         "slot_mapping": torch.tensor(case.slots, dtype=torch.int64, device=device),
         "norm_weight": w.to(device), "cos_sin_cache": cos_sin.to(device),
     }
+
+
+# --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
+
+WRITERS = ("swa", "c4", "c128", "c128-two-stage")
+SPECIAL_CLASSES = ("none", "nan", "inf", "huge", "tiny")
+_SPECIAL_CLASS = {"nan": "nan", "inf": "inf", "-inf": "inf", "huge": "huge", "huger": "huge", "denormal": "tiny",
+                  "zero-group": "tiny"}
+
+
+def _writer_of(case: WriterCase) -> str:
+    if case.swa is not None:
+        return "swa"
+    c = case.compressor
+    return "c4" if c.ratio == 4 else ("c128-two-stage" if c.two_stage else "c128")
+
+
+def _bs_class(bs: int) -> str:
+    return "1" if bs == 1 else ("odd" if bs % 2 else "even")
+
+
+def classify_writer(case: WriterCase, target) -> dict:
+    """The dimension values a writer case hits (the special class is its first planted special's)."""
+    inner = case.swa if case.swa is not None else case.compressor
+    specials = inner.specials
+    kind = specials[0][-1] if specials else None
+    return {"writer": _writer_of(case), "special": "none" if kind is None else _SPECIAL_CLASS[kind],
+            "block": _bs_class(inner.block_size), "padded": inner.padded,
+            "weight": "normal" if case.swa is not None else case.compressor.weight,
+            "skip": any(s == -1 for s in inner.slots)}
+
+
+def _special_kind(cls: str, seed: int) -> str:
+    return {"nan": ("nan",), "inf": ("inf", "-inf"), "huge": ("huge",), "tiny": ("denormal", "zero-group")}[cls][
+        seed % (2 if cls in ("inf", "tiny") else 1)]
+
+
+def force_writer(case: WriterCase, combo: dict, target) -> WriterCase:
+    """``case`` rewritten to hit ``combo``: a case of another writer is made afresh from the drawn one's seed (two
+    tokens, window ends for the compressor); geometry, slots, the special and the weight are then set."""
+    import dataclasses
+
+    inner = case.swa if case.swa is not None else case.compressor
+    seed = inner.seed
+    writer = combo.get("writer", _writer_of(case))
+    if writer != _writer_of(case):
+        if writer == "swa":
+            inner = SwaCase(seed=seed, T=2, slots=(0, 1), log_scale=(seed % 7 - 3, 0), block_size=1, num_blocks=2)
+        else:
+            ratio = 4 if writer == "c4" else 128
+            inner = CompressorCase(seed=seed, ratio=ratio, state_block_size=4 if ratio == 4 else 8,
+                                   positions=(ratio - 1, 2 * ratio - 1), reqs=(0, 0), slots=(0, 1), block_size=1,
+                                   num_blocks=2, two_stage=writer == "c128-two-stage")
+    f = {k.name: getattr(inner, k.name) for k in dataclasses.fields(inner)}
+    T = len(f["slots"])
+    bs = {"1": 1, "odd": 3, "even": 2}.get(combo.get("block"), f["block_size"])
+    skip = combo.get("skip", any(s == -1 for s in f["slots"]))
+    n_slots = bs * (-(-T // bs) + f["spare_blocks"])
+    f.update(block_size=bs, num_blocks=n_slots // bs,
+             slots=tuple(-1 if (skip and i == T - 1) else n_slots - 1 - i for i in range(T)))
+    if "padded" in combo:
+        f["padded"] = combo["padded"]
+    if "special" in combo:
+        cls = combo["special"]
+        if cls == "none":
+            f["specials"] = ()
+        else:
+            kind = _special_kind(cls, seed)
+            f["specials"] = ((0, seed % 512, kind),) if writer == "swa" else ((0, "kv", seed % 512, kind),)
+    if writer != "swa" and "weight" in combo:
+        f["weight"] = combo["weight"]
+    inner = type(inner)(**f)
+    return WriterCase(swa=inner) if writer == "swa" else WriterCase(compressor=inner)
+
+
+def _writer_allowed(c: dict, target) -> bool:
+    if c.get("writer") == "swa":
+        if c.get("weight", "normal") != "normal":
+            return False
+        from contracts.formats import subject_has  # the subject under audit may lack the SWA insert
+
+        if not subject_has(target, "cache_writers", "quantize_and_insert_k_cache"):
+            return False
+    return True
+
+
+def _declare_writers():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "cache-writers",
+        (Dimension("writer", WRITERS, "SWA insert, compressor ratio 4, ratio 128 single-pass and two-stage"),
+         Dimension("special", SPECIAL_CLASSES, "the first planted special: NaN, +-inf, fp32 overflow, denormal/zero"),
+         Dimension("block", ("1", "odd", "even"), "pool block-size class"),
+         Dimension("padded", (False, True), "block stride wider than a block"),
+         Dimension("weight", WEIGHT_KINDS, "the compressor's norm-weight kind"),
+         Dimension("skip", (False, True), "a token with slot -1")),
+        (("writer", "special"), ("block", "padded")),
+        classify_writer, force_writer, _writer_allowed), "writer-oracle-exact")
+
+
+WRITER_DIMENSIONS = _declare_writers()

@@ -12,7 +12,7 @@ dimension that interacts with none is required value by value. Two functions tie
   array's cases keep the generator's shapes and seeds.
 
 ``allowed(partial, target) -> bool`` rules out combinations that cannot exist on a target (adaptive splits off
-gfx950, say); it must only relate dimensions of one interaction component. Covering arrays come from ``allpairspy``.
+gfx950, say), or that a case cannot carry (a compressor's weight kind on an SWA-insert case). Covering arrays come from ``allpairspy``.
 Families are declared for contract ids with :func:`declare`; a contract without one reports no declared pairs.
 """
 from __future__ import annotations
@@ -25,6 +25,8 @@ from typing import Any, Callable
 #: pair; nightly every interacting triple (where the array stays within :data:`NIGHTLY_MAX_ROWS`, else pairs)
 STRENGTH = {"dev": 0, "ci": 2, "nightly": 3}
 NIGHTLY_MAX_ROWS = 400
+#: the fuzz modules that declare families (each declares on import, beside its generators)
+DECLARING_MODULES = ("fuzz.decode", "fuzz.cache_writers")
 
 
 @dataclass(frozen=True)
@@ -123,14 +125,28 @@ class Family:
                 rows = [dict(zip(comp, r)) for r in AllPairs(vals, n=min(strength, len(comp)), filter_func=ok)]
                 rows += self._top_up(rows, comp, target, strength)
             per_comp.append(rows)
-        size = max(len(r) for r in per_comp)
-        out = []
-        for i in range(size):
-            row: dict = {}
-            for rows in per_comp:
-                row.update(rows[i % len(rows)])
-            out.append(row)
-        return out
+        # lay the components side by side: each merged row takes the first still unplaced row of the next
+        # component that ``allowed`` accepts with it (else any accepted one); rows left over start rows of their own
+        per_comp.sort(key=len, reverse=True)
+        out: list[dict] = [dict(r) for r in per_comp[0]]
+        done = [per_comp[0]]
+        for comp_rows in per_comp[1:]:
+            pending = list(comp_rows)
+            for row in out:
+                pick = next((p for p in pending if self._ok({**row, **p}, target)), None)
+                if pick is not None:
+                    pending.remove(pick)
+                else:
+                    pick = next((p for p in comp_rows if self._ok({**row, **p}, target)), comp_rows[0])
+                row.update(pick)
+            for p in pending:
+                row = dict(p)
+                for rows in done:
+                    row.update(next((r for r in rows if self._ok({**row, **r}, target)), rows[0]))
+                out.append(row)
+            done.append(comp_rows)
+        order = [d.name for d in self.dimensions]
+        return [{k: row[k] for k in order} for row in out]
 
     def _top_up(self, rows: list[dict], comp: list[str], target, strength: int) -> list[dict]:
         """Rows for the required tuples of ``comp`` that allpairspy's filtered search left out (it drops some
