@@ -311,3 +311,111 @@ def compile_once_examples() -> list[CompileOnceCase]:
     return [CompileOnceCase(seed=21, layout="normal", block_size=3, num_blocks=3, table_width=6, launches=launches),
             CompileOnceCase(seed=22, layout="normal", block_size=3, num_blocks=3, table_width=7, launches=launches,
                             table_rows=PERSISTENT_ROWS)]
+
+
+# --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
+
+GATHER_BLOCKS = ("1", "odd", "16", "32", "64")
+GATHER_SEQ_CLASSES = ("0", "1", "bs-1", "bs", "bs+1")
+TABLE_CLASSES = ("exact", "narrow", "wide")
+INVALID_BLOCK_CLASSES = ("none", "-1", "past", "int32")
+BAD_BATCH_CLASSES = ("none", "-1", "past", "int32", "wrong-seq")
+
+
+def _gather_bs(cls: str) -> int:
+    return {"1": 1, "odd": 3}.get(cls) or int(cls)
+
+
+def _gather_block_class(bs: int) -> str:
+    return "1" if bs == 1 else (str(bs) if bs in (16, 32, 64) else ("odd" if bs % 2 else "other"))
+
+
+def _gather_seq_len(cls: str, bs: int) -> int:
+    return {"0": 0, "1": 1, "bs-1": bs - 1, "bs": bs, "bs+1": bs + 1}[cls]
+
+
+def classify_gather(case: CpGatherCase, target) -> dict:
+    """The dimension values a gather case hits (the length class is the first sequence's, the invalid entries the
+    first ones planted)."""
+    bs, nb, B = case.block_size, case.num_blocks, case.num_batches
+    out = {"layout": case.layout, "block": _gather_block_class(bs), "index_dtype": case.index_dtype}
+    if B:
+        n = case.seq_lens[0]
+        out["seq"] = next((c for c in GATHER_SEQ_CLASSES if _gather_seq_len(c, bs) == n), "other")
+        need = max([-(-m // bs) for m in case.seq_lens] + [1])
+        out["table"] = "exact" if case.table_width == need else ("narrow" if case.table_width < need else "wide")
+    bad = [v for row in case.table for v in row if not 0 <= v < nb]
+    out["invalid_block"] = ("none" if not bad else "-1" if bad[0] == -1 else
+                            "int32" if bad[0] in (INT32_MIN, INT32_MAX) else "past" if bad[0] >= nb else "other")
+    truth = [b for b, n in enumerate(case.seq_lens) for _ in range(n)] + [max(B - 1, 0)] * case.extra_tokens
+    wrong = [v for t, v in case.token_to_seq_edits if v != truth[t]]
+    out["bad_batch"] = ("none" if not wrong else "-1" if wrong[0] == -1 else
+                        "int32" if wrong[0] in (INT32_MIN, INT32_MAX) else "past" if wrong[0] >= B else
+                        "wrong-seq" if wrong[0] >= 0 else "other")
+    return out
+
+
+def force_gather(case: CpGatherCase, combo: dict, target) -> CpGatherCase:
+    """``case`` rewritten to hit ``combo``: layout and block size, the first sequence's length, the table's width
+    (valid blocks), then one invalid block at the first entry and one bad batch id at the first token."""
+    layout = combo.get("layout", case.layout)
+    bs = _gather_bs(combo["block"]) if "block" in combo else case.block_size
+    nb = case.num_blocks
+    lens = list(case.seq_lens) or [0]
+    lens = [min(n, 2 * bs + 1) for n in lens]
+    if "seq" in combo:
+        lens[0] = _gather_seq_len(combo["seq"], bs)
+    need = max([-(-n // bs) for n in lens] + [1])
+    width = {"exact": need, "narrow": need - 1, "wide": need + 1}[combo.get("table", "exact")]
+    B = len(lens)
+    rows = [[(b + c + case.seed) % nb for c in range(width)] for b in range(B)]
+    inv = combo.get("invalid_block", "none")
+    if inv != "none" and width:
+        rows[0][0] = {"-1": -1, "past": nb + case.seed % 8, "int32": (INT32_MAX, INT32_MIN)[case.seed % 2]}[inv]
+    extra = case.extra_tokens
+    bad = combo.get("bad_batch", "none")
+    if bad != "none" and sum(lens) + extra == 0:
+        extra = 1
+    edits = ()
+    if bad != "none":
+        truth0 = 0 if lens[0] else (next((b for b, n in enumerate(lens) if n), B - 1))
+        value = {"-1": -1, "past": B + case.seed % 4, "int32": (INT32_MAX, INT32_MIN)[case.seed % 2],
+                 "wrong-seq": (truth0 + 1) % (B + 1)}[bad]
+        if bad == "wrong-seq" and value >= B:  # one sequence only: a second, empty one to point at
+            lens, rows, B = lens + [0], rows + [[0] * width], B + 1
+            value = (truth0 + 1) % B
+        edits = ((0, value),)
+    return CpGatherCase(seed=case.seed, layout=layout, block_size=bs, num_blocks=nb, seq_lens=tuple(lens),
+                        table_width=width, table=tuple(tuple(r) for r in rows), stride_pad=case.stride_pad,
+                        offset_blocks=case.offset_blocks, extra_tokens=extra, token_to_seq_edits=edits,
+                        index_dtype=combo.get("index_dtype", case.index_dtype))
+
+
+def _gather_allowed(c: dict, target) -> bool:
+    layout, block, seq = c.get("layout"), c.get("block"), c.get("seq")
+    if layout == "shuffle" and block in ("1", "odd"):
+        return False
+    if layout == "default" and block == "odd":
+        return False
+    if block == "1" and seq in ("bs-1", "bs"):  # the same lengths as "0" and "1"
+        return False
+    return True
+
+
+def _declare_gather():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "cp-gather",
+        (Dimension("layout", ("normal", "shuffle", "default")),
+         Dimension("block", GATHER_BLOCKS, "block size: 1, odd, and the SHUFFLE tile multiples 16, 32, 64"),
+         Dimension("seq", GATHER_SEQ_CLASSES, "the first sequence's length around the block size"),
+         Dimension("table", TABLE_CLASSES, "the table width against the blocks the longest sequence needs"),
+         Dimension("invalid_block", INVALID_BLOCK_CLASSES, "a table entry -1, past the cache, INT32 extremes"),
+         Dimension("bad_batch", BAD_BATCH_CLASSES, "a token's batch id: -1, >= B, INT32 extremes, another seq's"),
+         Dimension("index_dtype", ("int32", "int64"))),
+        (("layout", "block"), ("block", "seq"), ("invalid_block", "index_dtype"), ("bad_batch", "index_dtype")),
+        classify_gather, force_gather, _gather_allowed), "gather-oracle-exact")
+
+
+GATHER_DIMENSIONS = _declare_gather()
