@@ -366,6 +366,9 @@ def force_gather(case: CpGatherCase, combo: dict, target) -> CpGatherCase:
     if "seq" in combo:
         lens[0] = _gather_seq_len(combo["seq"], bs)
     need = max([-(-n // bs) for n in lens] + [1])
+    if combo.get("table") == "narrow" and need == 1:  # a narrow table of width 0 has no entry to plant into
+        lens.append(bs + 1)
+        need = 2
     width = {"exact": need, "narrow": need - 1, "wide": need + 1}[combo.get("table", "exact")]
     B = len(lens)
     rows = [[(b + c + case.seed) % nb for c in range(width)] for b in range(B)]

@@ -142,3 +142,37 @@ def test_audit_merge_unions_the_two_passes(declared):
     m = _merge(RowResult("x", "generic", "pass", reach_required=req, reach_covered={req[0]}, reach_enforced=True),
                RowResult("x", "generic", "pass"))
     assert m.status == "incomplete" and m.reach["missing"] == ["a=1"]
+
+
+def _bases():
+    from fuzz.cache_writers import SwaCase, WriterCase
+    from fuzz.cp_gather import CpGatherCase
+    from fuzz.decode import DecodeCase
+
+    return {
+        "decode-oracle-agreement": [DecodeCase(
+            seed=s, batch=2, heads=1, main_bs=1, extra_bs=1, main_lens=(0, 3), extra_lens=(0, 5), invalid_rate=0.0,
+            indptr_offset=0, tail_junk=0, scale=0.03125, sink="none", poison="none", padded=False,
+            q_transposed=False, cu_count=1) for s in (0, 1, 2)],
+        "writer-oracle-exact": [WriterCase(swa=SwaCase(seed=s, T=1, slots=(0,), log_scale=(0,), num_blocks=1))
+                                for s in (0, 1)],
+        "gather-oracle-exact": [CpGatherCase(seed=s, layout="normal", block_size=1, num_blocks=1, seq_lens=(),
+                                             table_width=0, table=()) for s in (0, 1, 3)],
+    }
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_forced_cases_hit_their_rows(target):
+    """Each covering row forced onto a (deliberately plain) case classifies as that row: a force that cannot reach a
+    combination shows here, not as a ci row missing a pair."""
+    import importlib
+
+    for m in D.DECLARING_MODULES:
+        importlib.import_module(m)
+    t = get_target(target)
+    for cid, bases in _bases().items():
+        family = D.family_for(cid)
+        for base in bases:
+            for row in family.covering_array(t, 2):
+                got = family.classify(family.force(base, row, t), t)
+                assert {k: got.get(k) for k in row} == row, (cid, base, row, got)
