@@ -309,3 +309,109 @@ def build_prefill_inputs(case: IndexerLogitsCase, flavour: str, device: str | No
                          k_codes=k_codes, k_scale=k_scale.to(device), weights=weights.to(device),
                          ks=torch.tensor(case.row_starts, dtype=torch.int32).to(device),
                          ke=torch.tensor(case.row_ends, dtype=torch.int32).to(device))
+
+
+# --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
+
+LOGITS_GEOMETRIES = tuple(f"bs{bs}" + ("-shuffle" if lay == "shuffle" else "") for bs, lay in GEOMETRIES) + (
+    "prefill",)
+LOGITS_SHAPES = ("single", "mtp", "mtp-per-row")
+LOGITS_CTX = ("0", "page-1", "page", "page+1")
+LOGITS_TOPK = ("below", "equal", "above")
+LOGITS_POISON = ("none", "nan-q", "nan-k", "inf-scale", "nan-scale", "negative-scale")
+
+
+def _longest(case: IndexerLogitsCase) -> int:
+    if case.mode == "prefill":
+        return max(e - s for s, e in zip(case.row_starts, case.row_ends))
+    return max(max(v) for v in case.visible())
+
+
+def classify_logits(case: IndexerLogitsCase, target) -> dict:
+    """The dimension values an indexer-logits case hits (the length class is the first request's / row's)."""
+    out = {"values": case.values}
+    out["poison"] = ("nan-q" if case.nan_q else "nan-k" if case.nan_k else
+                     "none" if case.bad_scale == "none" else f"{case.bad_scale}-scale")
+    longest = _longest(case)
+    out["topk"] = "below" if case.topk < longest else ("equal" if case.topk == longest else "above")
+    if case.mode == "prefill":
+        out.update(geometry="prefill", shape="single",
+                   ctx="0" if case.row_ends[0] == case.row_starts[0] else "other")
+        return out
+    bs = case.block_size
+    out["geometry"] = f"bs{bs}" + ("-shuffle" if case.layout == "shuffle" else "")
+    out["shape"] = "single" if case.next_n == 1 else ("mtp-per-row" if case.per_row else "mtp")
+    c = case.context_lens[0]
+    out["ctx"] = next((k for k, n in (("0", 0), ("page-1", bs - 1), ("page", bs), ("page+1", bs + 1)) if c == n),
+                      "other")
+    return out
+
+
+def force_logits(case: IndexerLogitsCase, combo: dict, target) -> IndexerLogitsCase:
+    """``case`` rewritten to hit ``combo``: geometry, shape and the first length class (lengths rebuilt), the
+    top-k against the longest visible row, value kind and one planted poison."""
+    geometry = combo.get("geometry", classify_logits(case, target)["geometry"])
+    poison = combo.get("poison")
+    common = dict(seed=case.seed, heads=case.heads, values=combo.get("values", case.values))
+    if poison is not None:
+        common.update(nan_q=poison == "nan-q", nan_k=poison == "nan-k",
+                      bad_scale=poison[:-len("-scale")] if poison.endswith("-scale") else "none")
+    else:
+        common.update(nan_q=case.nan_q, nan_k=case.nan_k, bad_scale=case.bad_scale)
+    topk_cls = combo.get("topk", "above")
+    if geometry == "prefill":
+        if case.mode == "prefill":
+            starts, ends, keys = list(case.row_starts), list(case.row_ends), case.keys
+        else:
+            starts, ends, keys = [0, 1], [0, 6], 8
+        if combo.get("ctx") == "0":
+            ends[0] = starts[0]
+        elif ends[0] == starts[0] and "ctx" in combo:
+            ends[0] = min(starts[0] + 1, keys)
+        if max(e - s for s, e in zip(starts, ends)) < 2:
+            starts, ends, keys = starts + [0], ends + [2], max(keys, 2)
+        out = IndexerLogitsCase(mode="prefill", topk=1, keys=keys, row_starts=tuple(starts), row_ends=tuple(ends),
+                                **common)
+    else:
+        bs = int(geometry[2:].split("-")[0])
+        layout = "shuffle" if geometry.endswith("-shuffle") else "normal"
+        shape = combo.get("shape", "single")
+        next_n, per_row = {"single": (1, False), "mtp": (2, False), "mtp-per-row": (2, True)}[shape]
+        first = {"0": 0, "page-1": bs - 1, "page": bs, "page+1": bs + 1}[combo.get("ctx", "page")]
+        ctx = [first, bs + 2]  # a second request keeps a row at least two long (top-k below it exists)
+        if per_row:
+            ctx = [max(c - next_n + j + 1, 0) for c in ctx for j in range(next_n)]
+        out = IndexerLogitsCase(mode="decode", topk=1, next_n=next_n, block_size=bs, layout=layout,
+                                context_lens=tuple(ctx), per_row=per_row, max_model_len=1 << 20,
+                                extra_columns=case.extra_columns if case.mode == "decode" else 1,
+                                spare_blocks=case.spare_blocks, **common)
+        out = out.replace(max_model_len=_longest(out) + 1)
+    longest = _longest(out)
+    return out.replace(topk={"below": longest - 1, "equal": longest, "above": longest + 2}[topk_cls])
+
+
+def _logits_allowed(c: dict, target) -> bool:
+    g = c.get("geometry")
+    if g == "prefill" and (c.get("shape", "single") != "single" or c.get("ctx", "0") != "0"):
+        return False
+    if g == "bs1" and c.get("ctx") == "page-1":  # the same length as "0"
+        return False
+    return True
+
+
+def _declare_logits():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "indexer-logits",
+        (Dimension("geometry", LOGITS_GEOMETRIES, "paged block size and layout, or the prefill's gathered keys"),
+         Dimension("shape", LOGITS_SHAPES, "one query row per request, MTP rows, MTP rows with per-row lengths"),
+         Dimension("ctx", LOGITS_CTX, "the first request's length around its page"),
+         Dimension("topk", LOGITS_TOPK, "top-k against the longest visible row"),
+         Dimension("values", ("normal", "ties", "wide")),
+         Dimension("poison", LOGITS_POISON, "a NaN code in q or a key, a key scale inf / NaN / negative")),
+        (("geometry", "ctx"), ("topk", "values"), ("poison", "values")),
+        classify_logits, force_logits, _logits_allowed), "indexer-logits-agreement")
+
+
+LOGITS_DIMENSIONS = _declare_logits()

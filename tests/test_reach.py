@@ -148,6 +148,7 @@ def _bases():
     from fuzz.cache_writers import SwaCase, WriterCase
     from fuzz.cp_gather import CpGatherCase
     from fuzz.decode import DecodeCase
+    from fuzz.indexer_logits import IndexerLogitsCase
 
     return {
         "decode-oracle-agreement": [DecodeCase(
@@ -158,6 +159,9 @@ def _bases():
                                 for s in (0, 1)],
         "gather-oracle-exact": [CpGatherCase(seed=s, layout="normal", block_size=1, num_blocks=1, seq_lens=(),
                                              table_width=0, table=()) for s in (0, 1, 3)],
+        "indexer-logits-agreement": [
+            IndexerLogitsCase(seed=0, mode="decode", heads=1, topk=1, context_lens=(0,), block_size=1),
+            IndexerLogitsCase(seed=1, mode="prefill", heads=1, topk=1, keys=1, row_starts=(0,), row_ends=(0,))],
     }
 
 
