@@ -26,7 +26,8 @@ from typing import Any, Callable
 STRENGTH = {"dev": 0, "ci": 2, "nightly": 3}
 NIGHTLY_MAX_ROWS = 400
 #: the fuzz modules that declare families (each declares on import, beside its generators)
-DECLARING_MODULES = ("fuzz.decode", "fuzz.cache_writers", "fuzz.cp_gather", "fuzz.indexer_logits")
+DECLARING_MODULES = ("fuzz.decode", "fuzz.cache_writers", "fuzz.cp_gather", "fuzz.indexer_logits",
+                     "fuzz.sparse_metadata")
 
 
 @dataclass(frozen=True)

@@ -440,3 +440,84 @@ def key_weakening_case(draw) -> MetadataCase:
         steps.append(nxt)
         prev = nxt
     return MetadataCase(config=cfg, steps=tuple(steps))
+
+
+# --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
+
+TRANSITIONS = ("fresh", "repeat", "decode", "shrink", "grow")
+LENS_CLASSES = ("plain", "empty", "at-topk")
+
+
+def _transition(prev: MetadataStep | None, last: MetadataStep) -> str:
+    if prev is None:
+        return "fresh"
+    pq, ps, q, s = list(prev.q_lens), list(prev.seq_lens), list(last.q_lens), list(last.seq_lens)
+    if (pq, ps) == (q, s):
+        return "repeat"
+    if len(q) == len(pq) and all(x == 1 for x in q) and s == [0 if x == 0 else x + 1 for x in ps]:
+        return "decode"
+    if len(q) < len(pq) and (pq[:len(q)], ps[:len(q)]) == (q, s):
+        return "shrink"
+    if len(q) > len(pq) and (q[:len(pq)], s[:len(pq)]) == (pq, ps):
+        return "grow"
+    return "fresh"
+
+
+def _lens_class(step: MetadataStep, topk: int) -> str:
+    if any(x == 0 for x in step.seq_lens):
+        return "empty"
+    if any(topk - 1 <= x <= topk + 1 for x in step.seq_lens):
+        return "at-topk"
+    return "plain"
+
+
+def classify_metadata(case: MetadataCase, target) -> dict:
+    """The dimension values a metadata case hits: how its last step follows the one before, and that step's
+    host lengths, hole placement and length class; the builder's block size and head count."""
+    steps, cfg = case.steps, case.config
+    last = steps[-1]
+    return {"transition": _transition(steps[-2] if len(steps) > 1 else None, last), "host_lens": last.host_lens,
+            "holes": last.holes, "lens": _lens_class(last, cfg.topk), "block_size": cfg.block_size,
+            "heads": cfg.num_heads}
+
+
+def force_metadata(case: MetadataCase, combo: dict, target) -> MetadataCase:
+    """``case`` with its last two steps replaced: a fresh step holding the length class, then the transition's op
+    with the host lengths and holes of ``combo``; block size and heads set on the configuration."""
+    import dataclasses
+
+    cfg = dataclasses.replace(case.config, block_size=combo.get("block_size", case.config.block_size),
+                              num_heads=combo.get("heads", case.config.num_heads))
+    lens = combo.get("lens", "plain")
+    mid = {"plain": "topk+10", "empty": "empty", "at-topk": "topk+0"}[lens]
+    seed = case.steps[-1].seed
+    prev = apply_op(None, MetadataOp(op="fresh", host_lens=True, holes="prefix", seed=seed,
+                                     reqs=((1, "topk+10"), (2, mid), (1, "topk+12"))), cfg)
+    kind = combo.get("transition", "repeat")
+    host, holes = combo.get("host_lens", True), combo.get("holes", "prefix")
+    if kind == "fresh":
+        op = MetadataOp(op="fresh", host_lens=host, holes=holes, seed=seed + 1,
+                        reqs=((2, "topk+13"), (1, mid)))
+    else:
+        op = MetadataOp(op=kind, host_lens=host, holes=holes, seed=seed + 1, keep=2,
+                        reqs=((1, "topk+11"),))
+    last = apply_op(prev, op, cfg)
+    return MetadataCase(config=cfg, steps=tuple(case.steps[:-2]) + (prev, last))
+
+
+def _declare_metadata():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "sparse-metadata",
+        (Dimension("transition", TRANSITIONS, "how the last step follows the one before (the step-sequence shape)"),
+         Dimension("host_lens", (True, False), "seq_lens_cpu passed, or missing"),
+         Dimension("holes", HOLE_MODES, "where the -1 holes of the top-k rows go"),
+         Dimension("lens", LENS_CLASSES, "the last step's lengths: an empty sequence, one at topk +-1, neither"),
+         Dimension("block_size", (1, 3)),
+         Dimension("heads", (2, 16, 17))),
+        (("transition", "host_lens"), ("transition", "holes"), ("transition", "lens"), ("block_size", "heads")),
+        classify_metadata, force_metadata), "shrink-tail-extents")
+
+
+METADATA_DIMENSIONS = _declare_metadata()

@@ -149,6 +149,7 @@ def _bases():
     from fuzz.cp_gather import CpGatherCase
     from fuzz.decode import DecodeCase
     from fuzz.indexer_logits import IndexerLogitsCase
+    from fuzz.sparse_metadata import MetadataCase, MetadataConfig, MetadataStep
 
     return {
         "decode-oracle-agreement": [DecodeCase(
@@ -162,6 +163,9 @@ def _bases():
         "indexer-logits-agreement": [
             IndexerLogitsCase(seed=0, mode="decode", heads=1, topk=1, context_lens=(0,), block_size=1),
             IndexerLogitsCase(seed=1, mode="prefill", heads=1, topk=1, keys=1, row_starts=(0,), row_ends=(0,))],
+        "shrink-tail-extents": [MetadataCase(
+            config=MetadataConfig(seed=0, topk=k, granularity=8, block_size=1, num_heads=2),
+            steps=(MetadataStep(q_lens=(1,), seq_lens=(1,)),) * n) for k, n in ((4, 1), (24, 3))],
     }
 
 
