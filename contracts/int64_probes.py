@@ -347,9 +347,10 @@ def _fill_rows(view, rows: torch.Tensor) -> None:
 
 @int64_probe("prefill", ("prefill.sparse_attn_prefill",))
 def int64_prefill_probe(target: Target) -> list[Violation]:
-    """The sparse prefill addresses kv in int64 (``slot * stride(0)``): index rows naming every row of a ``[4, d]``
-    kv whose rows are 1.6 G elements apart (row 2 past 2^31 elements, row 3 past 2^32) give the oracle's output on a small
-    copy of the same rows, ragged and dense; a 32-bit row offset would read the poisoned words it wraps to."""
+    """The sparse prefill addresses kv in int64 (``slot * stride(0)``): index rows naming every row of a
+    ``[4, d]`` kv whose rows are 1.6 G elements apart (row 2 past 2^31 elements, row 3 past 2^32) give the oracle's
+    output on a small copy of the same rows, ragged and dense; a 32-bit row offset would read the poisoned words it
+    wraps to."""
     pre = bound(target).prefill
     dev = kernel_device()
     gen = torch.Generator().manual_seed(11)
@@ -463,7 +464,8 @@ def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     insert, compressor) store a token at the far end of a pool larger than 2^32 bytes, whose block offset wraps to
     a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
     reads far-end tokens and agrees with the oracle; the indexer-K gather copies far-end tokens exactly; the prefill
-    and the epilogues read rows past 2^32 elements and agree with the oracle. A case runs the probes whose entry points the subject has."""
+    and the epilogues read rows past 2^31 elements and agree with the oracle. A case runs the probes whose entry
+    points the subject has."""
     out = []
     for name in case.probes:
         out += INT64_PROBES[name](target)
