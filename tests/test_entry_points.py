@@ -43,8 +43,7 @@ ALLOWED_UNEXERCISED: dict[str, str] = {
     "graph_capture.GraphReplayError": "an exception class with no code of its own (a trace sees no raise); "
                                       "graph-replay-agreement catches it (contracts/graph_capture.py)",
     "graph_capture.describe_launch_diff": "words GraphReplayError's message; runs only when a replay's launch differs "
-                                          "from the capture's, which correct code never does (the graph zoo's "
-                                          "planted bugs reach it)",
+                                          "from the capture's, which correct code never does",
     "runtime.configure_triton_mode": "runs once at `import impl` (impl/__init__.py), before any contract, and every "
                                      "kernel launch the contracts make depends on it",
     "runtime.native_without_gpu_hint": "words the tail of a wrong-device error message; not an entry point",
@@ -52,9 +51,9 @@ ALLOWED_UNEXERCISED: dict[str, str] = {
                                      "tests/test_decode.py and tests/test_splits.py; the device computation itself "
                                      "runs under decode-oracle-agreement's adaptive cases",
     "splits.row_iters": "used only by splits.adaptive_active_splits (the host mirror above)",
-    "targets.aiter_status": "asks the host whether AMD AITER is importable; the routing contracts state AITER's "
-                            "presence themselves (a stand-in module or a patched loader) instead of asking the host; "
-                            "tests/test_targets.py tests it",
+    "targets.aiter_status": "asks the host whether AMD AITER is importable; the contracts state AITER's use "
+                            "themselves (cache-key-staleness passes use_aiter=False, opus-routing-guard patches the "
+                            "OPUS loader) instead of asking the host; tests/test_targets.py tests it",
     "targets.detect_target": "host detection for the CLI's default target; contracts judge every named target "
                              "explicitly; tests/test_targets.py and tests/test_hardware.py test it",
     "targets.env_override": "reads SMV_TARGET for host detection (see targets.detect_target); tests/test_targets.py",
