@@ -14,7 +14,7 @@ import torch
 
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
 from fuzz import formats as fz
-from fuzz.formats import Fp8Case, LayoutCase, Ue8m0Case
+from fuzz.formats import ExhaustiveCase, Fp8Case, LayoutCase, Ue8m0Case
 from contracts.subjects import EntryMissing, FidelityError, SubjectSkip, bound
 from impl import formats
 from impl.targets import Target
@@ -307,3 +307,136 @@ def cache_layout_roundtrip(case: LayoutCase, target: Target) -> list[Violation]:
         out.append(Violation("bytes outside the written tokens changed", f"storage byte {int(stray[0])}",
                              "sentinel 0xa5", fmt(int(flat[stray[0]]))))
     return out
+
+
+# --- exhaustive: every input of the codec's small domain --------------------------------------------------------
+
+def _exhaustive(cid: str, codec: str, targets: tuple[str, ...], params_of=None):
+    """Register an exhaustive contract over ``fz.EXHAUSTIVE_PARAMS[codec]`` (or ``params_of(target)``): each case
+    runs the codec on its whole domain, so one generated case per parameter is the whole check (no pinned examples:
+    they would repeat the same run). The codecs take no target, only a flavour or cap, so each contract runs on the
+    one target whose parameters are all of them."""
+    def params(target: Target) -> list[str]:
+        return sorted(params_of(target) if params_of else fz.EXHAUSTIVE_PARAMS[codec])
+
+    def register(check):
+        contract(cid, targets=targets, cases=lambda t: fz.exhaustive_cases(codec, params(t)), min_cases=1,
+                 max_cases=len(fz.EXHAUSTIVE_PARAMS[codec]), case_type=ExhaustiveCase, numeric=False,
+                 skip_reason="target-independent codec, checked exhaustively on " + targets[0] + " (every flavour "
+                             "and cap there)")(check)
+        from contracts.core import CONTRACTS
+        CONTRACTS[cid].extra["exhaustive"] = True  # read by the audit's reach (no pairs to declare: every input)
+        return check
+    return register
+
+
+def _mismatches(what: str, inputs: torch.Tensor, want: torch.Tensor, got: torch.Tensor, *, limit: int = 5,
+                show=hex) -> list[Violation]:
+    """One violation per differing input (the first ``limit``), the message naming how many of the domain differ."""
+    want, got = want.to(torch.int64).flatten(), got.to(torch.int64).flatten()
+    bad = (got != want).nonzero().flatten()
+    n = len(bad)
+    return [Violation(f"{what} differs from the reference", f"input {inputs.flatten()[i].item()!r} "
+                      f"({n} of {want.numel()} inputs differ)", show(int(want[i])), show(int(got[i])))
+            for i in bad[:limit].tolist()]
+
+
+def _wide(entry: str, fn):
+    """The entry point to run over a whole domain: for ``ours``' Triton launchers, the same device function
+    (``fp8_encode_bits`` / ``ue8m0_encode_bits``) launched by :mod:`contracts.scale_probes` over 4,096 lanes a
+    program (about 15 times faster under the interpreter than the launchers' 256; ``fp8-codec-exact`` and
+    ``ue8m0-codec-exact`` cover the launchers themselves); any other entry as it is."""
+    from contracts import scale_probes
+    from contracts.subjects import is_ours
+
+    if not is_ours():
+        return fn
+    return {"codec_kernels.fp8_encode_triton": scale_probes.fp8_encode_codes,
+            "codec_kernels.ue8m0_encode_triton": scale_probes.ue8m0_encode_codes}.get(entry, fn)
+
+
+def _fp8_domain() -> torch.Tensor:
+    return torch.cat([fz.all_bf16_values(), fz.binade_boundaries()])
+
+
+@_exhaustive("fp8-encode-exhaustive", "fp8-encode", ("gfx942",), params_of=_flavours)
+def fp8_encode_exhaustive(case: ExhaustiveCase, target: Target) -> list[Violation]:
+    """fp8 e4m3 encode is exact on every bf16 value and on both sides of every fp32 binade boundary.
+
+    Inputs: all 65,536 bf16 bit patterns (both zeros, subnormals, +-inf, every NaN) and 2^k - ulp, 2^k, 2^k + ulp
+    for every k from -149 to 127 (plus the largest finite and inf), both signs. The host codec and the Triton
+    helper must give the reference's round-to-nearest-even, saturating code for each (the reference's table search
+    is itself checked against torch's float8 casts on the in-range finite inputs). fp8 decode is exhaustive in
+    ``fp8-codec-exact`` (all 256 codes); that contract's generated encode inputs are ties and their neighbours.
+    Source: SPEC 1.2, DESIGN "Numerics".
+    """
+    flavour = case.param
+    entries = subject_entries(target, "formats.fp8_encode", "codec_kernels.fp8_encode_triton")
+    x = _fp8_domain()
+    want = ref.fp8_encode_vec(x, flavour)
+    out: list[Violation] = []
+    finite = torch.isfinite(x) & (x.abs() <= fz.FP8_MAX[flavour])
+    out += _mismatches(f"reference encode[{flavour}] vs torch's cast", x[finite],
+                       x[finite].to(_TORCH_FP8[flavour]).view(torch.uint8), want[finite])
+    for name, entry in (("host fp8_encode", "formats.fp8_encode"),
+                        ("triton fp8_encode_bits", "codec_kernels.fp8_encode_triton")):
+        if entry in entries:
+            out += _mismatches(f"{name}[{flavour}]", x, want, _wide(entry, entries[entry])(x, flavour))
+    return out
+
+
+def _ue8m0_domain() -> torch.Tensor:
+    """Every positive (or NaN) bf16 value and every positive fp32 binade boundary: the scales a writer can pass."""
+    b = fz.all_bf16_values()
+    b = b[(b > 0) | torch.isnan(b)]
+    s = fz.binade_boundaries(signed=False)
+    return torch.cat([b, s[s > 0]])
+
+
+@_exhaustive("ue8m0-encode-exhaustive", "ue8m0-encode", ("gfx950",))
+def ue8m0_encode_exhaustive(case: ExhaustiveCase, target: Target) -> list[Violation]:
+    """UE8M0 scale encode clamp(ceil(log2(s)) + 127, 0, cap) is exact on every positive bf16 value and on both
+    sides of every fp32 binade boundary, subnormals included, for both caps (254 on sanitizing writers, 255).
+
+    Inputs: the 32,513 bf16 patterns that are positive or NaN (+inf included) and 2^k - ulp, 2^k, 2^k + ulp for
+    k = -149..127 plus the largest finite. Host codec and Triton helper against the reference's frexp. UE8M0 decode
+    is exhaustive in ``ue8m0-codec-exact`` (all 256 codes). Source: SPEC 1.2 and 4.
+    """
+    cap = int(case.param)
+    entries = subject_entries(target, "formats.ue8m0_encode", "codec_kernels.ue8m0_encode_triton")
+    s = _ue8m0_domain()
+    want = ref.ue8m0_encode_vec(s, cap)
+    out: list[Violation] = []
+    for name, entry in (("host ue8m0_encode", "formats.ue8m0_encode"),
+                        ("triton ue8m0_encode_bits", "codec_kernels.ue8m0_encode_triton")):
+        if entry in entries:
+            out += _mismatches(f"{name} (cap {cap})", s, want, _wide(entry, entries[entry])(s, cap), show=str)
+    return out
+
+
+@_exhaustive("mx-scale-exhaustive", "mx-scale", ("gfx950",))
+def mx_scale_exhaustive(case: ExhaustiveCase, target: Target) -> list[Violation]:
+    """The MXFP8 group code and the MXFP4 block code are exact for every bf16 amax and on both sides of every fp32
+    binade boundary.
+
+    Each input is put alone in a 32-lane group (other lanes 0) and run through impl's own device function
+    (``impl.epilogues.mxfp8_scale_code`` with the MXFP8 kernel's NaN-ignoring amax; ``impl.indexer_writer.
+    quantize_mxfp4_blocks``) by :mod:`contracts.scale_probes`. MXFP8: clamp(ceil(log2(amax / 448)) + 127, 0, 254)
+    with the exact quotient, 0 for an all-zero group (the low-amax branch below 2^-100 included). MXFP4: amax floored
+    at 6 * 2^-126, clamp(ceil(log2(amax / 6)), -127, 127) + 127, 254 for inf, 255 for a NaN block. Only subject
+    ``ours`` (the probes call impl's device functions; other subjects' kernels are judged by the epilogue and
+    indexer-writer contracts). The NoPE-group and indexer-K scales are not probed here: their device functions take
+    one fixed tile per call, too slow under the interpreter for 65,536 inputs.
+    """
+    from contracts import scale_probes
+    from contracts.subjects import is_ours
+
+    if not is_ours():
+        raise EntryMissing("epilogues.mxfp8_scale_code", "a device function of impl, probed directly")
+    x = _fp8_domain()
+    if case.param == "mxfp8":
+        amax = torch.where(torch.isnan(x), torch.zeros_like(x), x.abs())
+        return _mismatches("mxfp8_scale_code", x, ref.mxfp8_group_code(amax), scale_probes.mxfp8_group_codes(x),
+                           show=str)
+    return _mismatches("quantize_mxfp4_blocks scale code", x, ref.mxfp4_block_code(x),
+                       scale_probes.mxfp4_block_codes(x), show=str)

@@ -143,3 +143,54 @@ def layout_cases(draw):
     return LayoutCase(layout=layout, block_size=block_size, num_blocks=num_blocks,
                       stride_pad=draw(st.sampled_from([0, 1, 7, 64, 576])), offset_blocks=draw(st.integers(0, 2)),
                       seed=draw(st.integers(0, 2**31 - 1)), num_tokens=num_tokens)
+
+
+# --- exhaustive domains -------------------------------------------------------------------------------------------
+
+#: what an :class:`ExhaustiveCase` runs: the codec (and its flavour or cap) over its whole small domain
+EXHAUSTIVE_PARAMS = {"fp8-encode": ("ocp", "fnuz"), "ue8m0-encode": ("254", "255"), "mx-scale": ("mxfp8", "mxfp4")}
+
+
+def all_bf16_values():
+    """All 65,536 bf16 bit patterns as float32 (exact): both zeros, subnormals, normals, +-inf and every NaN."""
+    import torch
+
+    return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(torch.float32)
+
+
+def binade_boundaries(signed: bool = True):
+    """float32 values on both sides of every binade boundary: 2^k - ulp, 2^k, 2^k + ulp for every k from -149
+    (the smallest subnormal; its lower neighbour is 0) to 127, then the largest finite and +inf (2^128's side),
+    with 0; both signs when ``signed``."""
+    import torch
+
+    p = torch.ldexp(torch.ones(277, dtype=torch.float32), torch.arange(-149, 128, dtype=torch.int32))
+    below = torch.nextafter(p, torch.zeros_like(p))
+    above = torch.nextafter(p, torch.full_like(p, math.inf))
+    top = torch.tensor([3.4028234663852886e38, math.inf, 0.0], dtype=torch.float32)
+    pos = torch.cat([below, p, above, top]).unique()
+    return torch.cat([pos, -pos]) if signed else pos
+
+
+@dataclass(frozen=True)
+class ExhaustiveCase(Case):
+    """One codec over its whole small domain (all bf16 values, every fp32 binade boundary): ``codec`` names it and
+    ``param`` its flavour ("ocp"/"fnuz"), writer cap ("254"/"255") or scale format ("mxfp8"/"mxfp4"). The inputs
+    are not drawn: the case only says which codec the row checks."""
+
+    KIND = "exhaustive"
+    codec: str
+    param: str
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.codec not in EXHAUSTIVE_PARAMS:
+            raise ValueError(f"codec: expected one of {sorted(EXHAUSTIVE_PARAMS)}, got {self.codec!r}")
+        if self.param not in EXHAUSTIVE_PARAMS[self.codec]:
+            raise ValueError(f"param: expected one of {EXHAUSTIVE_PARAMS[self.codec]}, got {self.param!r}")
+
+
+def exhaustive_cases(codec: str, params=None):
+    """An :class:`ExhaustiveCase` for ``codec`` per draw, over ``params`` (default: all of the codec's)."""
+    return st.sampled_from(sorted(params or EXHAUSTIVE_PARAMS[codec])).map(
+        lambda p: ExhaustiveCase(codec=codec, param=p))

@@ -147,3 +147,73 @@ def storage_bytes(view: torch.Tensor) -> tuple[torch.Tensor, int]:
     st = view.untyped_storage()
     flat = torch.empty(0, dtype=torch.uint8, device=view.device).set_(st, 0, (st.nbytes(),), (1,))
     return flat, view.storage_offset() * view.element_size()
+
+
+# --- vectorized references for the exhaustive contracts (same rules as the scalar ones above) -------------------
+
+def fp8_encode_vec(x: torch.Tensor, flavour: str) -> torch.Tensor:
+    """:func:`fp8_encode_scalar` for a whole tensor at once: the nearest entry of the flavour's value table (found by
+    a sorted search over float64 magnitudes), ties to the even code, saturating at max; NaN -> the NaN code; a
+    negative input takes the sign bit unless it rounds to zero (OCP keeps -0 as 0x80, FNUZ has no -0)."""
+    _, vmax = _fp8_params(flavour)
+    table = _positive_table(flavour)
+    vals = torch.tensor([v for v, _ in table], dtype=torch.float64)
+    codes = torch.tensor([c for _, c in table], dtype=torch.int64)
+    xd = x.to(torch.float32).to(torch.float64).flatten()
+    nan = torch.isnan(xd)
+    a = torch.where(nan, torch.zeros_like(xd), xd.abs()).clamp(max=vmax)
+    hi = torch.searchsorted(vals, a).clamp(max=len(vals) - 1)
+    lo = (hi - 1).clamp(min=0)
+    d_lo, d_hi = (a - vals[lo]).abs(), (vals[hi] - a).abs()
+    c_lo, c_hi = codes[lo], codes[hi]
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (c_hi % 2 == 0) & (c_lo % 2 == 1))
+    c = torch.where(pick_hi, c_hi, c_lo)
+    neg = torch.signbit(xd)
+    if flavour == "fnuz":
+        signed = torch.where(neg & (c != 0), c | 0x80, c)
+    else:
+        signed = torch.where(neg, c | 0x80, c)
+    signed = torch.where(nan, torch.full_like(c, 0x80 if flavour == "fnuz" else 0x7F), signed)
+    return signed.to(torch.uint8).reshape(x.shape)
+
+
+def ceil_log2_vec(s: torch.Tensor) -> torch.Tensor:
+    """ceil(log2(s)) for positive finite values (int64), from float64 frexp: s = m * 2^e with 0.5 <= m < 1."""
+    m, e = torch.frexp(s.to(torch.float64))
+    return torch.where(m == 0.5, e.to(torch.int64) - 1, e.to(torch.int64))
+
+
+def ue8m0_encode_vec(scale: torch.Tensor, cap: int) -> torch.Tensor:
+    """:func:`ue8m0_encode_scalar` for a whole tensor of positive scales (inf/NaN -> ``cap``)."""
+    s = scale.to(torch.float32).to(torch.float64)
+    if bool((s <= 0).any()):
+        raise ValueError("scale must be > 0")
+    finite = torch.isfinite(s)
+    k = ceil_log2_vec(torch.where(finite, s, torch.ones_like(s)))
+    return torch.where(finite, (k + 127).clamp(0, cap), torch.full_like(k, cap)).to(torch.uint8).reshape(scale.shape)
+
+
+def mxfp8_group_code(amax: torch.Tensor, cap: int = 254) -> torch.Tensor:
+    """MXFP8 scale code of a 32-lane group with the given amax (>= 0; OCP MX, the rule in impl.epilogues' docstring): clamp(ceil(log2(amax /
+    448)) + 127, 0, cap) with the exact quotient (float64 cannot move a fp32 amax / 448 across a power of two), 0 for
+    amax 0, ``cap`` for +inf. int64."""
+    a = amax.to(torch.float32).to(torch.float64)
+    finite_pos = torch.isfinite(a) & (a > 0)
+    k = ceil_log2_vec(torch.where(finite_pos, a / 448.0, torch.ones_like(a)))
+    code = (k + 127).clamp(0, cap)
+    code = torch.where(torch.isinf(a), torch.full_like(code, cap), code)
+    return torch.where(a == 0, torch.zeros_like(code), code)
+
+
+def mxfp4_block_code(x: torch.Tensor) -> torch.Tensor:
+    """MXFP4 scale code of a 32-lane block whose only nonzero lane is ``x`` (OCP MX; impl docstring rule): a NaN
+    block is 255; otherwise amax = max(|x|, 6 * 2^-126), e = clamp(ceil(log2(fl32(amax / 6))), -127, 127), code
+    e + 127 (+inf: 254). int64."""
+    xf = x.to(torch.float32)
+    nan = torch.isnan(xf)
+    amax = torch.where(nan, torch.zeros_like(xf), xf.abs()).clamp(min=6.0 * 2.0 ** -126)
+    q = amax / torch.tensor(6.0, dtype=torch.float32)  # correctly rounded fp32 division
+    finite = torch.isfinite(q)
+    e = ceil_log2_vec(torch.where(finite, q, torch.ones_like(q)))
+    e = torch.where(finite, e, torch.full_like(e, 128)).clamp(-127, 127)
+    return torch.where(nan, torch.full_like(e, 255), e + 127)

@@ -159,3 +159,88 @@ def test_codec_case_rejects_bad_values():
         Fp8Case.from_json({**Fp8Case(flavour="ocp", values=(1.0,)).to_json(), "flavour": "e5m2"})
     with pytest.raises(CaseError, match="cap: expected 254 or 255"):
         Ue8m0Case.from_json({**Ue8m0Case(cap=254, scales=(1.0,)).to_json(), "cap": 253})
+
+
+# --- exhaustive domains (fp8-encode-exhaustive, ue8m0-encode-exhaustive, mx-scale-exhaustive) ---------------------
+
+EXHAUSTIVE_IDS = ("fp8-encode-exhaustive", "ue8m0-encode-exhaustive", "mx-scale-exhaustive")
+
+
+def test_exhaustive_domains_hold_every_bf16_value_and_every_binade_boundary():
+    b = fz.all_bf16_values()
+    assert b.numel() == 65536
+    bits = b.view(torch.int32)  # each bf16 pattern is the top half of its fp32 value, the low half zero (NaNs too)
+    assert torch.equal((bits >> 16) & 0xFFFF, torch.arange(65536, dtype=torch.int32)) and not bool((bits & 0xFFFF).any())
+    s = fz.binade_boundaries()
+    pos = fz.binade_boundaries(signed=False)
+    assert s.numel() == 2 * pos.numel() and bool((pos >= 0).all())
+    vals = set(pos.tolist())
+    for k in (-149, -127, -126, -1, 0, 1, 126, 127):
+        p = math.ldexp(1.0, k)
+        t = torch.tensor([p], dtype=torch.float32)  # float32 neighbours (one fp32 ulp, not a float64 one)
+        for v in (t, torch.nextafter(t, torch.zeros(1)), torch.nextafter(t, torch.full((1,), math.inf))):
+            assert v.item() in vals, (k, v.item())
+    assert {0.0, math.inf, 3.4028234663852886e38} <= vals
+    # the 23 subnormal binades, both sides (at the bottom 2^k + ulp is the next power of two: 66 distinct values)
+    assert len({v for v in vals if 0 < v < 2.0 ** -126}) == 66
+
+
+def test_vectorized_references_agree_with_the_scalar_ones():
+    x = torch.cat([fz.all_bf16_values()[::97], fz.binade_boundaries()[::7], torch.tensor([-0.0, 0.0])])
+    for flavour in ("ocp", "fnuz"):
+        assert torch.equal(R.fp8_encode_vec(x, flavour), R.fp8_encode(x, flavour)), flavour
+    s = x[(x > 0) | torch.isnan(x)]
+    for cap in (254, 255):
+        assert torch.equal(R.ue8m0_encode_vec(s, cap), R.ue8m0_encode(s, cap)), cap
+
+
+def test_mx_scale_references_on_known_points():
+    amax = torch.tensor([0.0, 448.0, 449.0, 896.0, 2.0 ** -149, math.inf, 2.0 ** 127])
+    assert R.mxfp8_group_code(amax).tolist() == [0, 127, 128, 128, 0, 254, 246]  # 2^127 / 448 = 2^121 / 7
+    x = torch.tensor([6.0, -6.0, 6.5, 0.0, math.nan, math.inf, 3.0 * 2.0 ** 127, 2.0 ** -149])
+    assert R.mxfp4_block_code(x).tolist() == [127, 127, 128, 1, 255, 254, 254, 1]
+
+
+@pytest.mark.parametrize("flavour", ["ocp", "fnuz"])
+def test_host_fp8_encode_exact_on_the_whole_domain(flavour):
+    x = torch.cat([fz.all_bf16_values(), fz.binade_boundaries()])
+    assert torch.equal(F.fp8_encode(x, flavour), R.fp8_encode_vec(x, flavour))
+
+
+@pytest.mark.parametrize("cap", [254, 255])
+def test_host_ue8m0_encode_exact_on_the_whole_domain(cap):
+    from contracts.formats import _ue8m0_domain
+
+    s = _ue8m0_domain()
+    assert s.numel() > 32000
+    assert torch.equal(F.ue8m0_encode(s, cap), R.ue8m0_encode_vec(s, cap))
+
+
+def test_exhaustive_contracts_are_flagged_and_each_has_a_planted_bug():
+    import tomllib
+    from pathlib import Path
+
+    from contracts.registry import load_all
+
+    contracts = load_all()
+    for cid in EXHAUSTIVE_IDS:
+        assert contracts[cid].extra.get("exhaustive") is True, cid
+        assert contracts[cid].examples is None  # kills and passes both come from the (one-case-per-parameter) generator
+    assert not contracts["fp8-codec-exact"].extra.get("exhaustive")  # generated encode inputs: not exhaustive
+    catalog = tomllib.loads((Path(__file__).parent.parent / "contracts/zoo/exhaustive.toml").read_text())
+    expected = {c for m in catalog["mutant"] for c in m["expect"]}
+    assert expected == set(EXHAUSTIVE_IDS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cid", EXHAUSTIVE_IDS)
+def test_exhaustive_contracts_pass_on_ours(cid):
+    from contracts.registry import load_all
+    from fuzz.formats import EXHAUSTIVE_PARAMS, ExhaustiveCase
+    from impl.targets import get_target
+
+    c = load_all()[cid]
+    codec = {"fp8-encode-exhaustive": "fp8-encode", "ue8m0-encode-exhaustive": "ue8m0-encode",
+             "mx-scale-exhaustive": "mx-scale"}[cid]
+    for p in EXHAUSTIVE_PARAMS[codec]:
+        assert c.check(ExhaustiveCase(codec=codec, param=p), get_target(c.targets[0])) == []
