@@ -16,7 +16,8 @@ import triton.language as tl
 
 from impl import epilogues
 from impl.epilogues import mxfp8_scale_code
-from impl.indexer_writer import quantize_mxfp4_blocks
+from impl.cache_writers import quantize_nope_groups
+from impl.indexer_writer import quantize_fp8_block, quantize_mxfp4_blocks
 from impl.runtime import kernel_device
 from impl.triton_helpers import fp8_encode_bits, ue8m0_encode_bits
 
@@ -98,3 +99,47 @@ def ue8m0_encode_codes(s: torch.Tensor, cap: int) -> torch.Tensor:
     dst = torch.empty(n, dtype=torch.uint8, device=src.device)
     _ue8m0_encode_probe_kernel[(triton.cdiv(n, _ROWS),)](src, dst, n, CAP=cap, ROWS=_ROWS)
     return dst.cpu().reshape(s.shape)
+
+
+# --- one fixed tile per call: affordable for the fp32 binade boundaries only (slow tests) ------------------------
+
+@triton.jit
+def _nope_probe_kernel(src, dst, n, FP8_MAX: tl.constexpr, IS_FNUZ: tl.constexpr, CAP: tl.constexpr):
+    g = tl.arange(0, 8)
+    lane = tl.arange(0, 64)
+    idx = tl.program_id(0) * 7 + g
+    m = (g < 7) & (idx < n)
+    v = tl.load(src + idx, mask=m, other=0.0)
+    x = tl.where(lane[None, :] == 0, v[:, None], 0.0)
+    _, code = quantize_nope_groups(x, FP8_MAX, IS_FNUZ, CAP, False)
+    tl.store(dst + idx, code.to(tl.int32), mask=m)
+
+
+@triton.jit
+def _indexer_probe_kernel(src, dst, DIV: tl.constexpr, IS_FNUZ: tl.constexpr, POW2: tl.constexpr):
+    i = tl.program_id(0)
+    lane = tl.arange(0, 2)
+    v = tl.load(src + i + lane, mask=lane == 0, other=0.0)
+    _, scale = quantize_fp8_block(tl.reshape(v, [1, 2]), DIV, IS_FNUZ, POW2)
+    tl.store(dst + i + lane, tl.zeros([2], tl.float32) + scale, mask=lane == 0)
+
+
+def nope_group_codes(x: torch.Tensor, *, fp8_max: float, is_fnuz: bool, cap: int) -> torch.Tensor:
+    """The UE8M0 code ``impl.cache_writers.quantize_nope_groups`` gives a NoPE group holding one value of ``x``
+    (other lanes 0), seven groups a call (about 13 ms a group under the interpreter)."""
+    src = _flat(x)
+    n = src.numel()
+    dst = torch.empty(n, dtype=torch.int32, device=src.device)
+    _nope_probe_kernel[(triton.cdiv(n, 7),)](src, dst, n, FP8_MAX=fp8_max, IS_FNUZ=is_fnuz, CAP=cap)
+    return dst.cpu()
+
+
+def indexer_k_scales(x: torch.Tensor, *, div: float, is_fnuz: bool, pow2: bool) -> torch.Tensor:
+    """The fp32 scale ``impl.indexer_writer.quantize_fp8_block`` gives a block holding one value of ``x`` (other
+    lanes 0), one block a call."""
+    src = _flat(x)
+    n = src.numel()
+    dst = torch.empty(n + 1, dtype=torch.float32, device=src.device)
+    if n:
+        _indexer_probe_kernel[(n,)](torch.cat([src, src.new_zeros(1)]), dst, DIV=div, IS_FNUZ=is_fnuz, POW2=pow2)
+    return dst[:n].cpu()

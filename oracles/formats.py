@@ -217,3 +217,25 @@ def mxfp4_block_code(x: torch.Tensor) -> torch.Tensor:
     e = ceil_log2_vec(torch.where(finite, q, torch.ones_like(q)))
     e = torch.where(finite, e, torch.full_like(e, 128)).clamp(-127, 127)
     return torch.where(nan, torch.full_like(e, 255), e + 127)
+
+
+def writer_group_code(amax: torch.Tensor, fp8_max: float, cap: int, poisoned: "torch.Tensor | None" = None):
+    """UE8M0 code of a writer's fp8 group (SPEC 1.2; impl.cache_writers' rule): clamp(ceil(log2(fl32(max(amax,
+    1e-4) / fp8_max))) + 127, 0, cap), ``cap`` for a group holding NaN or +-inf. int64."""
+    a = amax.to(torch.float32)
+    s = torch.maximum(a, torch.tensor(1e-4, dtype=torch.float32)) / torch.tensor(fp8_max, dtype=torch.float32)
+    code = ue8m0_encode_vec(s, cap).to(torch.int64)
+    return code if poisoned is None else torch.where(poisoned, torch.full_like(code, cap), code)
+
+
+def indexer_k_scale(amax: torch.Tensor, div: float, pow2: bool) -> torch.Tensor:
+    """The indexer-K block scale (SPEC 1.3): fl32(max(amax, 1e-4) / div), rounded up to a power of two when
+    ``pow2`` (2^ceil(log2), +inf stays +inf). float32."""
+    a = amax.to(torch.float32)
+    s = torch.maximum(a, torch.tensor(1e-4, dtype=torch.float32)) / torch.tensor(div, dtype=torch.float32)
+    if not pow2:
+        return s
+    finite = torch.isfinite(s)
+    k = ceil_log2_vec(torch.where(finite, s, torch.ones_like(s)))
+    p = torch.ldexp(torch.ones_like(s, dtype=torch.float64), k).to(torch.float32)
+    return torch.where(finite, p, s)

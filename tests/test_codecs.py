@@ -244,3 +244,33 @@ def test_exhaustive_contracts_pass_on_ours(cid):
              "mx-scale-exhaustive": "mx-scale"}[cid]
     for p in EXHAUSTIVE_PARAMS[codec]:
         assert c.check(ExhaustiveCase(codec=codec, param=p), get_target(c.targets[0])) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavour,cap", [("ocp", 254), ("ocp", 255), ("fnuz", 255)])
+def test_nope_group_scale_code_exact_on_every_binade_boundary(flavour, cap):
+    """The UE8M0 code of the writers' and compressors' NoPE groups (``quantize_nope_groups``) for one value alone in
+    its group, on both sides of every fp32 binade boundary (not all bf16 values: ~13 ms a group here)."""
+    from contracts import scale_probes as P
+
+    x = fz.binade_boundaries(signed=False)
+    x = torch.cat([x, torch.tensor([math.nan, -1.0, -math.inf])])
+    fp8_max = fz.FP8_MAX[flavour]
+    got = P.nope_group_codes(x, fp8_max=fp8_max, is_fnuz=flavour == "fnuz", cap=cap)
+    want = R.writer_group_code(x.abs().nan_to_num(0.0, posinf=0.0), fp8_max, cap, poisoned=~torch.isfinite(x))
+    bad = (got != want).nonzero().flatten().tolist()
+    assert not bad, [(x[i].item(), int(want[i]), int(got[i])) for i in bad[:5]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("div,is_fnuz,pow2", [(448.0, False, True), (448.0, False, False), (224.0, True, True)])
+def test_indexer_k_scale_exact_on_every_binade_boundary(div, is_fnuz, pow2):
+    """The indexer-K block scale (``quantize_fp8_block``) for one value alone in its block, on both sides of every
+    fp32 binade boundary."""
+    from contracts import scale_probes as P
+
+    x = fz.binade_boundaries(signed=False)
+    got = P.indexer_k_scales(x, div=div, is_fnuz=is_fnuz, pow2=pow2)
+    want = R.indexer_k_scale(x.abs(), div, pow2)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), \
+        [(x[i].item(), want[i].item(), got[i].item()) for i in (got != want).nonzero().flatten().tolist()[:5]]
