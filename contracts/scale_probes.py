@@ -3,7 +3,8 @@ codec contracts: the MXFP4 block code (``impl.indexer_writer.quantize_mxfp4_bloc
 (``impl.epilogues.mxfp8_scale_code``). Both probes handle 4,096 groups per program and cover all 65,536 bf16 values
 in seconds under the interpreter. The NoPE-group (``impl.cache_writers.quantize_nope_groups``) and indexer-K
 (``impl.indexer_writer.quantize_fp8_block``) device functions take one fixed tile per call (8 groups, one block),
-about 13 ms a group under the interpreter, so they are not probed here.
+about 13 ms a group under the interpreter: their probes below serve the slow tests on the fp32 binade boundaries
+only.
 
 Each probe puts one input value in lane 0 of a group whose other lanes are 0, so the group's amax is |value| (and a
 NaN value poisons an MXFP4 block), and returns the code the device function computes for that group.
