@@ -12,10 +12,11 @@ NaN value poisons an MXFP4 block), and returns the code the device function comp
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from impl import epilogues
+from impl import epilogues  # before triton: impl picks the interpreter when no GPU is visible
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from impl.epilogues import mxfp8_scale_code
 from impl.cache_writers import quantize_nope_groups
 from impl.indexer_writer import quantize_fp8_block, quantize_mxfp4_blocks
