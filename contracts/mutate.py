@@ -239,6 +239,12 @@ def contract_map(root: Path, catalogs=None) -> dict[str, list[str]]:
     return {f"impl/{n}.py": sorted(ids) for n, ids in sorted(cover.items())}
 
 
+def audit_budget(cap: float) -> float:
+    """The audit's own budget within a mutant's time cap: what is left after ~25 s for the subprocess to import
+    torch and Triton and write its report, and never under the zoo's share (60 %)."""
+    return max(cap - 25.0, cap * 0.6, 5.0)
+
+
 # --- running one mutant -------------------------------------------------------------------------------------------
 
 def run_one(site: Site, source: str, mutated: str, contracts: list[str], *, root: Path, cap: float,
@@ -266,7 +272,7 @@ def run_one(site: Site, source: str, mutated: str, contracts: list[str], *, root
         _copy_tree(root, tmp)
         (tmp / site.module).write_text(mutated)
         try:
-            proc = _audit(tmp / "report", contracts, list(targets or TARGET_NAMES), budget=max(cap * 0.6, 5.0),
+            proc = _audit(tmp / "report", contracts, list(targets or TARGET_NAMES), budget=audit_budget(cap),
                           timeout=cap, code_root=tmp, cwd=tmp, findings=findings)
         except __import__("subprocess").TimeoutExpired:
             res.status, res.detail = "timeout", f"time cap of {cap:.0f}s ran out"
