@@ -24,6 +24,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.int64_probes",
     "contracts.ragged",
     "contracts.dsv4_step",
+    "contracts.metamorphic",
 )
 
 _loaded = False

@@ -6,6 +6,7 @@ produced from the previous one by *ops* (:class:`MetadataOp`, all randomness ins
 the same function. The ops aim at the states where cached metadata goes stale: steady decode (hits), lengths crossing
 ``topk``, the same clamped lengths with a different query-length distribution, the last request's query length
 changed (same starts), batches growing and shrinking, empty sequences, and ``seq_lens_cpu`` missing.
+:func:`key_weakening_case` probes every weakening of the cache key by construction (see "key weakenings" below).
 """
 from __future__ import annotations
 

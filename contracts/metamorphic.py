@@ -1,0 +1,146 @@
+"""Metamorphic decode contract: paths that must give the same answer on the same input agree with each other as well
+as with the oracle.
+
+``decode-paths-agree`` runs one decode input (``fuzz.metamorphic``: tails of every split and tile length, per-split
+maxima far apart) through every path of the target: 1 split and S splits of its split-K family, on gfx950 the
+adaptive plan next to the fixed one, on gfx942 the generic single kernel under gfx942's own fp8 flavours (a target
+that differs from gfx942 only in its decode family: the generic kernel then reads the fnuz SWA cache, which the
+``generic`` target, all OCP, never does; gfx950's flavours are generic's own, checked by ``decode-oracle-agreement``).
+
+The other equivalences of issue 13 item 5 are checked elsewhere: single-pass vs two-stage compressor by
+``writer-oracle-exact`` (contracts.cache_writers: the two-stage output against the single-pass one), graph replay vs
+eager by ``graph-replay-agreement`` (contracts.graph_capture: every replay against an eager decode with the same
+frozen plan).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import torch
+
+from contracts.core import AMD_TARGETS, Violation, contract, fmt
+from contracts.decode import attention_violations, decode_tolerance, oracle_violations
+from contracts.subjects import bound
+from fuzz import metamorphic as fm
+from impl import splits as impl_splits
+from impl.runtime import kernel_device
+from impl.targets import Target
+from oracles import decode as ref_decode
+
+_SKIP = "the metamorphic paths (1 vs S splits, adaptive, split-K vs generic) exist on split-K targets only"
+
+
+def generic_twin(target: Target) -> Target:
+    """``target`` with the generic single-kernel decode family and no split selector, its fp8 flavours kept."""
+    return dataclasses.replace(target, decode_family="generic", split_selector=None, split_cap=None,
+                               adaptive_splits_in_capture=False, may_trust_extra_nan_free=False)
+
+
+def decode_paths(case: fm.MetamorphicCase, target: Target, dec) -> list[tuple[str, Target, object]]:
+    """(label, target, plan) of every path of ``case`` on ``target``."""
+    hb = impl_splits.head_blocks(case.decode.heads)
+    fam, s = target.decode_family, case.num_splits
+    paths = [("1 split", target, dec.DecodePlan(fam, 1, hb)), (f"{s} splits", target, dec.DecodePlan(fam, s, hb))]
+    if target.adaptive_splits_in_capture:
+        paths.append((f"{s} adaptive splits (one_wave {case.one_wave})", target,
+                      dec.DecodePlan(fam, s, hb, True, case.one_wave)))
+    if target.decode_family == "gfx942":  # the generic twin under fnuz; gfx950 shares generic's flavours
+        paths.append((f"generic kernel ({target.main_cache_fp8}/{target.extra_cache_fp8})", generic_twin(target),
+                      dec.DecodePlan("generic", 1, hb)))
+    return paths
+
+
+def _run(dec, inp, case: fm.MetamorphicCase, target: Target, plan) -> torch.Tensor:
+    b, h = case.decode.batch, case.decode.heads
+    dev = kernel_device()
+    ws = dec.DecodeWorkspace.allocate(b, plan.num_splits, h, dev, fill=math.nan)
+    out = torch.full((b, h, 512), math.nan, dtype=torch.bfloat16, device=dev)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
+                               inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
+                               softmax_scale=inp.softmax_scale, target=target, plan=plan, workspace=ws, out=out)
+    return out.cpu().clone()
+
+
+def _examples(target: Target) -> list[fm.MetamorphicCase]:
+    from fuzz.decode import AdaptiveSplits, DecodeCase
+
+    is_950 = target.decode_family == "gfx950"
+    dec = DecodeCase(seed=11, batch=2, heads=1, main_bs=5, extra_bs=2, main_lens=(7, 2), extra_lens=(33, 0),
+                     invalid_rate=0.15, indptr_offset=3, tail_junk=1, scale=0.3, sink="ordinary", poison="none",
+                     padded=True, q_transposed=False, cu_count=2, int32_extremes=False,
+                     num_splits=3 if is_950 else None, adaptive=AdaptiveSplits(2) if is_950 else None)
+    return [fm.MetamorphicCase(decode=dec, num_splits=3, one_wave=2)]
+
+
+@contract("decode-paths-agree", targets=AMD_TARGETS, cases=fm.metamorphic_cases, examples=_examples,
+          skip_reason=_SKIP, min_cases=2, max_cases=2, case_type=fm.MetamorphicCase, numeric=True)
+def decode_paths_agree(case: fm.MetamorphicCase, target: Target) -> list[Violation]:
+    """On one input, every decode path of the target agrees with the float64 oracle and with every other path: 1
+    split vs S splits, on gfx950 adaptive vs fixed S splits, and the split-K family vs the generic single kernel
+    under the target's own fp8 flavours (gfx942: fnuz SWA cache). Agreement between two paths: NaN and inf lanes
+    exactly the same, finite lanes within the sum of both paths' oracle tolerances (oracles.compare, each path's
+    split count); each path against the oracle as in ``decode-oracle-agreement``. A pairwise violation names both
+    paths. On gfx950, each row of the adaptive path equals bit for bit the same row of the fixed plan with the
+    row's active split count (4, ONE_WAVE or S by seed 004's rule): the oracle's tolerance cannot see a reduce
+    that rounds differently, this can. Inputs: tails of every split and tile length, per-split maxima orders of
+    magnitude apart (fuzz.metamorphic). Single-pass vs two-stage compressor and graph replay vs eager are checked
+    by ``writer-oracle-exact`` and ``graph-replay-agreement``. Source: issue 13 item 5; SPEC section 2 (split-K
+    partials and their reduce)."""
+    dec = bound(target).decode
+    inp = fm.build_metamorphic_inputs(case, target)
+    ref = ref_decode.ref_sparse_attn_decode(
+        inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache, inp.extra_indices,
+        inp.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
+        main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=True)
+    outs = []
+    v: list[Violation] = []
+    for label, t, plan in decode_paths(case, target, dec):
+        got = _run(dec, inp, case, t, plan)
+        v += oracle_violations(f"decode path {label} vs float64 oracle", got, ref, plan.num_splits)
+        outs.append((label, got, decode_tolerance(ref, plan.num_splits)))
+    for i, (la, a, ta) in enumerate(outs):
+        for lb, b, tb in outs[i + 1:]:
+            v += attention_violations(f"decode path {lb} vs path {la}", b.clone(), a.to(torch.float64), ta + tb)
+    if target.adaptive_splits_in_capture:
+        v += _adaptive_bitwise(case, target, dec, inp, {lbl: o for lbl, o, _ in outs})
+    return v
+
+
+ADAPTIVE_BITS = "adaptive splits differ bit for bit from the fixed plan with the row's active split count"
+
+
+def active_splits(len_main: int, len_extra: int, num_splits: int, one_wave: int, iter_k: int) -> int:
+    """A row's active split count under adaptive splits (seed 004): 4 if the row needs at most 3 iterations of
+    ``iter_k`` entries per split with 4 splits, else ``one_wave`` if it does with that many, else S; at most S."""
+    def iters(s: int) -> int:
+        return -(-(-(-len_main // s)) // iter_k) + -(-(-(-len_extra // s)) // iter_k)
+
+    a = 4 if iters(4) <= 3 else (one_wave if iters(one_wave) <= 3 else num_splits)
+    return min(a, num_splits)
+
+
+def _adaptive_bitwise(case: fm.MetamorphicCase, target: Target, dec, inp, outs: dict) -> list[Violation]:
+    """Each row of the adaptive path equals, bit for bit, the same row of the fixed plan whose split count is the
+    row's active count A: the same slices, the same partials in the same order, and the reduce adds exact zeros for
+    the skipped splits (NaN equals NaN)."""
+    s, hb = case.num_splits, impl_splits.head_blocks(case.decode.heads)
+    ad = outs[f"{s} adaptive splits (one_wave {case.one_wave})"]
+    mp = inp.main_indptr.cpu().tolist()
+    ep = inp.extra_indptr.cpu().tolist() if inp.extra_indptr is not None else [0] * len(mp)
+    fixed = {1: outs["1 split"], s: outs[f"{s} splits"]}
+    v: list[Violation] = []
+    for r in range(case.decode.batch):
+        a = active_splits(mp[r + 1] - mp[r], ep[r + 1] - ep[r], s, case.one_wave, impl_splits.BLOCK_K)
+        if a not in fixed:
+            fixed[a] = _run(dec, inp, case, target, dec.DecodePlan(target.decode_family, a, hb))
+        want, got = fixed[a][r], ad[r]
+        differ = (want.view(torch.int16) != got.view(torch.int16)) & ~(torch.isnan(want) & torch.isnan(got))
+        if bool(differ.any()):
+            h, d = differ.nonzero()[0].tolist()
+            v.append(Violation(ADAPTIVE_BITS, f"out[{r}, {h}, {d}] (A={a} of S={s}; {int(differ.sum())} lanes "
+                                              "differ)", fmt(float(want[h, d])), fmt(float(got[h, d]))))
+    return v

@@ -1,0 +1,129 @@
+"""Cases for the metamorphic decode contract (contracts.metamorphic): one decode input run through several paths that
+must agree (1 split vs S splits, adaptive vs fixed splits on gfx950, a split-K family vs the generic single kernel
+under the same fp8 flavours).
+
+The inputs are chosen where the paths differ most. Row lengths give every tail a split of S can have (``k * S + r``
+for every remainder r, lengths below S that leave splits empty) and every tail of the kernels' tiles around their
+sizes (t - 1, t, t + 1, 2t + 1). ``spikes``: a few referenced tokens per row get UE8M0 scale codes 4 or 5 above the
+rest, one or two per split region, with different codes, so that each split's local maximum differs from the
+others' by far more than fp32's exp range (a combine that takes the wrong maximum overflows or flushes to 0).
+Row 0 keeps its data: its SWA length always leaves a remainder, and every one of its entries counts.
+
+The tensors come from ``fuzz.decode.build_decode_inputs`` (the decode contract's builder), spikes applied after.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from fuzz import decode as fz
+from fuzz.cases import Case
+from impl import formats
+from impl.targets import Target
+
+#: the kernels' token tiles (impl/decode.py): generic BLOCK_K 16, gfx942 BLOCK_K 32, gfx950 extra tiles 64
+TILES = (16, 32)
+MAX_SPLITS = 5
+
+
+@dataclass(frozen=True)
+class MetamorphicCase(Case):
+    """A decode input (``decode``: its plan fields are those of the adaptive path on gfx950, else None) and the
+    split count S of the multi-split paths; ``spikes``: per-split distinct maxima (see the module docstring)."""
+
+    KIND = "metamorphic-decode"
+    decode: fz.DecodeCase
+    num_splits: int
+    one_wave: int = 1
+    spikes: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_splits < 2:
+            raise ValueError(f"num_splits: expected >= 2 (the other path has 1), got {self.num_splits}")
+        if not 1 <= self.one_wave <= self.num_splits:
+            raise ValueError(f"one_wave: expected 1..{self.num_splits}, got {self.one_wave}")
+
+
+def _remainder_length(s: int) -> st.SearchStrategy:
+    """k * S + r, r > 0, k >= 4: the last of S splits is shorter, and the last of S - 1 (ceil(n / S) entries each)
+    does not reach the end, so slicing by S where the row is active on fewer splits loses entries."""
+    return st.tuples(st.integers(4, 6), st.integers(1, s - 1)).map(lambda kr: kr[0] * s + kr[1])
+
+
+def _tail_lengths(s: int) -> st.SearchStrategy:
+    # the first branch is what a derandomized draw starts from: several entries per split and a remainder
+    return st.one_of(_remainder_length(s),
+                     st.sampled_from(TILES).flatmap(lambda t: st.sampled_from([t + 1, t - 1, t, 2 * t + 1])),
+                     st.integers(0, s),  # at most as many entries as splits: some splits are empty
+                     st.integers(2, 4).map(lambda k: k * s))
+
+
+def metamorphic_cases(target: Target) -> st.SearchStrategy:
+    """Tiny decode inputs (2 rows, one head: the paths differ along the tokens, not the heads) with tails of every
+    length and per-split maxima."""
+    is_950 = target.decode_family == "gfx950"
+
+    @st.composite
+    def build(draw):
+        # gfx950: S = 5, so that a tiny row is active on A = 4 < S adaptive splits (with S <= 4 adaptive is S
+        # splits for every row these sizes have: iters(4) <= 3 needs fewer than 385 entries)
+        s = MAX_SPLITS if is_950 else draw(st.sampled_from([5, 3, 2, 4]))
+        b = 2  # row 0 without spikes (every entry counts), row 1 with them
+        lens = _tail_lengths(s)
+        one_wave = draw(st.integers(1, s))
+        dec = fz.DecodeCase(
+            seed=draw(st.integers(0, 2 ** 31 - 1)), batch=b, heads=1,
+            main_bs=draw(st.sampled_from([1, 5])), extra_bs=draw(st.sampled_from([2, 61])),
+            # row 0's SWA segment always has a remainder: its last split is shorter than the others
+            main_lens=(draw(_remainder_length(s)),) + tuple(draw(st.lists(lens, min_size=b - 1, max_size=b - 1))),
+            extra_lens=None if draw(st.integers(0, 4)) == 4 else tuple(draw(st.lists(lens, min_size=b, max_size=b))),
+            invalid_rate=draw(st.sampled_from([0.0, 0.15])), indptr_offset=draw(st.sampled_from([0, 3])),
+            tail_junk=draw(st.integers(0, 2)), scale=draw(st.sampled_from([0.11, 0.3])),
+            sink=draw(st.sampled_from(["ordinary", "none", "large", "-inf"])),
+            poison=draw(st.sampled_from(["none", "none", "nan", "inf"])), padded=draw(st.booleans()),
+            q_transposed=draw(st.booleans()), cu_count=draw(st.integers(1, 8)), int32_extremes=False,
+            num_splits=s if is_950 else None, adaptive=fz.AdaptiveSplits(one_wave) if is_950 else None)
+        return MetamorphicCase(decode=dec, num_splits=s, one_wave=one_wave, spikes=draw(st.integers(0, 3)) < 3)
+
+    return build()
+
+
+def _spike_segment(cache, indices, indptr, num_splits: int, gen: torch.Generator) -> None:
+    """Raise the scale codes of one or two valid tokens per split region of every row but the first (a spike
+    dominates its row's softmax, so a lost entry of that row would not show): each region gets its own
+    code (4 or 5 above the data's 123..127), so the regions' maxima differ by orders of magnitude."""
+    ptr = indptr.cpu().tolist()
+    idx = indices.cpu().tolist()
+    num_slots = int(cache.shape[0]) * int(cache.shape[1])
+    done: set[int] = set(idx[ptr[0]:ptr[1]])  # row 0's slots stay as they are (rows may share slots)
+    for r in range(1, len(ptr) - 1):  # row 0 keeps its data: there a lost entry shows
+        lo, hi = ptr[r], ptr[r + 1]
+        n = hi - lo
+        if n <= 0:
+            continue
+        chunk = -(-n // num_splits)
+        for s in range(num_splits):
+            region = [p for p in range(lo + s * chunk, min(lo + (s + 1) * chunk, hi)) if 0 <= idx[p] < num_slots]
+            for _ in range(min(len(region), 1 + int(torch.randint(0, 2, (1,), generator=gen)))):
+                slot = idx[region[int(torch.randint(0, len(region), (1,), generator=gen))]]
+                if slot in done:
+                    continue
+                done.add(slot)
+                tok = formats.unpack_fp8_ds_mla(cache, [slot])
+                code = 131 + int(torch.randint(0, 2, (1,), generator=gen)) + (s % 2)
+                scale = torch.where(tok["scale"] >= 255, tok["scale"], torch.full_like(tok["scale"], min(code, 132)))
+                formats.pack_fp8_ds_mla(cache, [slot], tok["nope"], scale, tok["rope"], pad=int(tok["pad"][0]))
+
+
+def build_metamorphic_inputs(case: MetamorphicCase, target: Target) -> fz.DecodeInputs:
+    """The decode inputs of ``case.decode`` (fuzz.decode's builder) with the spikes applied."""
+    inp = fz.build_decode_inputs(case.decode, target)
+    if case.spikes:
+        gen = torch.Generator().manual_seed(case.decode.seed ^ 0x5A5A)
+        _spike_segment(inp.main_cache, inp.main_indices, inp.main_indptr, case.num_splits, gen)
+        if inp.extra_cache is not None:
+            _spike_segment(inp.extra_cache, inp.extra_indices, inp.extra_indptr, case.num_splits, gen)
+    return inp
