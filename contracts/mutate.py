@@ -13,8 +13,8 @@ source does not compile), ``uncovered`` (no contract maps to the module). ``scor
 
 The module -> contracts map is derived, never hand-kept: the zoo catalogs' ``file`` -> ``expect``, the families each
 contract module reaches through its subject (``theirs.decode.plan_decode`` -> ``impl/decode.py``), the impl modules
-a contract module imports (``impl.targets`` and ``impl.runtime`` aside: every one does), and, for a helper module
-none of those name, the contracts of the impl modules that import it.
+a contract module imports (``impl.targets`` and ``impl.runtime`` aside: every one does), and the contracts of every
+impl module that imports it (transitively: a helper's code runs inside its callers).
 """
 from __future__ import annotations
 
@@ -220,23 +220,29 @@ def contract_map(root: Path, catalogs=None) -> dict[str, list[str]]:
         fams |= _impl_imports(src, names) - _PLUMBING
         for f in fams:
             cover[f] |= ids
-    # helpers no contract names: the contracts of the impl modules that import them (transitively)
+    # a module's code also runs inside every impl module that imports it (transitively): their contracts judge it
+    # too (a helper's masked-load fill is seen only by the kernels that call it)
     importers: dict[str, set[str]] = {n: set() for n in names}
     for n in names:
         for dep in _impl_imports(root / "impl" / f"{n}.py", names):
             importers[dep].add(n)
+    direct = {n: set(ids) for n, ids in cover.items()}
     for n in sorted(names):
-        if cover[n]:
-            continue
         seen, todo = set(), list(importers[n])
         while todo:
             x = todo.pop()
             if x in seen:
                 continue
             seen.add(x)
-            cover[n] |= cover[x]
+            cover[n] |= direct[x]
             todo += importers[x]
     return {f"impl/{n}.py": sorted(ids) for n, ids in sorted(cover.items())}
+
+
+def mutant_cap(cap: float, n_contracts: int) -> float:
+    """A mutant's time cap: ``cap`` for up to 4 covering contracts, growing in proportion beyond (a helper module
+    that 20 contracts cover gets 5 x ``cap``: their rows share the audit's budget)."""
+    return cap * max(1.0, n_contracts / 4)
 
 
 def audit_budget(cap: float) -> float:
@@ -267,6 +273,7 @@ def run_one(site: Site, source: str, mutated: str, contracts: list[str], *, root
         res.status, res.detail = "uncovered", "no contract maps to this module"
         return res
     findings = findings if findings is not None else _findings_file()
+    cap = mutant_cap(cap, len(contracts))
     tmp = Path(tempfile.mkdtemp(prefix=f"smv-mutate-{res.id}-"))
     try:
         _copy_tree(root, tmp)

@@ -67,6 +67,9 @@ def test_contract_map_is_derived_from_the_zoo_and_the_contract_modules():
     assert "decode-oracle-agreement" in cmap["impl/decode.py"]  # zoo file -> expect, and the subject family
     assert "split-bounds" in cmap["impl/splits.py"]
     assert "ue8m0-codec-exact" in cmap["impl/triton_helpers.py"]
+    # a helper's code runs inside its callers: their contracts judge its mutants too
+    assert "prefill-oracle-agreement" in cmap["impl/triton_helpers.py"]
+    assert mutate.mutant_cap(90, 2) == 90 and mutate.mutant_cap(90, 20) == 450
 
 
 def test_session_scores_writes_incrementally_and_honours_equivalents(tiny_root, tmp_path, monkeypatch):
