@@ -77,7 +77,7 @@ def _examples(target: Target) -> list[fm.MetamorphicCase]:
 
 
 @contract("decode-paths-agree", targets=AMD_TARGETS, cases=fm.metamorphic_cases, examples=_examples,
-          skip_reason=_SKIP, min_cases=2, max_cases=2, case_type=fm.MetamorphicCase, numeric=True)
+          skip_reason=_SKIP, min_cases=1, max_cases=1, case_type=fm.MetamorphicCase, numeric=True)
 def decode_paths_agree(case: fm.MetamorphicCase, target: Target) -> list[Violation]:
     """On one input, every decode path of the target agrees with the float64 oracle and with every other path: 1
     split vs S splits, on gfx950 adaptive vs fixed S splits, and the split-K family vs the generic single kernel
