@@ -14,8 +14,9 @@ import argparse
 import json
 import sys
 
-#: audit.json versions this gate reads: 2 only adds fields to 1, 3 adds subjects and the status known
-SUPPORTED_SCHEMAS = (1, 2, 3)
+#: audit.json versions this gate reads: 2 only adds fields to 1, 3 adds subjects and the status known, 4 adds each
+#: row's reach (a ci row missing a declared pair is already `incomplete`), 5 each row's first_violation
+SUPPORTED_SCHEMAS = (1, 2, 3, 4, 5)
 BLOCKING = ("fail", "error", "incomplete")
 #: verdicts that count as a row having checked something and held (or matched only known findings)
 ACCEPTED = ("pass", "known")
