@@ -142,16 +142,18 @@ def require_kernel_device(**tensors: torch.Tensor) -> None:
 
 
 def check_slot_mapping(slot_mapping, num_tokens: int, num_slots: int, *, writes=None,
-                       name: str = "slot_mapping") -> list[int]:
-    """Validate an int64 ``[T]`` slot mapping on the host (one device sync): every entry is -1 or in
-    [0, num_slots), and no slot is written twice in one call (``writes`` masks the tokens that write)."""
+                       name: str = "slot_mapping", any_negative_skips: bool = False) -> list[int]:
+    """Validate an int64 ``[T]`` slot mapping on the host (one device sync): every entry is -1 (any negative entry
+    with ``any_negative_skips``, the indexer-K writers' rule) or in [0, num_slots), and no slot is written twice in
+    one call (``writes`` masks the tokens that write)."""
     require_tensor(name, slot_mapping, (torch.int64,), dim=1)
     if slot_mapping.shape[0] != num_tokens:
         raise ValueError(f"{name}: expected {num_tokens} entries (one per token), got {slot_mapping.shape[0]}")
     slots = slot_mapping.detach().cpu().tolist()
-    bad = [s for s in slots if s != -1 and not 0 <= s < num_slots]
+    skip = "< 0" if any_negative_skips else "-1"
+    bad = [s for s in slots if not (s < 0 if any_negative_skips else s == -1) and not 0 <= s < num_slots]
     if bad:
-        raise ValueError(f"{name}: entries must be -1 (skip) or in [0, {num_slots}); got {bad[:4]}")
+        raise ValueError(f"{name}: entries must be {skip} (skip) or in [0, {num_slots}); got {bad[:4]}")
     seen: dict[int, int] = {}
     for i, s in enumerate(slots):
         if s < 0 or (writes is not None and not writes[i]):

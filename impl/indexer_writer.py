@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from impl import formats
-from impl.cache_writers import require_kernel_device, require_tensor
+from impl.cache_writers import check_slot_mapping, require_kernel_device, require_tensor
 from impl.compressor import (check_intermediates_and_devices, check_window_inputs, check_window_tables,
                              pool_window_rows)
 from impl.prefill_assembly import indexer_k_layout_for_ratio
@@ -292,25 +292,10 @@ def _check_mxfp4_cache(cache) -> int:
 
 def check_indexer_slots(slot_mapping, num_tokens: int, num_slots: int, writes=None,
                         name: str = "slot_mapping") -> list[int]:
-    """Validate an int64 ``[T]`` slot mapping on the host: a negative entry skips its token (upstream's rule),
-    every other entry is in [0, num_slots), and no slot is written twice in one call (``writes`` masks the tokens
-    that write)."""
-    require_tensor(name, slot_mapping, (torch.int64,), dim=1)
-    if slot_mapping.shape[0] != num_tokens:
-        raise ValueError(f"{name}: expected {num_tokens} entries (one per token), got {slot_mapping.shape[0]}")
-    slots = slot_mapping.detach().cpu().tolist()
-    bad = [s for s in slots if s >= num_slots]
-    if bad:
-        raise ValueError(f"{name}: entries must be < 0 (skip) or in [0, {num_slots}); got {bad[:4]}")
-    seen: dict[int, int] = {}
-    for i, s in enumerate(slots):
-        if s < 0 or (writes is not None and not writes[i]):
-            continue
-        if s in seen:
-            raise ValueError(f"{name}: slot {s} is written by tokens {seen[s]} and {i} in one call; a slot may be "
-                             "written once per call (the result would depend on program order)")
-        seen[s] = i
-    return slots
+    """:func:`impl.cache_writers.check_slot_mapping` with upstream's indexer rule: a negative entry skips its
+    token."""
+    return check_slot_mapping(slot_mapping, num_tokens, num_slots, writes=writes, name=name,
+                              any_negative_skips=True)
 
 
 def _flavour(tgt: Target):
