@@ -27,7 +27,9 @@ STRENGTH = {"dev": 0, "ci": 2, "nightly": 3}
 NIGHTLY_MAX_ROWS = 400
 #: the fuzz modules that declare families (each declares on import, beside its generators)
 DECLARING_MODULES = ("fuzz.decode", "fuzz.cache_writers", "fuzz.cp_gather", "fuzz.indexer_logits",
-                     "fuzz.sparse_metadata")
+                     "fuzz.sparse_metadata", "fuzz.dispatch", "fuzz.dsv4_step", "fuzz.epilogues", "fuzz.formats",
+                     "fuzz.graph_buffers", "fuzz.graph_capture", "fuzz.indexer_writer", "fuzz.metamorphic",
+                     "fuzz.prefill", "fuzz.prefill_assembly", "fuzz.ragged", "fuzz.router", "fuzz.splits")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class Family:
     classify: Callable[[Any, Any], dict]
     force: Callable[[Any, dict, Any], Any]
     allowed: Callable[[dict, Any], bool] | None = None
+    #: a few deliberately plain cases of the family (``examples(target) -> [case, ...]``): the tests force every
+    #: covering row onto each of them and check it classifies as that row
+    examples: Callable[[Any], list] | None = None
 
     def __post_init__(self):
         names = [d.name for d in self.dimensions]

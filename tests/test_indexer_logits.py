@@ -135,17 +135,17 @@ def test_bad_prefill_and_topk_inputs_are_refused():
     inp = build_prefill_inputs(case, "fnuz")
     ok = dict(q=inp.q, k_fp8=inp.k_fp8, k_scale=inp.k_scale, weights=inp.weights, ks=inp.ks, ke=inp.ke)
     run = lambda **kw: il.fp8_mqa_logits(**{**ok, **kw}, target="gfx942")  # noqa: E731
-    _refused(ValueError, "ks/ke: row 1 has the range", lambda: run(ks=torch.tensor([0, 6], dtype=torch.int32)))
-    _refused(ValueError, "ks/ke: row 0", lambda: run(ke=torch.tensor([9, 5], dtype=torch.int32)))
+    _refused(ValueError, "ks/ke: row 1 has the range", lambda: run(ks=torch.tensor([0, 6], dtype=torch.int32, device=DEV)))
+    _refused(ValueError, "ks/ke: row 0", lambda: run(ke=torch.tensor([9, 5], dtype=torch.int32, device=DEV)))
     _refused(ValueError, "k_scale: expected", lambda: run(k_scale=inp.k_scale[:7]))
     _refused(ValueError, "ke: expected 2 entries", lambda: run(ke=inp.ke[:1]))
     _refused(TypeError, "k_fp8: target gfx942 reads FNUZ", lambda: run(k_fp8=inp.k_codes.view(torch.float8_e4m3fn)))
     assert torch.isfinite(run()).sum() == 8 + 3
     x = torch.zeros(2, 4, device=DEV)
     _refused(ValueError, "k: expected a positive int", lambda: il.topk_indices(x, 0))
-    _refused(ValueError, "out: expected shape", lambda: il.topk_indices(x, 2, out=torch.empty(2, 3, dtype=torch.int32)))
+    _refused(ValueError, "out: expected shape", lambda: il.topk_indices(x, 2, out=torch.empty(2, 3, dtype=torch.int32, device=DEV)))
     _refused(TypeError, "logits: expected dtype float32", lambda: il.topk_indices(x.double(), 2))
-    _refused(ValueError, "ks/ke: row 0", lambda: il.topk_indices_prefill(x, torch.tensor([3, 0]), torch.tensor([5, 0]), 2))
+    _refused(ValueError, "ks/ke: row 0", lambda: il.topk_indices_prefill(x, torch.tensor([3, 0], device=DEV), torch.tensor([5, 0], device=DEV), 2))
 
 
 def test_oracle_tie_rule_treats_both_zeros_as_one_value():

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("cosmic_ray", reason="smv mutate needs the mutate extra (pip install -e .[mutate])")
+
 from contracts import mutate
 from contracts.zoo import runner as zoo_runner
 

@@ -178,9 +178,14 @@ def test_forced_cases_hit_their_rows(target):
     for m in D.DECLARING_MODULES:
         importlib.import_module(m)
     t = get_target(target)
-    for cid, bases in _bases().items():
+    bases = _bases()
+    for cid, family in D._DECLARED.items():
+        if family.examples is not None:
+            bases[cid] = family.examples(t)
+    assert set(bases) == set(D._DECLARED), f"declared families without plain examples: {set(D._DECLARED) - set(bases)}"
+    for cid, cases in bases.items():
         family = D.family_for(cid)
-        for base in bases:
+        for base in cases:
             for row in family.covering_array(t, 2):
                 got = family.classify(family.force(base, row, t), t)
                 assert {k: got.get(k) for k in row} == row, (cid, base, row, got)
