@@ -13,7 +13,11 @@ from contracts.runner import RowResult, run_contract
 from impl.runtime import detect_device, triton_mode
 from impl.targets import TARGET_NAMES, get_target
 
-DEFAULT_BUDGET = 120.0
+#: the audit's default budget per profile: dev is the quick look (about two minutes); ci gives every row its covering
+#: array and the profile's cases, and the whole ci audit still ends within ten minutes on 2 cores; nightly rounds
+#: set their own
+DEFAULT_BUDGETS = {"dev": 120.0, "ci": 450.0, "nightly": 600.0}
+DEFAULT_BUDGET = DEFAULT_BUDGETS["dev"]
 FAILING = ("fail", "error", "incomplete")
 #: statuses that are a verdict the run accepts (a known row's every violation is a recorded finding)
 ACCEPTED = ("pass", "known")
@@ -141,7 +145,7 @@ class Progress:
         self._write(line)
 
 
-def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_BUDGET, profile: str = "ci",
+def run_audit(contract_ids=None, target_names=None, *, budget: float | None = None, profile: str = "ci",
               seed: int | None = None, report_dir: str | None = None, junit: str | None = None,
               progress: bool = True, stream=None, argv=None, use_examples: bool = True,
               max_cases: int | None = None, allow_empty: bool = False,
@@ -154,11 +158,13 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float = DEFAULT_B
     ``seed``: drawn (and recorded) when not given; a derandomized profile uses :data:`DERANDOMIZED_SEED`.
     ``shrink_until``: a ``time.monotonic()`` instant after which no failure is shrunk further (the campaign's end).
     ``subjects``: the code under audit, subjects or specs (default: ours); each one runs every row with the whole
-    ``budget``, one subject after the other. ``findings_path``: the known findings (default: the repository's
+    ``budget`` (default: :data:`DEFAULT_BUDGETS` of the profile), one subject after the other. ``findings_path``: the known findings (default: the repository's
     findings.toml); a ``known`` row is accepted like a pass."""
     from contracts import findings as known_findings
     from contracts.runner import resolve_subject
 
+    if budget is None:
+        budget = DEFAULT_BUDGETS.get(profile, DEFAULT_BUDGET)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
         raise ValueError(f"budget: expected a positive number of seconds, got {budget!r}")
     if max_cases is not None and (isinstance(max_cases, bool) or not isinstance(max_cases, int) or max_cases < 0):

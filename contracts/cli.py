@@ -582,7 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("audit", help="run contracts on targets within a budget; exit 0 only if nothing failed")
     a.add_argument("--contract", action="append", help="contract id (repeatable; default: all)")
     a.add_argument("--target", action="append", choices=TARGET_NAMES, help="target (repeatable; default: all)")
-    a.add_argument("--budget", type=seconds, default=120.0, help="seconds shared by all rows (default 120)")
+    a.add_argument("--budget", type=seconds, default=None,
+                   help="seconds shared by all rows (default: 120 under dev, 450 under ci, 600 under nightly)")
     a.add_argument("--seed", type=int, default=None)
     a.add_argument("--profile", choices=("dev", "ci", "nightly"), default=None,
                    help="Hypothesis profile (default: ci when $CI is set, else dev)")

@@ -357,3 +357,13 @@ def test_the_profiles_own_count_is_exhausted_not_a_case_limit(register):
     assert code == 0 and row["generated_cases"] == 25 and row["stopped_by"] == "exhausted"
     doc, _ = run_audit(["test-cheap"], ["gfx942"], budget=60, profile="ci", max_cases=7, progress=False)
     assert doc["results"][0]["stopped_by"] == "max_cases" and doc["results"][0]["generated_cases"] == 7
+
+
+def test_the_default_budget_follows_the_profile(register):
+    from contracts.audit import DEFAULT_BUDGETS
+
+    register("test-cheap", _cheap, min_cases=1)
+    for profile in ("dev", "ci"):
+        doc, code = run_audit(["test-cheap"], ["gfx942"], profile=profile, max_cases=1, progress=False)
+        assert code == 0 and doc["run"]["budget"] == DEFAULT_BUDGETS[profile]
+    assert DEFAULT_BUDGETS["dev"] < DEFAULT_BUDGETS["ci"] < 600  # the whole ci audit ends within ten minutes
