@@ -132,13 +132,6 @@ def compute_work_partition(kv_indptr: np.ndarray, num_cu: int,
     }
 
 
-def live_lengths(work_meta) -> dict[str, int]:
-    """Leading-dimension length of each buffer's live region, from ``work_meta``."""
-    n_items, n_partials, n_reduce = (int(x) for x in work_meta[:3])
-    return {"work_meta": 3, "work_info": n_items, "reduce_indptr": n_reduce + 1 if n_reduce else 0,
-            "reduce_final_map": n_reduce, "reduce_partial_map": n_partials}
-
-
 def write_work_partition(buffers: dict[str, torch.Tensor], live: dict[str, np.ndarray],
                          prev_lengths: dict[str, int] | None) -> dict[str, int]:
     """Copy a host partition into the persistent buffers, zeroing only what the previous partition wrote beyond the

@@ -68,7 +68,6 @@ KNOWN_GAPS: dict[str, str] = {
                             "never calls it; only contracts/bench.py and tests/test_decode.py do",
     "formats.dequantize_fp8_ds_mla": "the fp8_ds_mla cache's host dequantizer: cache-layout-roundtrip judges "
                                      "pack/unpack, not this; only contracts/bench.py and tests/test_layouts.py call it",
-    "work_partition.live_lengths": "called by nothing in the repository (no contract, test or impl caller)",
 }
 
 
