@@ -96,7 +96,7 @@ def _check_dense(case: RaggedCase, got, out: _Out) -> None:
     if not (_int32_1d("indices", idx, None, out, what) & _int32_1d("indptr", ptr, R + 1, out, what)):
         return
     want_idx, want_ptr = ref.ref_ragged_from_dense([list(r) for r in d.rows], None if d.lens is None else list(d.lens),
-                                                   d.num_rows)
+                                                   d.effective_num_rows)
     rows = _split(idx.tolist(), ptr.tolist(), R, out, what)
     if rows is None:
         return
@@ -114,11 +114,11 @@ def _check_dense(case: RaggedCase, got, out: _Out) -> None:
         else:
             j = next(j for j in range(len(w)) if g[j] != w[j])
             v = d.rows[r][j]
-            if d.num_rows >= 0 and not 0 <= v < d.num_rows:
+            if d.effective_num_rows >= 0 and not 0 <= v < d.num_rows:
                 msg = f"{what}: a kept value outside [0, num_rows) is not -1"
             else:
                 msg = f"{what}: a kept value differs from the dense entry"
-            out.add(msg, f"row {r}, entry {j} (value {v}, num_rows {d.num_rows})", w[j], g[j])
+            out.add(msg, f"row {r}, entry {j} (value {v}, num_rows {'left out (default)' if d.num_rows is None else d.num_rows})", w[j], g[j])
 
 
 # --- C4A global slots -----------------------------------------------------------------------------------------------
@@ -263,7 +263,8 @@ def ragged_helpers_oracle(case: RaggedCase, target: Target) -> list[Violation]:
     """The ragged helpers equal their loop oracles exactly, indices, indptr / lengths and dtypes (int32).
 
     ``build_ragged_indices_from_dense``: row r keeps its first clamp(topk_lens[r] or count(>= 0), 0, width) entries
-    in place; with ``num_rows >= 0`` a kept value outside [0, num_rows) becomes -1 (SPEC 2).
+    in place; with ``num_rows >= 0`` a kept value outside [0, num_rows) becomes -1; ``num_rows`` left out is -1
+    (no check) (SPEC 2).
     ``compute_global_topk_ragged_indices_and_indptr``: a valid token's entries >= 0, all of them and in row order
     (compacted past any -1 hole), each mapped to block_table[req, i // bs] * bs + i % bs; an invalid token has none
     (SPEC 2, C4A). ``compute_swa_indices_and_lens``: start = max(p - window + 1, 0), len = p + 1 - start (0 for a

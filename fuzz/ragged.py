@@ -38,13 +38,14 @@ def max_block_id(block_size: int) -> int:
 @dataclass(frozen=True)
 class DensePart(Case):
     """``build_ragged_indices_from_dense``'s input: ``rows`` [R][width] dense indices, ``lens`` (topk_lens, or None:
-    the count of entries >= 0), ``num_rows``."""
+    the count of entries >= 0), ``num_rows`` (None: the argument is left out, so the helper's default applies,
+    which SPEC 2 makes -1, no check)."""
 
     KIND = "ragged-dense"
     rows: tuple[tuple[int, ...], ...] = ()
     width: int = 0
     lens: tuple[int, ...] | None = None
-    num_rows: int = -1
+    num_rows: int | None = -1
 
     def __post_init__(self):
         super().__post_init__()
@@ -52,6 +53,11 @@ class DensePart(Case):
             raise ValueError(f"rows: every row must hold width={self.width} (>= 0) entries")
         if self.lens is not None and len(self.lens) != len(self.rows):
             raise ValueError(f"lens: expected {len(self.rows)} entries, got {len(self.lens)}")
+
+    @property
+    def effective_num_rows(self) -> int:
+        """The ``num_rows`` the helper runs with: the case's, or SPEC 2's default -1 when it is left out."""
+        return -1 if self.num_rows is None else self.num_rows
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,7 @@ class RaggedCase(Case):
         if any(len(r) != self.table_width for r in self.block_table):
             raise ValueError(f"block_table: every row must hold table_width={self.table_width} entries")
         d, g, w = self.dense, self.glob, self.swa
-        ints = [v for r in d.rows + g.rows + self.block_table for v in r] + list(d.lens or ()) + [d.num_rows] + \
+        ints = [v for r in d.rows + g.rows + self.block_table for v in r] + list(d.lens or ()) + [d.effective_num_rows] + \
             list(g.token_to_req) + list(w.positions) + list(w.token_to_req)
         if any(not INT32_MIN <= v <= INT32_MAX for v in ints):
             raise ValueError("every value must fit int32 (the helpers' index domain)")
@@ -153,7 +159,10 @@ def make_inputs(case: RaggedCase, helper: str, device) -> dict:
         d = case.dense
         dense = torch.tensor(d.rows, dtype=idt).reshape(len(d.rows), d.width).to(device)
         lens = None if d.lens is None else torch.tensor(d.lens, dtype=adt).to(device)
-        return {"dense_indices": dense, "topk_lens": lens, "num_rows": d.num_rows}
+        kwargs = {"dense_indices": dense, "topk_lens": lens}
+        if d.num_rows is not None:  # None: left out, the entry point's default is what runs
+            kwargs["num_rows"] = d.num_rows
+        return kwargs
     table = table_tensor(case, device)
     if helper == "global":
         g = case.glob
@@ -221,8 +230,8 @@ def _request(rng: random.Random, R: int) -> int:
 
 def _dense_part(rng: random.Random) -> DensePart:
     R = rng.randint(0, 5)
-    num_rows = rng.choice([-1, -1, 0, 5, 33, INT32_MAX])
-    rows, width = _rows(rng, R, num_rows if num_rows > 0 else 40)
+    num_rows = rng.choice([None, -1, -1, 0, 5, 33, INT32_MAX])
+    rows, width = _rows(rng, R, num_rows if num_rows is not None and num_rows > 0 else 40)
     lens = None if rng.random() < 0.4 else [rng.choice([INT32_MIN, INT32_MAX]) if rng.random() < 0.1 else
                                             rng.randint(-2, width + 3) for _ in range(R)]
     return DensePart(rows=rows, width=width, lens=lens, num_rows=num_rows)
@@ -269,3 +278,226 @@ def case_from_seed(seed: int) -> RaggedCase:
 def ragged_cases():
     """Cases for ``ragged-helpers-oracle`` (see :func:`case_from_seed`)."""
     return st.integers(0, 2 ** 32 - 1).map(case_from_seed)
+
+
+# --- declared dimensions ----------------------------------------------------------------------------------------
+# The first token (row) of each part carries the class; the rest stay as drawn. A forced case keeps the drawn
+# shapes (a few more entries at most), so it costs what a drawn one does.
+
+BLOCK_CLASSES = ("1", "odd", "64")
+TABLE_KINDS = ("plain", "slice")
+GLOBAL_ENTRY_KINDS = ("hole", "past-width", "neg-block", "request", "invalid-token")
+SWA_POSITION_KINDS = ("padding", "clamped", "cross", "past-width")
+NUM_ROWS_KINDS = ("default", "off", "zero", "small", "int32max")
+DENSE_LEN_KINDS = ("count", "in-range", "over", "under")
+
+
+def _block_class(bs: int) -> str:
+    return "1" if bs == 1 else ("64" if bs == 64 else ("odd" if bs % 2 else "even"))
+
+
+def _global_kind(case: RaggedCase) -> str | None:
+    """What the first C4A token meets first: an invalid token, a request outside the table, then at its first valid
+    entry a column past the width or a negative block id, then a -1 hole before a valid entry."""
+    g = case.glob
+    if not g.rows:
+        return None
+    if g.valid is not None and not g.valid[0]:
+        return "invalid-token"
+    req, row = g.token_to_req[0], g.rows[0]
+    if not 0 <= req < len(case.block_table):
+        return "request"
+    first = next((i for i in row if i >= 0), None)
+    if first is not None:
+        col = first // case.block_size
+        if col >= case.table_width:
+            return "past-width"
+        if case.block_table[req][col] < 0:
+            return "neg-block"
+    if _holes(row):
+        return "hole"
+    return "plain"
+
+
+def _holes(row) -> bool:
+    seen = False
+    for v in row:
+        if v < 0:
+            seen = True
+        elif seen:
+            return True
+    return False
+
+
+def _swa_kind(case: RaggedCase) -> str | None:
+    w = case.swa
+    if not w.positions:
+        return None
+    p, bs = w.positions[0], case.block_size
+    if p < 0:
+        return "padding"
+    if p // bs >= case.table_width:
+        return "past-width"
+    start = p - w.window + 1
+    if start < 0:
+        return "clamped"
+    return "cross" if start // bs != p // bs else "inside"
+
+
+def _num_rows_kind(n: int | None) -> str:
+    if n is None:
+        return "default"
+    return {-1: "off", 0: "zero", INT32_MAX: "int32max"}.get(n, "small" if n > 0 else "negative")
+
+
+def _dense_len_kind(d: DensePart) -> str | None:
+    if d.lens is None:
+        return "count"
+    if not d.rows:
+        return None
+    n = d.lens[0]
+    return "under" if n < 0 else ("over" if n > d.width else "in-range")
+
+
+def classify_ragged(case: RaggedCase, target=None) -> dict:
+    """The dimension values a case hits (a part with no rows leaves its dimension out)."""
+    out = {"block": _block_class(case.block_size), "table": "slice" if case.table_pad else "plain",
+           "num_rows": _num_rows_kind(case.dense.num_rows), "index_dtype": case.index_dtype,
+           "aux_dtype": case.aux_dtype}
+    for k, v in (("global_entry", _global_kind(case)), ("swa_position", _swa_kind(case)),
+                 ("dense_len", _dense_len_kind(case.dense))):
+        if v is not None:
+            out[k] = v
+    return out
+
+
+def force_ragged(case: RaggedCase, combo: dict, target=None) -> RaggedCase:
+    """``case`` rewritten to hit ``combo``: block size, table padding, the first C4A token's entry kind, the first
+    SWA token's position kind, ``num_rows``, the first dense row's length kind, the dtypes; the rest as drawn."""
+    rng = random.Random(hash((case.block_size, case.table_width, len(case.glob.rows), len(case.swa.positions),
+                              len(case.dense.rows), case.dense.width)) & 0xFFFF)
+    bs = case.block_size
+    if "block" in combo:
+        bs = {"1": 1, "odd": rng.choice([3, 5]), "64": 64}[combo["block"]]
+    bmax = max_block_id(bs)
+    table = [[min(b, bmax) for b in r] for r in case.block_table]
+    R, nb = len(table), case.table_width
+    if R < 2 or nb < 2:  # the forced entries need two requests and two columns
+        nb = max(nb, 2)
+        table = [(list(table[r]) if r < len(table) else []) + [rng.randint(0, 40) for _ in range(nb)]
+                 for r in range(max(R, 2))]
+        table = [r[:nb] for r in table]
+        R = len(table)
+    pad = case.table_pad
+    if "table" in combo:
+        pad = 0 if combo["table"] == "plain" else (pad or 3)
+    glob, swa, dense = case.glob, case.swa, case.dense
+
+    if "global_entry" in combo:
+        kind = combo["global_entry"]
+        rows = [list(r) for r in glob.rows] or [[]]
+        reqs = list(glob.token_to_req) or [0]
+        width = max(glob.width, 3)
+        rows = [r + [-1] * (width - len(r)) for r in rows]
+        col = nb - 1 if kind == "neg-block" else 0
+        i = col * bs + rng.randrange(bs)
+        if kind == "past-width":
+            i = nb * bs + rng.randrange(3)
+        rows[0] = ([-1, i] if kind == "hole" else [i, -1]) + [rng.randrange(nb * bs) for _ in range(width - 2)]
+        if kind != "neg-block" and table[0][col] < 0:
+            table[0][col] = rng.randint(0, 40)
+        if kind == "neg-block":
+            table[0][col] = rng.choice([-1, -3, INT32_MIN])
+        elif table[0][0] < 0:
+            table[0][0] = rng.randint(0, 40)
+        reqs[0] = rng.choice([R, -1]) if kind == "request" else 0
+        valid = None if glob.valid is None else list(glob.valid) + [True] * (len(rows) - len(glob.valid))
+        if kind == "invalid-token":
+            valid = valid or [True] * len(rows)
+            valid[0] = False
+        elif valid is not None:
+            valid[0] = True
+        glob = GlobalPart(rows=rows, width=width, token_to_req=reqs, valid=valid)
+    else:
+        # keep the drawn first token's kind where the table changed under it (it may not, that is fine)
+        pass
+
+    if "swa_position" in combo:
+        kind = combo["swa_position"]
+        pos, reqs, window = list(swa.positions) or [0], list(swa.token_to_req) or [0], swa.window
+        if kind == "padding":
+            pos[0] = rng.choice([-1, -5])
+        elif kind == "past-width":
+            pos[0] = nb * bs + rng.randrange(3)
+        elif kind == "clamped":
+            window = max(window, 2)
+            pos[0] = min(rng.randrange(window - 1), nb * bs - 1)
+        else:  # cross: the window's start in column 0, its end in column 1
+            window = min(max(window, 2), bs + 1)
+            pos[0] = bs
+        reqs[0] = 0
+        swa = SwaPart(positions=pos, token_to_req=reqs, window=window)
+    elif swa.positions and swa.positions[0] >= 0 and swa.window > 1 and "block" in combo:
+        pass
+
+    if "num_rows" in combo or "dense_len" in combo:
+        rows, width, lens = [list(r) for r in dense.rows], dense.width, dense.lens
+        num_rows = dense.num_rows
+        if "num_rows" in combo:
+            num_rows = {"default": None, "off": -1, "zero": 0, "small": rng.choice([5, 33]),
+                        "int32max": INT32_MAX}[combo["num_rows"]]
+        if not rows:  # one row, its kept values past 1 (where a wrong default or bound shows)
+            width = max(width, 3)
+            rows = [[rng.randint(1, 40) for _ in range(width)]]
+            lens = None if lens is None else [width]
+        if "dense_len" in combo:
+            kind = combo["dense_len"]
+            if kind == "count":
+                lens = None
+            else:
+                lens = list(lens) if lens is not None else [rng.randint(0, width) for _ in rows]
+                lens[0] = {"in-range": rng.randint(0, width), "over": width + 1 + rng.randrange(3),
+                           "under": rng.choice([-1, -2, INT32_MIN])}[kind]
+        dense = DensePart(rows=rows, width=width, lens=lens, num_rows=num_rows)
+
+    return RaggedCase(dense=dense, glob=glob, swa=swa, index_dtype=combo.get("index_dtype", case.index_dtype),
+                      aux_dtype=combo.get("aux_dtype", case.aux_dtype), block_table=table, table_width=nb,
+                      table_pad=pad, block_size=bs)
+
+
+def _ragged_allowed(c: dict, target=None) -> bool:
+    return True
+
+
+def ragged_family_examples(target=None) -> list[RaggedCase]:
+    """Plain cases: one with every part empty, one with a small table and one row per part."""
+    return [RaggedCase(), RaggedCase(
+        dense=DensePart(rows=((0, 1, -1),), width=3, lens=None, num_rows=-1),
+        glob=GlobalPart(rows=((0, 1),), width=2, token_to_req=(0,)),
+        swa=SwaPart(positions=(1,), token_to_req=(0,), window=2),
+        block_table=((1, 2), (3, 4)), table_width=2, table_pad=0, block_size=1)]
+
+
+def _declare_ragged():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "ragged",
+        (Dimension("block", BLOCK_CLASSES, "block size class: 1, odd (3, 5), the production 64"),
+         Dimension("table", TABLE_KINDS, "the block table as is, or a column slice of a wider poisoned buffer"),
+         Dimension("global_entry", GLOBAL_ENTRY_KINDS, "the first C4A token: a -1 hole before a valid id, an id "
+                   "past the width, a negative block id, a request outside the table, an invalid token"),
+         Dimension("swa_position", SWA_POSITION_KINDS, "the first SWA token: padding (negative), a start clamped "
+                   "to 0, a window crossing a block boundary, a window reaching past the width"),
+         Dimension("num_rows", NUM_ROWS_KINDS, "dense->ragged's num_rows: left out (the default), -1, 0, small, "
+                   "INT32_MAX"),
+         Dimension("dense_len", DENSE_LEN_KINDS, "the first dense row's length: counted, given in range, past the "
+                   "width, negative"),
+         Dimension("index_dtype", ("int32", "int64")),
+         Dimension("aux_dtype", ("int32", "int64"))),
+        (("block", "global_entry"), ("block", "swa_position"), ("table", "global_entry"), ("table", "swa_position"),
+         ("num_rows", "dense_len"), ("index_dtype", "num_rows"), ("index_dtype", "aux_dtype")),
+        classify_ragged, force_ragged, _ragged_allowed, ragged_family_examples), "ragged-helpers-oracle")
+
+
+RAGGED_DIMENSIONS = _declare_ragged()

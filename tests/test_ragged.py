@@ -196,3 +196,24 @@ def test_the_helpers_leave_their_inputs_as_they_were():
         before = {k: v.clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}
         entry(**kw)
         assert all(torch.equal(kw[k], v) for k, v in before.items()), helper
+
+
+def test_dense_to_ragged_num_rows_left_out_is_no_check():
+    # SPEC 2: num_rows = -1 turns the bound off, and it is the default (callers leave it out)
+    d = torch.tensor([[4, 90, -1]], dtype=torch.int32)
+    idx, indptr = ragged.build_ragged_indices_from_dense(d)
+    assert idx.tolist() == [4, 90] and indptr.tolist() == [0, 2]
+
+
+def test_ragged_family_forces_every_row_and_reaches_the_default():
+    from fuzz.ragged import RAGGED_DIMENSIONS as fam, case_from_seed, make_inputs
+    from impl.targets import get_target
+
+    t = get_target("generic")
+    rows = fam.covering_array(t, 2)
+    forced = [fam.force(case_from_seed(s), row, t) for s, row in enumerate(rows)]
+    for case, row in zip(forced, rows):
+        got = fam.classify(case, t)
+        assert {k: got.get(k) for k in row} == row
+    left_out = [c for c in forced if c.dense.num_rows is None]
+    assert left_out and all("num_rows" not in make_inputs(c, "dense", "cpu") for c in left_out)
