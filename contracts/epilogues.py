@@ -91,24 +91,36 @@ def _codes_at_scales(x: torch.Tensor, got_s: torch.Tensor, want: dict) -> torch.
 def _check_rope(case: RopeCase, epi) -> list[Violation]:
     x, cos_sin, positions = fz.rope_input(case, kernel_device())
     out_dtype = fz.DTYPES[case.out_dtype]
+    x, out_buf = fz.rope_out(case, x, out_dtype)
+    x_before = x.cpu().clone()  # the reference reads x as given (an in-place call overwrites it)
     T, H, W = x.shape
-    out_buf = torch.full((T, H, W), float("nan"), dtype=out_dtype, device=x.device)
+    out: list[Violation] = []
     try:
         got = epi.inverse_rope_gptj(x, cos_sin, positions, out=out_buf)
     except EntryMissing:
         if out_dtype == torch.bfloat16:
             raise
         # a subject whose inverse RoPE writes bf16 only (upstream's) is judged on the same rows at its own output
-        # dtype, against the bf16 bound
+        # dtype, against the bf16 bound (in a buffer of its own: a float32 x cannot be its bf16 out)
         out_dtype = torch.bfloat16
         out_buf = torch.full((T, H, W), float("nan"), dtype=out_dtype, device=x.device)
         got = epi.inverse_rope_gptj(x, cos_sin, positions, out=out_buf)
+    except ValueError as exc:
+        if case.alias in ("restrided", "shifted"):  # an out that overlaps x without being x: refusing it is right
+            return []
+        if case.alias == "separate":
+            raise
+        return [Violation("inverse RoPE refused an out it must take (x itself, or disjoint from x in its storage)",
+                          f"out ({case.alias})", "the rows written", f"ValueError: {exc}"[:240])]
+    if case.alias in ("in-place", "adjacent") and got.data_ptr() != out_buf.data_ptr():
+        out.append(Violation("inverse RoPE result not written into the given out", f"out ({case.alias})",
+                             "out's data pointer", "a new tensor"))
+    x = x_before
     got = got.cpu().to(torch.float64)
-    want, mag = ref.inverse_rope_gptj(x.cpu(), cos_sin.cpu(), list(case.positions))
-    out: list[Violation] = []
+    want, mag = ref.inverse_rope_gptj(x, cos_sin.cpu(), list(case.positions))
     head = W - ROPE_DIM
     # lanes before the RoPE block: copied, cast exactly as torch casts (round to nearest even)
-    out += compare_exact("copied lanes", got[:, :, :head], x.cpu()[:, :, :head].to(out_dtype).to(torch.float64))
+    out += compare_exact("copied lanes", got[:, :, :head], x[:, :, :head].to(out_dtype).to(torch.float64))
     g_r, w_r, m_r = got[:, :, head:], want[:, :, head:], mag[:, :, head:]
     nan_w, nan_g = torch.isnan(w_r), torch.isnan(g_r)
     for idx in (nan_w != nan_g).nonzero()[:3].tolist():
@@ -167,6 +179,9 @@ def epilogue_oracle_agreement(case: EpilogueCase, target: Target) -> list[Violat
     the worst RoPE lane's error over its bound (MXFP8 is byte-exact, so it adds none). A scale code one below the
     exact one is named as such, and a group's e4m3 codes are always judged at the scale code it got (so one wrong
     scale is one violation); a NaN lane written as 0xFF instead of 0x7F is named as such too. A subject whose inverse RoPE writes bf16 only is judged at bf16 on float32-output cases.
+    RoPE's ``out`` may be x itself (an exact in-place call) or a buffer disjoint from x in x's storage: both must
+    give the reference's rows; an out that overlaps x any other way (x's first element with other strides, or from
+    half a row in) must be refused with a ValueError or give the reference's rows of x as it was before the call.
     """
     epi = bound(target).epilogues
     if case.epilogue == "mxfp8":

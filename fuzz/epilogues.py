@@ -81,9 +81,15 @@ class RopeCase(Case):
     in_dtype: FloatDtype = "float32"
     out_dtype: FloatDtype = "float32"
     cos_sin: Literal["angles", "exact"] = "angles"
+    #: where ``out`` sits against ``x``: a buffer of its own, ``x`` itself, ``x``'s first element with other strides
+    #: (the [H, T, W] order), ``x``'s storage from half a row in, or the same storage just past ``x``
+    alias: Literal["separate", "in-place", "restrided", "shifted", "adjacent"] = "separate"
 
     def __post_init__(self):
         super().__post_init__()
+        if self.alias != "separate" and self.in_dtype != self.out_dtype:
+            raise ValueError(f"alias: an out in x's storage ({self.alias!r}) has x's dtype, got {self.in_dtype} in "
+                             f"and {self.out_dtype} out")
         if self.tokens < 1 or self.heads < 1 or self.width < 64 or self.max_pos < 1:
             raise ValueError(f"tokens, heads, width, max_pos: expected >= 1, >= 1, >= 64, >= 1, got {self.tokens}, "
                              f"{self.heads}, {self.width}, {self.max_pos}")
@@ -110,6 +116,10 @@ class EpilogueCase(Case):
         given = [name for name in ("mxfp8", "rope") if getattr(self, name) is not None]
         if given != [self.epilogue]:
             raise ValueError(f"epilogue: {self.epilogue!r} needs exactly its own parameters, got {given or 'none'}")
+
+
+#: where a RoPE case's ``out`` sits against ``x`` (:attr:`RopeCase.alias`)
+ALIASES = ("separate", "in-place", "restrided", "shifted", "adjacent")
 
 
 def _signed(mag):
@@ -159,7 +169,7 @@ def mxfp8_cases(draw) -> "Mxfp8Case":
     """Rows of lanes (a multiple of 32, the reduce's 512 included) in float32 or bf16; each 32-lane group gets its own
     dynamic range (a common exponent shift) so scale codes from 0 to the cap all occur; some groups are all zero or
     carry a NaN/inf lane."""
-    width = draw(st.sampled_from([32, 64, 96, 512]))
+    width = draw(st.sampled_from([32, 64, 96, 128, 160, 288, 512]))
     rows = draw(st.integers(1, 3))
     groups = []
     for _ in range(rows * width // 32):
@@ -192,12 +202,18 @@ def rope_cases(draw) -> "RopeCase":
     specials = draw(st.lists(st.tuples(st.integers(0, tokens * heads * width - 1),
                                        st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e30, -1e30,
                                                         1e-40])), max_size=3))
-    return RopeCase(seed=draw(st.integers(0, 2 ** 31 - 1)), tokens=tokens, heads=heads, width=width,
+    case = RopeCase(seed=draw(st.integers(0, 2 ** 31 - 1)), tokens=tokens, heads=heads, width=width,
                     max_pos=max_pos, positions=tuple(positions),
                     scale=draw(st.sampled_from([1e-3, 1.0, 300.0, 1e20])), specials=tuple(specials),
                     in_dtype=draw(st.sampled_from(["float32", "bfloat16"])),
                     out_dtype=draw(st.sampled_from(["float32", "bfloat16"])),
                     cos_sin=draw(st.sampled_from(["angles", "angles", "exact"])))
+    alias = draw(st.sampled_from(ALIASES + ("separate",) * 3))
+    if alias != "separate":
+        import dataclasses
+
+        case = dataclasses.replace(case, alias=alias, out_dtype=case.in_dtype)
+    return case
 
 
 @st.composite
@@ -258,3 +274,165 @@ def rope_input(case: RopeCase, device) -> tuple[torch.Tensor, torch.Tensor, torc
         cos, sin = theta.cos(), theta.sin()
     cos_sin = torch.cat([cos, sin], dim=1).to(torch.float32)
     return x.to(device), cos_sin.to(device), torch.tensor(case.positions, dtype=torch.int64, device=device)
+
+
+def rope_out(case: RopeCase, x: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, out) for a RoPE case: ``x`` (the tokens of :func:`rope_input`) moved into the storage ``case.alias``
+    names, and ``out`` NaN-filled where it does not share ``x``'s elements. ``restrided``: ``out`` starts at ``x``'s
+    first element with the [H, T, W] strides (rows of other tokens and heads); ``shifted``: ``out`` starts half a row
+    into ``x``; ``adjacent``: ``out`` directly follows ``x`` in one storage (no element shared)."""
+    T, H, W = x.shape
+    n = T * H * W
+    if case.alias == "separate":
+        return x, torch.full((T, H, W), float("nan"), dtype=out_dtype, device=x.device)
+    if case.alias == "in-place":
+        return x, x
+    buf = torch.full((2 * n + W,), float("nan"), dtype=x.dtype, device=x.device)
+    buf[:n] = x.reshape(-1)
+    xv = buf[:n].view(T, H, W)
+    if case.alias == "restrided":
+        return xv, buf.as_strided((T, H, W), (W, T * W, 1), 0)
+    start = W // 2 if case.alias == "shifted" else n
+    return xv, buf[start:start + n].view(T, H, W)
+
+
+# --- declared dimensions ----------------------------------------------------------------------------------------
+
+#: groups per row of an MXFP8 case, around the kernel's tile of ``impl.epilogues.MXFP8_GROUPS_PER_PROGRAM`` = 4
+#: groups (1, t-1, t, t+1, 2t+1), and RoPE widths (no copied lanes, one 64-lane copy block, seven of them)
+MXFP8_GROUP_COUNTS = {"g1": 1, "g3": 3, "g4": 4, "g5": 5, "g9": 9}
+ROPE_WIDTHS = {"w64": 64, "w128": 128, "w512": 512}
+#: the first MXFP8 group's amax class: all zero, fp32-subnormal quotient amax / 448 (below 448 * 2^-126), below the
+#: kernel's rescale threshold 2^-100, ordinary, exactly a scale edge 448 * 2^k, a +-inf lane (the cap), a NaN lane
+MXFP8_LANES = ("zero", "tiny", "low", "normal", "edge", "inf", "nan")
+#: a RoPE case's non-finite lanes: none, a NaN, an inf (written into the first row's RoPE block when forced)
+ROPE_LANES = ("none", "nan", "inf")
+_LOW_AMAX, _SUBQ_AMAX = 2.0 ** -100, 448.0 * 2.0 ** -126
+
+
+def _amax_class(case: Mxfp8Case) -> str:
+    x = mxfp8_input(case, "cpu").to(torch.float32)[0, :32]
+    if bool(torch.isinf(x).any()):
+        return "inf"
+    if bool(torch.isnan(x).any()):
+        return "nan"
+    a = float(x.abs().max())
+    if a == 0:
+        return "zero"
+    if a < _SUBQ_AMAX:
+        return "tiny"
+    if a < _LOW_AMAX:
+        return "low"
+    return "edge" if math.frexp(a / 448.0)[0] == 0.5 else "normal"
+
+
+def classify_epilogue(case: EpilogueCase, target=None) -> dict:
+    """The dimension values an epilogue case hits."""
+    if case.epilogue == "mxfp8":
+        m = case.mxfp8
+        return {"epilogue": "mxfp8", "in_dtype": m.dtype, "out": "e4m3", "alias": "separate",
+                "length": f"g{m.width // 32}", "lanes": _amax_class(m), "layout": m.layout}
+    r = case.rope
+    vals = [v for _, v in r.specials]
+    lanes = "nan" if any(math.isnan(v) for v in vals) else ("inf" if any(math.isinf(v) for v in vals) else "none")
+    return {"epilogue": "rope", "in_dtype": r.in_dtype, "out": r.out_dtype, "alias": r.alias,
+            "length": f"w{r.width}", "lanes": lanes, "layout": "contiguous"}
+
+
+def _first_group(kind: str, seed: int) -> Mxfp8Group:
+    if kind == "zero":
+        return Mxfp8Group(kind="zero")
+    if kind in ("tiny", "low", "normal"):
+        return Mxfp8Group(kind="random", exp={"tiny": -126, "low": -108, "normal": seed % 21 - 10}[kind])
+    if kind == "edge":
+        m = math.ldexp(448.0, seed % 7 - 3)
+        return Mxfp8Group(kind="values", values=(m, -m / 2) + (f32(m / 3),) * 30)
+    return Mxfp8Group(kind="random", exp=0, specials=((seed % 32, math.inf if kind == "inf" else math.nan),))
+
+
+def force_epilogue(case: EpilogueCase, combo: dict, target=None) -> EpilogueCase:
+    """``case`` rewritten to hit ``combo``: the epilogue (a switched one starts from a small case of the same seed),
+    dtypes, where ``out`` sits, the row length class, the first group's amax or the non-finite lanes, the layout."""
+    import dataclasses
+
+    have = classify_epilogue(case)
+    epi = combo.get("epilogue", case.epilogue)
+    seed = (case.mxfp8 or case.rope).seed
+    if epi == "mxfp8":
+        m = case.mxfp8 or Mxfp8Case(seed=seed, rows=1, width=32, groups=(Mxfp8Group(kind="random"),))
+        ng = MXFP8_GROUP_COUNTS.get(combo.get("length"), m.width // 32)
+        groups = list(m.groups[:m.rows * ng])
+        groups += [Mxfp8Group(kind="random", exp=(seed + i) % 41 - 20) for i in range(m.rows * ng - len(groups))]
+        lanes = combo.get("lanes", have["lanes"] if case.epilogue == "mxfp8" else "normal")
+        groups[0] = _first_group(lanes, seed)
+        dtype = combo.get("in_dtype", m.dtype)
+        m = dataclasses.replace(m, width=32 * ng, groups=tuple(groups), dtype=dtype,
+                                layout=combo.get("layout", m.layout))
+        return EpilogueCase(epilogue="mxfp8", mxfp8=m)
+    r = case.rope or RopeCase(seed=seed, tokens=2, heads=2, width=64, max_pos=4, positions=(0, 3))
+    width = ROPE_WIDTHS.get(combo.get("length"), r.width)
+    in_dtype = combo.get("in_dtype", r.in_dtype)
+    alias = combo.get("alias", r.alias)
+    out_dtype = combo.get("out", r.out_dtype)
+    tokens, heads, positions = r.tokens, r.heads, r.positions
+    if alias != "separate":  # two tokens and two heads: programs that read what another one wrote
+        out_dtype, tokens, heads = in_dtype, 2, 2
+        positions = (tuple(positions) + (r.max_pos - 1,))[:2]
+    lanes = combo.get("lanes", have["lanes"] if case.epilogue == "rope" else "none")
+    specials = () if lanes == "none" else ((width - 64 + seed % 64, math.nan if lanes == "nan" else math.inf),)
+    r = dataclasses.replace(r, width=width, in_dtype=in_dtype, out_dtype=out_dtype, alias=alias, tokens=tokens,
+                            heads=heads, positions=tuple(positions), specials=specials)
+    return EpilogueCase(epilogue="rope", rope=r)
+
+
+def _epilogue_of(c: dict) -> set:
+    """The epilogues a partial combination can belong to."""
+    both = {"mxfp8", "rope"}
+    out = set(both) if "epilogue" not in c else {c["epilogue"]}
+    if "out" in c:
+        out &= {"mxfp8"} if c["out"] == "e4m3" else {"rope"}
+    if c.get("alias", "separate") != "separate" or c.get("length", "g").startswith("w"):
+        out &= {"rope"}
+    if c.get("length", "w").startswith("g") or c.get("layout") == "strided":
+        out &= {"mxfp8"}
+    if "lanes" in c and c["lanes"] not in ("nan", "inf"):
+        out &= {"rope"} if c["lanes"] == "none" else {"mxfp8"}
+    return out
+
+
+def _epilogue_allowed(c: dict, target=None) -> bool:
+    if not _epilogue_of(c):
+        return False
+    if c.get("alias", "separate") != "separate" and "out" in c and "in_dtype" in c and c["out"] != c["in_dtype"]:
+        return False
+    return True
+
+
+def epilogue_examples(target=None) -> list[EpilogueCase]:
+    """Plain cases of either epilogue."""
+    return [EpilogueCase(epilogue="mxfp8", mxfp8=Mxfp8Case(seed=1, rows=1, width=32,
+                                                           groups=(Mxfp8Group(kind="random"),))),
+            EpilogueCase(epilogue="rope", rope=RopeCase(seed=2, tokens=1, heads=1, width=64, max_pos=1,
+                                                        positions=(0,)))]
+
+
+def _declare_epilogues():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "epilogues",
+        (Dimension("epilogue", ("mxfp8", "rope")),
+         Dimension("in_dtype", ("float32", "bfloat16"), "the rows' dtype (bf16 read as raw words)"),
+         Dimension("out", ("float32", "bfloat16", "e4m3"), "RoPE's output dtype; MXFP8 writes e4m3 codes"),
+         Dimension("alias", ALIASES, "where RoPE's out sits against x: own buffer, x itself, overlapping, adjacent"),
+         Dimension("length", tuple(MXFP8_GROUP_COUNTS) + tuple(ROPE_WIDTHS),
+                   "MXFP8 groups per row around the 4-group tile; RoPE row width (copied lanes before the last 64)"),
+         Dimension("lanes", MXFP8_LANES + ("none",), "MXFP8: the first group's amax class; RoPE: NaN / inf lanes"),
+         Dimension("layout", ("contiguous", "strided"), "MXFP8 rows as views into a wider buffer")),
+        # dtype pairs with what bf16 changes: the casts, the overlap arithmetic (element size), the raw-word
+        # widening of subnormal / NaN / inf lanes, the strided views; the length classes are reached one by one
+        (("in_dtype", "out"), ("alias", "in_dtype"), ("lanes", "in_dtype"), ("layout", "in_dtype")),
+        classify_epilogue, force_epilogue, _epilogue_allowed, epilogue_examples), "epilogue-oracle-agreement")
+
+
+EPILOGUE_DIMENSIONS = _declare_epilogues()

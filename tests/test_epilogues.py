@@ -253,3 +253,39 @@ def test_epilogue_check_records_the_rope_margin_only():
     with collecting_margins() as mx_margins:
         assert epilogue_oracle_agreement(EpilogueCase(epilogue="mxfp8", mxfp8=_MXFP8), get_target("gfx950")) == []
     assert mx_margins == []
+
+
+# --- out aliasing x ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("alias", ["in-place", "restrided", "shifted", "adjacent"])
+def test_rope_out_aliasing_x(alias):
+    """An out that is x, or disjoint from it in its storage, is written correctly; one that overlaps x otherwise is
+    refused (the contract also accepts a correct result there)."""
+    case = RopeCase(seed=5, tokens=2, heads=2, width=128, max_pos=3, positions=(2, 0), alias=alias)
+    assert epilogue_oracle_agreement(EpilogueCase(epilogue="rope", rope=case), get_target("gfx950")) == []
+    from fuzz.epilogues import rope_input, rope_out
+
+    x, cs, pos = rope_input(case, DEV)
+    x, out = rope_out(case, x, torch.float32)
+    if alias in ("restrided", "shifted"):
+        with pytest.raises(ValueError, match="overlaps x"):
+            inverse_rope_gptj(x, cs, pos, out=out)
+    else:
+        assert inverse_rope_gptj(x, cs, pos, out=out).data_ptr() == out.data_ptr()
+
+
+def test_rope_alias_needs_one_dtype():
+    with pytest.raises(ValueError, match="alias"):
+        RopeCase(seed=0, tokens=1, heads=1, width=64, max_pos=1, positions=(0,), out_dtype="bfloat16",
+                 alias="in-place")
+
+
+def test_declared_family_forces_the_alias_rows():
+    from fuzz.epilogues import EPILOGUE_DIMENSIONS, epilogue_examples
+
+    t = get_target("gfx950")
+    rows = EPILOGUE_DIMENSIONS.covering_array(t, 2)
+    assert {r["alias"] for r in rows} == {"separate", "in-place", "restrided", "shifted", "adjacent"}
+    forced = [EPILOGUE_DIMENSIONS.force(epilogue_examples(t)[0], r, t) for r in rows]
+    assert all(c.rope.alias == "separate" or (c.rope.tokens, c.rope.heads) == (2, 2)
+               for c in forced if c.epilogue == "rope")
