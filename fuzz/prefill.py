@@ -20,6 +20,7 @@ builders make every tensor from the case's seed.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing
 from dataclasses import dataclass
@@ -540,3 +541,214 @@ def routing_cases():
         fallback=st.sampled_from(FALLBACK_SCENARIOS),
         guard=guard_cases(),
     )
+
+
+# --- declared dimensions (fuzz.dimensions) ----------------------------------------------------------------------
+
+#: SPEC 3's BLOCK_K for d >= 256 (both head dims here): the tile a prefill row's entries are walked in
+PREFILL_TILE = 16
+#: the first row's length class around that tile
+ROW_LEN_CLASSES = ("0", "1", "t-1", "t", "t+1", "2t-1", "2t", "2t+1")
+#: how a row's entries come: dense with topk_length, dense counted (count(idx >= 0), SPEC 2), ragged through indptr
+INDEX_MODES = ("dense-topk", "dense-count", "ragged")
+INVALID_KINDS = ("none", "slots", "int32")
+#: q heads: one BLOCK_H = 16 head block, or a second one with one live head
+HEAD_BLOCKS = ("one", "two")
+
+
+def _row_len(cls: str, tile: int = PREFILL_TILE) -> int:
+    return {"0": 0, "1": 1, "t-1": tile - 1, "t": tile, "t+1": tile + 1, "2t-1": 2 * tile - 1, "2t": 2 * tile,
+            "2t+1": 2 * tile + 1}[cls]
+
+
+def _row_len_class(n: int, tile: int = PREFILL_TILE) -> str | None:
+    return next((c for c in ROW_LEN_CLASSES if _row_len(c, tile) == n), None)
+
+
+def _index_mode(case: PrefillCase) -> str:
+    if case.mode == "ragged":
+        return "ragged"
+    return "dense-topk" if case.topk_given else "dense-count"
+
+
+def _invalid_kind(case: PrefillCase) -> str:
+    return "none" if case.invalid_rate == 0 else ("int32" if case.int32_extremes else "slots")
+
+
+def _set_index_fields(case: PrefillCase, combo: dict) -> dict:
+    """The fields of ``case`` rewritten for ``combo``'s index_mode, row_len, invalid and topk_quirks (the entry
+    part shared by the prefill and the routing families)."""
+    f = {x.name: getattr(case, x.name) for x in dataclasses.fields(case)}
+    if "index_mode" in combo:
+        m = combo["index_mode"]
+        f["mode"] = "ragged" if m == "ragged" else "dense"
+        f["topk_given"] = m == "dense-topk"
+    lens = list(f["lens"])
+    if "row_len" in combo:
+        lens[0] = _row_len(combo["row_len"])
+    if "first_row" in combo:
+        lens[0] = {"empty": 0, "one": 1, "several": lens[0] if lens[0] >= 2 else 2 + case.seed % 3}[combo["first_row"]]
+    f["lens"] = tuple(lens)
+    if f["mode"] == "dense":
+        f["width"] = max([f["width"], *lens])
+    if "invalid" in combo:
+        inv = combo["invalid"]
+        f["invalid_rate"] = 0.0 if inv == "none" else (case.invalid_rate or 0.2)
+        f["int32_extremes"] = inv == "int32"
+    if "topk_quirks" in combo:
+        f["topk_quirks"] = combo["topk_quirks"]
+    if not (f["mode"] == "dense" and f["topk_given"]):
+        f["topk_quirks"] = False
+    return f
+
+
+def classify_prefill(case: PrefillCase, target=None) -> dict:
+    """The dimension values a prefill case hits (the length class is its first row's; a length in no class is
+    left out)."""
+    out = {
+        "index_mode": _index_mode(case),
+        "invalid": _invalid_kind(case),
+        "topk_quirks": bool(case.topk_quirks and case.mode == "dense" and case.topk_given),
+        "d": case.d,
+        "out_width": case.out_width,
+        "dtype": case.dtype,
+        "out_dtype": "same" if case.out_dtype in (None, case.dtype) else "other",
+        "heads": "two" if case.heads > 16 else "one",
+        "sink": case.sink,
+        "kv_layout": case.kv_layout,
+        "q_layout": case.q_layout,
+    }
+    cls = _row_len_class(case.lens[0])
+    if cls is not None:
+        out["row_len"] = cls
+    return out
+
+
+def force_prefill(case: PrefillCase, combo: dict, target=None) -> PrefillCase:
+    """``case`` rewritten to hit ``combo``; the rest (seed, sq, other rows, skv, scale, magnitude) as drawn."""
+    f = _set_index_fields(case, combo)
+    for k in ("d", "out_width", "dtype", "sink", "kv_layout", "q_layout"):
+        if k in combo:
+            f[k] = combo[k]
+    if "heads" in combo:
+        if combo["heads"] == "two":
+            f["heads"] = WIDE_HEADS
+        elif f["heads"] > 16:
+            f["heads"] = 1 + case.seed % 3
+    if "out_dtype" in combo or "dtype" in combo:
+        want = combo.get("out_dtype", "same" if f["out_dtype"] in (None, f["dtype"]) else "other")
+        other = {"bfloat16": ("float32", "float16"), "float16": ("float32", "bfloat16")}[f["dtype"]]
+        f["out_dtype"] = None if want == "same" else other[case.seed % 2]
+    return PrefillCase(**f)
+
+
+def _prefill_allowed(c: dict, target=None) -> bool:
+    if c.get("topk_quirks") is True and c.get("index_mode", "dense-topk") != "dense-topk":
+        return False
+    return True
+
+
+def prefill_family_examples(target=None) -> list[PrefillCase]:
+    base = PrefillCase(seed=1, sq=2, heads=1, d=512, skv=6, mode="dense", width=3, lens=(2, 1), topk_given=True,
+                       topk_quirks=False, dense_3d=False, invalid_rate=0.0, int32_extremes=False, indptr_offset=0,
+                       tail_junk=0, scale=0.0625, sink="none", out_width="full", out_padded=False,
+                       q_layout="contiguous", kv_layout="2d")
+    return [base, base.replace(seed=2, mode="ragged", topk_given=False, lens=(0, 3), d=576, dtype="float16"),
+            base.replace(seed=3, heads=17, topk_given=False, sink="large", out_dtype="float32")]
+
+
+def _declare_prefill():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "prefill",
+        (Dimension("row_len", ROW_LEN_CLASSES, "first row's entry count around BLOCK_K = 16 (tiles walked, a "
+                                               "partial last tile, the online-softmax rescale across tiles)"),
+         Dimension("index_mode", INDEX_MODES, "the kernel's DENSE mode with topk_length or counted lengths, or "
+                                              "its ragged mode through indptr"),
+         Dimension("invalid", INVALID_KINDS, "invalid entries: none, -1/-2/slots at and past skv, plus INT32 "
+                                             "extremes (the int64 bound compare)"),
+         Dimension("topk_quirks", (False, True), "topk_length past k (clamped to k) and negative (clamped to 0)"),
+         Dimension("d", HEAD_DIMS, "448 + 64 (one 512-lane tile) or 512 + 64 (SPLIT_D: NoPE and RoPE tiles)"),
+         Dimension("out_width", ("full", "nope"), "OUT_D: d wide, or NoPE wide (the RoPE tile's store skipped)"),
+         Dimension("dtype", DTYPE_NAMES, "IN_BF16: bf16 read as raw words, or fp16"),
+         Dimension("out_dtype", ("same", "other"), "out of q's dtype, or another float dtype (converted on store)"),
+         Dimension("heads", HEAD_BLOCKS, "one BLOCK_H head block, or a second with masked heads"),
+         Dimension("sink", SINK_KINDS, "HAS_SINK and the sink's kind"),
+         Dimension("kv_layout", KV_LAYOUTS, "kv 2-D, [skv, 1, d], padded rows, last-dim stride 2"),
+         Dimension("q_layout", Q_LAYOUTS, "q contiguous, heads-major, last-dim stride 2")),
+        (("row_len", "index_mode"), ("index_mode", "invalid"), ("index_mode", "topk_quirks"), ("d", "out_width"),
+         ("dtype", "out_dtype"), ("sink", "heads")),
+        classify_prefill, force_prefill, _prefill_allowed, prefill_family_examples), "prefill-oracle-agreement")
+
+
+PREFILL_DIMENSIONS = _declare_prefill()
+
+
+#: the guard base's sq against OPUS_MIN_QUERIES = 1024
+GUARD_SQ_CLASSES = ("below", "at", "above")
+FIRST_ROW_CLASSES = ("empty", "one", "several")
+
+
+def _guard_sq_class(sq: int) -> str:
+    return "below" if sq < 1024 else ("at" if sq == 1024 else "above")
+
+
+def classify_routing(case: RoutingCase, target=None) -> dict:
+    inp = case.inputs
+    n = inp.lens[0]
+    return {
+        "fallback": case.fallback,
+        "index_mode": _index_mode(inp),
+        "invalid": _invalid_kind(inp),
+        "first_row": "empty" if n == 0 else ("one" if n == 1 else "several"),
+        "guard_sq": _guard_sq_class(case.guard.sq),
+        "guard_dtype": case.guard.dtype,
+        "guard_d": case.guard.d,
+    }
+
+
+def force_routing(case: RoutingCase, combo: dict, target=None) -> RoutingCase:
+    """``case`` rewritten to hit ``combo``: the fallback scenario, the inputs' index mode, invalid entries and
+    first row, the guard base's sq class, dtype and head dim; the rest as drawn."""
+    inputs = PrefillCase(**_set_index_fields(case.inputs, combo))
+    g = case.guard
+    if "guard_sq" in combo:
+        cls = combo["guard_sq"]
+        sq = 1024 if cls == "at" else (g.sq if _guard_sq_class(g.sq) == cls else (1023 if cls == "below" else 1025))
+        g = g.replace(sq=sq)
+    if "guard_dtype" in combo:
+        g = g.replace(dtype=combo["guard_dtype"])
+    if "guard_d" in combo:
+        g = g.replace(d=combo["guard_d"])
+    return RoutingCase(inputs=inputs, fallback=combo.get("fallback", case.fallback), guard=g)
+
+
+def routing_family_examples(target=None) -> list[RoutingCase]:
+    inputs = prefill_family_examples()[0].replace(sink="ordinary")
+    guard = GuardCase(sq=1024, heads=1, d=512, dtype="bfloat16", gpu="cuda:0", skv=7, combos=())
+    return [RoutingCase(inputs=inputs, fallback="guard_false", guard=guard),
+            RoutingCase(inputs=inputs.replace(seed=4, mode="ragged", lens=(0, 2)), fallback="no_op",
+                        guard=guard.replace(sq=8, dtype="float16", d=576))]
+
+
+def _declare_routing():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "opus-routing",
+        (Dimension("fallback", FALLBACK_SCENARIOS, "the Triton fallback's trigger: guard false, no op, the op "
+                                                   "reporting failure"),
+         Dimension("index_mode", INDEX_MODES, "OPUS's ragged list from dense rows with topk_length, from counted "
+                                              "dense rows, or from ragged indices as given"),
+         Dimension("invalid", INVALID_KINDS, "invalid entries the OPUS list must drop: none, -1/-2/past skv, "
+                                             "plus INT32 extremes"),
+         Dimension("first_row", FIRST_ROW_CLASSES, "the first row empty (indptr repeats), one entry, several"),
+         Dimension("guard_sq", GUARD_SQ_CLASSES, "the guard base's sq against the 1024-row threshold"),
+         Dimension("guard_dtype", DTYPE_NAMES, "the guard base's dtype"),
+         Dimension("guard_d", HEAD_DIMS, "the guard base's head dim")),
+        (("fallback", "index_mode"), ("index_mode", "invalid"), ("index_mode", "first_row")),
+        classify_routing, force_routing, None, routing_family_examples), "opus-routing-guard")
+
+
+ROUTING_DIMENSIONS = _declare_routing()
