@@ -119,7 +119,7 @@ def _ue8_cases(target: Target):
 
 def _ue8_examples(target: Target) -> list[Ue8m0Case]:
     edges = [math.ldexp(1.0, e) for e in (-149, -127, -126, -1, 0, 1, 126, 127)]
-    edges += [math.nextafter(v, math.inf) for v in edges] + [math.inf, math.nan]
+    edges += [fz.next32(v, math.inf) for v in edges] + [math.inf, math.nan]
     return [Ue8m0Case(cap=target.writer_scale_code_cap, scales=tuple(fz.f32(v) for v in edges))]
 
 

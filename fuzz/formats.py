@@ -28,6 +28,15 @@ def f32(x: float) -> float:
         return math.copysign(math.inf, x)
 
 
+def next32(x: float, toward: float) -> float:
+    """The float32 neighbour of float32 ``x`` toward ``toward`` (``math.nextafter`` steps a float64 ulp, which
+    rounds back to ``x`` in float32)."""
+    import torch
+
+    a = torch.tensor(x, dtype=torch.float32)
+    return float(torch.nextafter(a, torch.tensor(toward, dtype=torch.float32)))
+
+
 def _grid_values(flavour: str) -> list[float]:
     """Every finite positive fp8 magnitude of the flavour."""
     bias = FP8_BIAS[flavour]
@@ -42,7 +51,7 @@ def fp8_boundary_values(flavour: str) -> list[float]:
     out = list(g)
     for a, b in zip(g, g[1:]):
         mid = (a + b) / 2  # exact in float32: one more mantissa bit than fp8
-        out += [mid, math.nextafter(mid, 0.0), math.nextafter(mid, math.inf)]
+        out += [mid, next32(mid, 0.0), next32(mid, math.inf)]
     vmax = FP8_MAX[flavour]
     out += [vmax * 1.03125, vmax * 1.0625, vmax * 2, 1e30, math.ldexp(1, -2 - FP8_BIAS[flavour]) / 2]
     return [f32(v) for v in out]
@@ -110,7 +119,7 @@ def ue8m0_scales():
     """Positive float32 scales: powers of two and their float32 neighbours, subnormals, random, inf, NaN."""
     pow2 = st.integers(-149, 127).map(lambda e: math.ldexp(1.0, e))
     near = st.tuples(st.integers(-140, 126), st.sampled_from([-1, 1])).map(
-        lambda t: f32(math.nextafter(math.ldexp(1.0, t[0]), math.inf if t[1] > 0 else 0.0)))
+        lambda t: next32(math.ldexp(1.0, t[0]), math.inf if t[1] > 0 else 0.0))
     rnd = st.floats(min_value=1.401298464324817e-45, max_value=3.4028234663852886e38, width=32, allow_subnormal=True)
     # scales above 2^126 encode to 254 or 255: the only place the writer's cap shows
     top = st.floats(min_value=math.ldexp(1.0, 126), max_value=3.4028234663852886e38, width=32)
@@ -194,3 +203,198 @@ def exhaustive_cases(codec: str, params=None):
     """An :class:`ExhaustiveCase` for ``codec`` per draw, over ``params`` (default: all of the codec's)."""
     return st.sampled_from(sorted(params or EXHAUSTIVE_PARAMS[codec])).map(
         lambda p: ExhaustiveCase(codec=codec, param=p))
+
+
+# --- declared dimensions ----------------------------------------------------------------------------------------
+
+#: the class of an fp8 encode input: NaN, +-inf, zero, above the flavour's max (saturates), an fp8 value, an exact
+#: half-way tie (round to even), another value in the subnormal range, another normal one
+FP8_VALUE_CLASSES = ("nan", "inf", "zero", "saturate", "grid", "tie", "subnormal", "between")
+
+
+def _fp8_min_normal(flavour: str) -> float:
+    return math.ldexp(1.0, 1 - FP8_BIAS[flavour])
+
+
+def fp8_value_class(x: float, flavour: str) -> str:
+    """The :data:`FP8_VALUE_CLASSES` class of float32 ``x`` for ``flavour``."""
+    import bisect
+
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf"
+    a = abs(x)
+    if a == 0:
+        return "zero"
+    if a > FP8_MAX[flavour]:
+        return "saturate"
+    g = _grid_values(flavour)
+    i = bisect.bisect_left(g, a)
+    if g[i] == a:
+        return "grid"
+    if a == (g[i - 1] + g[i]) / 2:
+        return "tie"
+    return "subnormal" if a < _fp8_min_normal(flavour) else "between"
+
+
+def _fp8_class_values(cls: str, flavour: str) -> list[float]:
+    g = _grid_values(flavour)
+    mids = [(a + b) / 2 for a, b in zip(g, g[1:])]
+    vmax, mn = FP8_MAX[flavour], _fp8_min_normal(flavour)
+    off = [next32(m, d) for m in mids for d in (0.0, math.inf)]
+    return {"nan": [math.nan], "inf": [math.inf], "zero": [0.0],
+            "saturate": [f32(vmax * 1.03125), f32(vmax * 2), 1e30, 3.4028234663852886e38],
+            "grid": [v for v in g if v > 0], "tie": mids,
+            "subnormal": [v for v in off if v < mn], "between": [v for v in off if v >= mn]}[cls]
+
+
+def classify_fp8(case: Fp8Case, target=None) -> dict:
+    """The flavour, and the class and sign of the first input."""
+    x = case.values[0]
+    return {"flavour": case.flavour, "value": fp8_value_class(x, case.flavour),
+            "sign": "-" if math.copysign(1.0, x) < 0 else "+"}
+
+
+def force_fp8(case: Fp8Case, combo: dict, target=None) -> Fp8Case:
+    """``case`` in ``combo``'s flavour, its first input replaced by one of the class (picked by the case's length)
+    with the sign; the other inputs as drawn."""
+    have = classify_fp8(case)
+    flavour = combo.get("flavour", case.flavour)
+    cls, sign = combo.get("value", have["value"]), combo.get("sign", have["sign"])
+    cands = _fp8_class_values(cls, flavour)
+    v = cands[(len(case.values) * 7) % len(cands)]
+    v = math.copysign(v, -1.0 if sign == "-" else 1.0)
+    return Fp8Case(flavour=flavour, values=(f32(v),) + tuple(case.values[1:]))
+
+
+#: the class of a UE8M0 encode scale: a power of two, one ulp above or below one, another normal value, an fp32
+#: subnormal, above 2^127 (encodes past 254: where the writer's cap shows), inf, NaN
+UE8M0_SCALE_CLASSES = ("pow2", "above", "below", "between", "subnormal", "top", "inf", "nan")
+
+
+def ue8m0_scale_class(s: float) -> str:
+    if math.isnan(s):
+        return "nan"
+    if math.isinf(s):
+        return "inf"
+    if s < math.ldexp(1.0, -126):
+        return "subnormal"
+    if s > math.ldexp(1.0, 127):
+        return "top"
+    if math.frexp(s)[0] == 0.5:
+        return "pow2"
+    if math.frexp(next32(s, 0.0))[0] == 0.5:
+        return "above"
+    if math.frexp(next32(s, math.inf))[0] == 0.5:
+        return "below"
+    return "between"
+
+
+def _ue8m0_class_value(cls: str, k: int) -> float:
+    p = math.ldexp(1.0, k % 250 - 125)  # a normal power of two in [2^-125, 2^124]
+    return {"pow2": p, "above": next32(p, math.inf), "below": next32(p, 0.0),
+            "between": f32(p * 1.375), "subnormal": math.ldexp(1.0, -149 + k % 23) * (1 + (k % 2)),
+            "top": f32(math.ldexp(1.0 + (k % 8) / 8 + 1 / 16, 127)), "inf": math.inf, "nan": math.nan}[cls]
+
+
+def classify_ue8m0(case: Ue8m0Case, target=None) -> dict:
+    return {"cap": case.cap, "scale": ue8m0_scale_class(case.scales[0])}
+
+
+def force_ue8m0(case: Ue8m0Case, combo: dict, target=None) -> Ue8m0Case:
+    """``case`` with ``combo``'s cap, its first scale replaced by one of the class; the other scales as drawn."""
+    cls = combo.get("scale", ue8m0_scale_class(case.scales[0]))
+    v = _ue8m0_class_value(cls, len(case.scales) * 37)
+    return Ue8m0Case(cap=combo.get("cap", case.cap), scales=(f32(v),) + tuple(case.scales[1:]))
+
+
+LAYOUT_BLOCKS = {"1": 1, "odd": 5, "16": 16, "64": 64}
+LAYOUT_PADS = {"dense": 0, "odd-pad": 7, "even-pad": 64}
+
+
+def classify_layout(case: LayoutCase, target=None) -> dict:
+    bs, pad = case.block_size, case.stride_pad
+    nslots = bs * case.num_blocks
+    return {"layout": case.layout,
+            "block": "1" if bs == 1 else ("odd" if bs % 2 else str(bs) if bs in (16, 64) else "even"),
+            "stride": "dense" if pad == 0 else ("odd-pad" if pad % 2 else "even-pad"),
+            "offset": "0" if case.offset_blocks == 0 else "into-pool",
+            "blocks": "1" if case.num_blocks == 1 else "many",
+            "tokens": "all" if min(case.num_tokens, nslots) == nslots else "few"}
+
+
+def force_layout(case: LayoutCase, combo: dict, target=None) -> LayoutCase:
+    """``case`` rewritten to ``combo``'s layout, block size, stride padding, pool offset, block count and token
+    count (the seed, and so the slots and bytes, as drawn)."""
+    import dataclasses
+
+    have = classify_layout(case)
+    c = {**have, **combo}
+    bs = LAYOUT_BLOCKS.get(c["block"], case.block_size)
+    nb = {"1": 1, "many": 3}[c["blocks"]]
+    nslots = bs * nb
+    return dataclasses.replace(case, layout=c["layout"], block_size=bs, num_blocks=nb,
+                               stride_pad=LAYOUT_PADS.get(c["stride"], case.stride_pad),
+                               offset_blocks=0 if c["offset"] == "0" else 1 + case.seed % 2,
+                               num_tokens=nslots if c["tokens"] == "all" else max(1, nslots // 2))
+
+
+def _layout_allowed(c: dict, target=None) -> bool:
+    if c.get("layout") == "indexer-shuffle" and c.get("block") in ("1", "odd"):
+        return False
+    if c.get("block") == "1" and c.get("blocks") == "1" and c.get("tokens") == "few":
+        return False
+    return True
+
+
+def _fp8_flavours(target) -> set:
+    return {target.main_cache_fp8, target.extra_cache_fp8}
+
+
+def fp8_examples(target) -> list[Fp8Case]:
+    fl = sorted(_fp8_flavours(target))[0]
+    return [Fp8Case(flavour=fl, values=(1.0,)), Fp8Case(flavour=fl, values=(0.5, -3.0, 7.0))]
+
+
+def ue8m0_examples(target) -> list[Ue8m0Case]:
+    return [Ue8m0Case(cap=254, scales=(1.0,)), Ue8m0Case(cap=255, scales=(0.75, 2.0))]
+
+
+def layout_examples(target=None) -> list[LayoutCase]:
+    return [LayoutCase(layout="fp8_ds_mla", block_size=2, num_blocks=1, stride_pad=0, offset_blocks=0, seed=1,
+                       num_tokens=1),
+            LayoutCase(layout="indexer-normal", block_size=16, num_blocks=2, stride_pad=1, offset_blocks=2, seed=4,
+                       num_tokens=5)]
+
+
+def _declare_formats():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    declare(Family(
+        "fp8-codec",
+        (Dimension("flavour", ("ocp", "fnuz"), "the flavours of the target's caches (FNUZ: gfx942's main cache)"),
+         Dimension("value", FP8_VALUE_CLASSES, "the first encode input's class"),
+         Dimension("sign", ("+", "-"), "its sign (-0, -NaN and -inf included)")),
+        (("flavour", "value"), ("value", "sign")),
+        classify_fp8, force_fp8, lambda c, t: c.get("flavour", "ocp") in _fp8_flavours(t), fp8_examples),
+        "fp8-codec-exact")
+    declare(Family(
+        "ue8m0-codec",
+        (Dimension("cap", (254, 255), "the writer's code cap"),
+         Dimension("scale", UE8M0_SCALE_CLASSES, "the first scale's class around the binade edges")),
+        (("cap", "scale"),), classify_ue8m0, force_ue8m0, None, ue8m0_examples), "ue8m0-codec-exact")
+    declare(Family(
+        "cache-layout",
+        (Dimension("layout", ("fp8_ds_mla", "indexer-normal", "indexer-shuffle")),
+         Dimension("block", tuple(LAYOUT_BLOCKS), "block size: 1, odd, the shuffle tile, production"),
+         Dimension("stride", tuple(LAYOUT_PADS), "bytes between blocks beyond the dense size"),
+         Dimension("offset", ("0", "into-pool"), "the view's first block in the pool"),
+         Dimension("blocks", ("1", "many"), "blocks in the view (addressing bugs show past block 0)"),
+         Dimension("tokens", ("few", "all"), "tokens written: some slots, or every slot of every block")),
+        (("layout", "block"), ("layout", "stride"), ("block", "stride"), ("stride", "offset"),
+         ("blocks", "tokens"), ("layout", "blocks")),
+        classify_layout, force_layout, _layout_allowed, layout_examples), "cache-layout-roundtrip")
+
+
+_declare_formats()
