@@ -25,6 +25,8 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.ragged",
     "contracts.dsv4_step",
     "contracts.metamorphic",
+    "contracts.decode_reduce",
+    "contracts.dequant",
 )
 
 _loaded = False

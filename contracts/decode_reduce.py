@@ -1,0 +1,66 @@
+"""Contract ``decode-reduce-oracle``: the split-K reduce on its own (``decode.decode_reduce``), over partials built
+to stress it (:mod:`fuzz.decode_reduce`), against the float64 reference of :mod:`oracles.decode_reduce`."""
+from __future__ import annotations
+
+import torch
+
+from contracts.core import AMD_TARGETS, Violation, contract, record_margin, single_threaded
+from contracts.subjects import bound
+from fuzz import decode_reduce as fz
+from fuzz.decode_reduce import ReduceCase
+from impl.runtime import kernel_device
+from impl.targets import Target
+from oracles.decode_reduce import ref_reduce
+
+
+def _examples(target: Target) -> list[ReduceCase]:
+    return [
+        # upstream's adaptive check (SPEC 2): acc 1 and 3 over equal weights, a stale NaN split skipped
+        ReduceCase(seed=3, batch=1, heads=2, splits=3, adaptive=True, dead="last", poison="stale-nan"),
+        # maxima 60 nats apart with denominators 2^24 apart: the weights, not the denominators alone, decide
+        ReduceCase(seed=4, batch=2, heads=3, splits=32, adaptive=False, m_spread=60.0, l_spread=24.0,
+                   sink="below"),
+        # every split dead, with a dominant sink: l is the sink's alone and the output is 0
+        ReduceCase(seed=5, batch=1, heads=1, splits=4, adaptive=True, dead="all", sink="dominant"),
+    ]
+
+
+@contract("decode-reduce-oracle", targets=AMD_TARGETS, cases=lambda target: fz.reduce_cases(), examples=_examples,
+          min_cases=5, max_cases=25, case_type=ReduceCase, numeric=True)
+def decode_reduce_oracle(case: ReduceCase, target: Target) -> list[Violation]:
+    """The split-K reduce (``decode.decode_reduce``, the kernel every split-K decode ends with) equals SPEC 2's
+    merge in float64: m = max(max_s m_s, sink), w_s = e^(m_s - m), l = sum w_s l_s + e^(sink - m),
+    out = sum w_s acc_s / l, 0 where l <= 0; with adaptive splits a split whose m is -FLT_MAX is skipped outright (its
+    stale or NaN accumulator never reaches the output); a NaN in a live accumulator lane gives NaN in that lane only.
+    The partials are built directly, so the merge sees maxima 60 nats apart, denominators 2^24 apart, dead splits
+    first, in the middle, last or everywhere, and sinks below and above every maximum. Tolerance: the fp32 rounding
+    of the weights and sums (relative to sum w_s |acc_s| / l) plus one bf16 unit; the margin is the worst
+    error-to-bound ratio."""
+    dec = bound(target).decode
+    p = fz.build_partials(case)
+    dev = kernel_device()
+    ws = dec.DecodeWorkspace(p["part_m"].to(dev), p["part_l"].to(dev), p["part_acc"].to(dev))
+    sink = p["sink"].float().to(dev) if p["sink"] is not None else None
+    out = torch.full((case.batch, case.heads, fz.HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=dev)
+    with single_threaded():
+        got = dec.decode_reduce(ws, attn_sink=sink, adaptive=case.adaptive, out=out).cpu().double()
+        ref, tol = ref_reduce(p["part_m"], p["part_l"], p["part_acc"], p["sink"], case.adaptive)
+    v: list[Violation] = []
+    where = f"S={case.splits}, adaptive={case.adaptive}, dead={case.dead}, sink={case.sink}"
+    nan_ref, nan_got = torch.isnan(ref), torch.isnan(got)
+    if not torch.equal(nan_ref, nan_got):
+        idx = (nan_ref != nan_got).nonzero()[0].tolist()
+        v.append(Violation("reduce output NaN mask differs from the reference", f"{where}; [b, h, d] = {idx}",
+                           "NaN" if nan_ref[tuple(idx)] else f"{float(ref[tuple(idx)]):.6g}",
+                           f"{float(got[tuple(idx)]):.6g}"))
+    ok = ~nan_ref & ~nan_got
+    err = (got - ref).abs()
+    bad = ok & ~(err <= tol)
+    record_margin(torch.where(ok, err, torch.zeros_like(err)), torch.where(ok, tol, torch.ones_like(tol)))
+    if bool(bad.any()):
+        idx = bad.nonzero()[0].tolist()
+        t = tuple(idx)
+        v.append(Violation(f"reduce output differs from the float64 merge beyond the fp32/bf16 bound "
+                           f"({int(bad.sum())} lanes)", f"{where}; [b, h, d] = {idx}",
+                           f"{float(ref[t]):.9g} +- {float(tol[t]):.3g}", f"{float(got[t]):.9g}"))
+    return v
