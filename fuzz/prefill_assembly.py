@@ -17,6 +17,7 @@ M 20); ``expect`` holds literal unpadded row prefixes for pinned examples.
 """
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass
 from typing import Literal
@@ -278,3 +279,135 @@ def build_assembly_inputs(case: AssemblyCase, device: str | None = None) -> Asse
         chunks.append(ChunkInputs(s, e, n_c, m_c, tk, qsl_t[s:e + 1], seq_t[s:e], g_t[s:e], rows[t0:t1],
                                   qsl[s:e + 1], list(case.seq_lens[s:e]), gathers[s:e]))
     return AssemblyInputs(plan, chunks, topk_full)
+
+
+# --- declared dimensions (fuzz.dimensions) ----------------------------------------------------------------------
+
+LAYERS: tuple[str, ...] = typing.get_args(Layer)
+RATIO_LAYER = {r: name for name, r in LAYER_RATIO.items()}
+WINDOWS = (3, 4, 8, 128)
+#: the first request's prefix (seq_len - q_len) against the window: the SWA part's start max(pos - window + 1, 0)
+PREFIX_CLASSES = ("0", "1", "w-1", "w", "w+1")
+#: the first request's q_len around the combine kernel's BLOCK_T = 16 tokens per program
+COMBINE_TILE = 16
+QLEN_CLASSES = ("1", "t-1", "t", "t+1")
+INVALID_KINDS = ("none", "slots", "int32")
+
+
+def _prefix_len(cls: str, window: int) -> int:
+    return {"0": 0, "1": 1, "w-1": window - 1, "w": window, "w+1": window + 1}[cls]
+
+
+def _qlen(cls: str) -> int:
+    t = COMBINE_TILE
+    return {"1": 1, "t-1": t - 1, "t": t, "t+1": t + 1}[cls]
+
+
+def classify_assembly(case: AssemblyCase, target=None) -> dict:
+    """The dimension values an assembly case hits (prefix, q_len and replay are its first request's; a value in
+    no class is left out)."""
+    s, q, cut = case.seq_lens[0], case.query_lens[0], case.replay_cut[0]
+    p = s - q
+    out = {
+        "replay": "shortened" if min(max(p - cut, 0), case.window - 1) < min(p, case.window - 1) else "full",
+        "invalid": "none" if case.topk == 0 or case.invalid_rate == 0 else ("int32" if case.int32_extremes
+                                                                            else "slots"),
+        "topk_layout": case.topk_layout,
+        "topk_dtype": case.topk_dtype,
+        "topk_3d": case.topk_3d,
+        "qsl_base": "zero" if case.qsl_base == 0 else "offset",
+    }
+    if case.ratio in RATIO_LAYER and (case.ratio == 1) == (case.topk == 0):
+        out["layer"] = RATIO_LAYER[case.ratio]
+    if case.window in WINDOWS:
+        out["window"] = case.window
+    cls = next((c for c in PREFIX_CLASSES if _prefix_len(c, case.window) == p), None)
+    if cls is not None:
+        out["prefix"] = cls
+    cls = next((c for c in QLEN_CLASSES if _qlen(c) == q), None)
+    if cls is not None:
+        out["q_len"] = cls
+    return out
+
+
+def force_assembly(case: AssemblyCase, combo: dict, target=None) -> AssemblyCase:
+    """``case`` rewritten to hit ``combo`` (the first request's prefix, q_len and replay cut; the layer, window,
+    invalid entries and the top-k tensor's form); max_model_len and max_num_batched_tokens grow where the first
+    request needs it; the other requests as drawn."""
+    f = {x.name: getattr(case, x.name) for x in dataclasses.fields(case)}
+    f["topk_rows"] = f["expect"] = f["workspace"] = None
+    if "layer" in combo:
+        layer = combo["layer"]
+        if RATIO_LAYER.get(case.ratio) != layer or (layer == "swa_only") != (case.topk == 0):
+            f["ratio"] = LAYER_RATIO[layer]
+            f["topk"] = {"c4a": (8, 4, 512)[case.seed % 3], "c128a": (4, 128)[case.seed % 2], "swa_only": 0}[layer]
+            if layer == "swa_only":
+                f["topk_extra"] = f["topk_extra"] or 3
+    if "window" in combo:
+        f["window"] = combo["window"]
+    seqs, qs, cuts = list(case.seq_lens), list(case.query_lens), list(case.replay_cut)
+    p = seqs[0] - qs[0]
+    if "q_len" in combo:
+        qs[0] = _qlen(combo["q_len"])
+    if "prefix" in combo:
+        p = _prefix_len(combo["prefix"], f["window"])
+    seqs[0] = qs[0] + p
+    if "replay" in combo:
+        cuts[0] = 0 if combo["replay"] == "full" else max(p, 1)
+    f["seq_lens"], f["query_lens"], f["replay_cut"] = tuple(seqs), tuple(qs), tuple(cuts)
+    f["max_model_len"] = max(f["max_model_len"], seqs[0])
+    f["max_num_batched_tokens"] = max(f["max_num_batched_tokens"], qs[0])
+    if "invalid" in combo:
+        inv = combo["invalid"]
+        f["invalid_rate"] = 0.0 if inv == "none" else (case.invalid_rate or 0.2)
+        f["int32_extremes"] = inv == "int32"
+    for k in ("topk_layout", "topk_dtype", "topk_3d"):
+        if k in combo:
+            f[k] = combo[k]
+    if "qsl_base" in combo:
+        f["qsl_base"] = 0 if combo["qsl_base"] == "zero" else (case.qsl_base or 3)
+    return AssemblyCase(**f)
+
+
+def _assembly_allowed(c: dict, target=None) -> bool:
+    if c.get("prefix") == "0" and c.get("replay") == "shortened":
+        return False  # no prefix, nothing a replay could cut
+    if c.get("layer") == "swa_only" and c.get("invalid", "none") != "none":
+        return False  # no top-k part: no entry to be invalid
+    return True
+
+
+def assembly_family_examples(target=None) -> list[AssemblyCase]:
+    base = AssemblyCase(seed=1, ratio=4, topk=4, topk_extra=0, window=4, seq_lens=(6, 3), query_lens=(2, 1),
+                        replay_cut=(0, 0), max_model_len=16, max_num_batched_tokens=4, invalid_rate=0.0,
+                        int32_extremes=False, topk_dtype="int32", topk_3d=False, topk_layout="contiguous",
+                        qsl_base=0)
+    return [base, base.replace(seed=2, ratio=1, topk=0, topk_extra=3, seq_lens=(1,), query_lens=(1,),
+                               replay_cut=(0,)),
+            base.replace(seed=3, ratio=128, topk=4, window=8, seq_lens=(200, 9), query_lens=(3, 2),
+                         max_model_len=256, replay_cut=(1000, 0))]
+
+
+def _declare_assembly():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "prefill-assembly",
+        (Dimension("layer", LAYERS, "C4A, C128A (top-k kept in [0, N)) or SWA-only (no top-k part, N = 0)"),
+         Dimension("prefix", PREFIX_CLASSES, "first request's prefix against the window: where the SWA part "
+                                             "starts, a full window or not"),
+         Dimension("window", WINDOWS, "SWA window; 128 (DSv4's) makes rows of several 128-column blocks"),
+         Dimension("replay", ("full", "shortened"), "the first request's gather as planned, or shortened by a "
+                                                    "bounded replay (the window starts at the first gathered token)"),
+         Dimension("invalid", INVALID_KINDS, "top-k ids: causal only, plus -1/-2/N/N+1/M, plus INT32 extremes"),
+         Dimension("q_len", QLEN_CLASSES, "first request's query tokens around the kernel's 16 tokens per program"),
+         Dimension("topk_layout", TOPK_LAYOUTS, "top-k tensor contiguous, row-padded or column-major"),
+         Dimension("topk_dtype", ("int32", "int64"), "top-k tensor dtype"),
+         Dimension("topk_3d", (False, True), "top-k [T, K] or [T, 1, K]"),
+         Dimension("qsl_base", ("zero", "offset"), "query_start_loc starting at 0 or past decode tokens")),
+        (("layer", "prefix"), ("prefix", "replay"), ("layer", "invalid"), ("layer", "window"),
+         ("prefix", "window")),
+        classify_assembly, force_assembly, _assembly_allowed, assembly_family_examples), "prefill-assembly-oracle")
+
+
+ASSEMBLY_DIMENSIONS = _declare_assembly()
