@@ -13,9 +13,10 @@ steps="${*:-tests audit subject sanitize bench}"
 tree="${SMV_SUBJECT_TREE:-.smv-subject/vllm}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-# a host that reaches no registry gets the pure-Python runtime dependencies (allpairspy) as wheels carried in .whl/
+# a host that reaches no registry gets the runtime dependencies it lacks (allpairspy) from wheels carried in .whl/;
+# what is installed already stays as it is
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-deps --no-index .whl/*.whl >/dev/null 2>&1 || { echo "wheel install failed"; exit 2; }
+  python3 -m pip install -q --no-index --find-links .whl allpairspy >/dev/null 2>&1 || { echo "wheel install failed"; exit 2; }
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 2; }
 status=0
