@@ -29,7 +29,7 @@ import torch
 from contracts.core import ALL_TARGETS, Violation, contract, record_margin, single_threaded
 from contracts.subjects import EntryMissing, bound
 from fuzz.indexer_logits import (IndexerLogitsCase, build_decode_inputs, build_prefill_inputs,
-                                 indexer_logits_cases)
+                                 indexer_logits_cases, long_context_lens, padded_rows_view)
 from impl.targets import Target
 from oracles import indexer_logits as oracle
 
@@ -247,10 +247,32 @@ def indexer_logits_agreement(case: IndexerLogitsCase, target: Target) -> list[Vi
     docstring; the margin is the worst error over its bound). The top-k (pre-filled -1, candidates neither -inf nor
     NaN, equal logits the lower column first; the prefill form local to ks) equals the oracle's set on the subject's
     own logits, and differs from the exact logits' top-k only where the swapped columns' oracle logits are within
-    their summed bounds. A subject without top-k entry points (``topk_indices``, ``topk_indices_prefill``) is
+    their summed bounds. A cache view whose token rows are not 132 bytes apart is read as the view says at block
+    size 1 (the block is still contiguous), and above it either refused with ValueError or read as the view says
+    (the gaps hold NaN codes); a 1-D ``context_lens`` with more entries than q has requests (per-row lengths
+    flattened) is refused with ValueError. A subject without top-k entry points (``topk_indices``, ``topk_indices_prefill``) is
     judged on its logits alone (vLLM 0.33.0's top-k is a compiled op, outside the audited modules)."""
     with single_threaded():
         return _check(case, target)
+
+
+def _refusals(case: IndexerLogitsCase, call, inp, flavour: str) -> list[Violation]:
+    """The calls a subject must refuse with ValueError before it judges the logits: a 1-D ``context_lens`` longer
+    than q's requests (``ctx_count`` "long": per-row lengths flattened read as per-request ones give other rows'
+    lengths), on the flat cache."""
+    if case.ctx_count != "long":
+        return []
+    lens = long_context_lens(case, inp.context_lens.device)
+    try:
+        call(inp.cache, lens)
+    except ValueError:
+        return []
+    except Exception as exc:  # noqa: BLE001 - any other failure is a call not refused up front
+        return [Violation("decode: a 1-D context_lens longer than q's requests was not refused with ValueError",
+                          "context_lens", f"ValueError ({case.batch} requests)", f"{type(exc).__name__}: {exc}")]
+    return [Violation("decode: a 1-D context_lens longer than q's requests was accepted (per-row lengths "
+                      "flattened cannot be told from per-request ones)", "context_lens",
+                      f"ValueError ({case.batch} requests)", f"accepted {int(lens.shape[0])} entries")]
 
 
 def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
@@ -261,8 +283,23 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
     flavour = tgt.main_cache_fp8
     if case.mode == "decode":
         inp = build_decode_inputs(case, flavour)
-        got = fam.fp8_paged_mqa_logits(inp.q, inp.cache, inp.weights, inp.context_lens, inp.block_table,
-                                       case.max_model_len, layout=case.layout, target=tgt)
+
+        def call(cache, context_lens):
+            return fam.fp8_paged_mqa_logits(inp.q, cache, inp.weights, context_lens, inp.block_table,
+                                            case.max_model_len, layout=case.layout, target=tgt)
+
+        pre = _refusals(case, call, inp, flavour)
+        got = None
+        if case.cache_view == "padded-rows":
+            try:
+                got = call(padded_rows_view(inp.cache, flavour), inp.context_lens)
+            except ValueError as exc:
+                if case.block_size == 1:
+                    pre.append(Violation("decode: a block-contiguous cache view (block size 1, its one token row "
+                                         "not 132 bytes from the next block's) was refused", "kv_cache",
+                                         "logits", f"ValueError: {exc}"))
+        if got is None:
+            got = call(inp.cache, inp.context_lens)
         got_cpu = got.detach().cpu().clone()
         cache_cpu = inp.cache.cpu()
 
@@ -286,6 +323,7 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
         starts = ends = None
         label = "decode"
     else:
+        pre = []
         inp = build_prefill_inputs(case, flavour)
         got = fam.fp8_mqa_logits(inp.q, inp.k_fp8, inp.k_scale, inp.weights, inp.ks, inp.ke, target=tgt)
         got_cpu = got.detach().cpu().clone()
@@ -303,7 +341,7 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
         starts, ends = list(case.row_starts), list(case.row_ends)
         label = "prefill"
     ref["heads"] = case.heads
-    v = judge_logits(got_cpu, ref, case.heads, label, alternatives)
+    v = pre + judge_logits(got_cpu, ref, case.heads, label, alternatives)
     try:
         rows = got.shape[0]
         out = torch.full((rows, case.topk), TOPK_POISON, dtype=torch.int32, device=got.device)

@@ -24,6 +24,8 @@ from impl.runtime import kernel_device
 FP8_TORCH = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
 NAN_CODE = {"ocp": 0x7F, "fnuz": 0x80}
 BLOCK_SIZES = (1, 3, 16, 64)
+#: poisoned bytes between the token rows of a "padded-rows" cache view
+ROW_PAD = 4
 HEADS = (1, 2, 4, 8, 16)
 
 
@@ -59,6 +61,13 @@ class IndexerLogitsCase(Case):
     keys: int = 0
     row_starts: tuple[int, ...] = ()
     row_ends: tuple[int, ...] = ()
+    #: decode: "padded-rows" hands the subject a view of the cache whose token rows lie ``ROW_PAD`` poisoned bytes
+    #: apart (row stride 132 + ROW_PAD, not 132): block-contiguous only at block size 1, else a view the subject must
+    #: refuse or read as the view says
+    cache_view: Literal["flat", "padded-rows"] = "flat"
+    #: decode: "long" first calls with a 1-D ``context_lens`` longer than q's requests (the per-row lengths
+    #: flattened, B * next_n entries, at next_n 2; one trailing entry at next_n 1), which the subject must refuse
+    ctx_count: Literal["exact", "long"] = "exact"
 
     def __post_init__(self):
         super().__post_init__()
@@ -77,6 +86,8 @@ class IndexerLogitsCase(Case):
                 raise ValueError("context_lens: a row sees more than max_model_len positions")
             if self.extra_columns < 0 or self.spare_blocks < 1:
                 raise ValueError("extra_columns must be >= 0 and spare_blocks >= 1 (the poisoned blocks)")
+        elif self.cache_view != "flat" or self.ctx_count != "exact":
+            raise ValueError("prefill: cache_view and ctx_count are decode fields (flat, exact)")
         else:
             T = len(self.row_starts)
             if T < 1 or len(self.row_ends) != T or self.keys < 1:
@@ -148,7 +159,9 @@ def decode_cases(draw) -> IndexerLogitsCase:
     longest = max(max(v) for v in case.visible())
     return case.replace(max_model_len=max(1, longest + draw(st.integers(0, 5))),
                         topk=draw(st.integers(1, longest + 3)),
-                        extra_columns=draw(st.integers(0, 2)), spare_blocks=draw(st.integers(1, 2)))
+                        extra_columns=draw(st.integers(0, 2)), spare_blocks=draw(st.integers(1, 2)),
+                        cache_view=draw(st.sampled_from(["flat", "flat", "flat", "padded-rows"])),
+                        ctx_count=draw(st.sampled_from(["exact", "exact", "exact", "long"])))
 
 
 @st.composite
@@ -290,6 +303,26 @@ def build_decode_inputs(case: IndexerLogitsCase, flavour: str, device: str | Non
                         block_table=torch.tensor(table, dtype=torch.int32).to(device), table=table, visible=vis)
 
 
+def padded_rows_view(cache: torch.Tensor, flavour: str) -> torch.Tensor:
+    """The same [nb, bs, 132] bytes as a view whose token rows are ``132 + ROW_PAD`` bytes apart (the gaps hold the
+    flavour's NaN code): a cache carved from a wider allocation."""
+    nb, bs, width = cache.shape
+    base = torch.full((nb, bs, width + ROW_PAD), NAN_CODE[flavour], dtype=torch.uint8, device=cache.device)
+    base[:, :, :width] = cache
+    return base[:, :, :width]
+
+
+def long_context_lens(case: IndexerLogitsCase, device=None) -> torch.Tensor:
+    """A 1-D ``context_lens`` with more entries than q has requests: at next_n >= 2 every row's visible length,
+    flattened (B * next_n entries, which a reader of per-request lengths would misread); at next_n 1 the lengths and
+    one more entry past the batch."""
+    if case.next_n >= 2:
+        lens = [v for row in case.visible() for v in row]
+    else:
+        lens = list(case.context_lens) + [case.context_lens[-1]]
+    return torch.tensor(lens, dtype=torch.int32, device=device)
+
+
 def build_prefill_inputs(case: IndexerLogitsCase, flavour: str, device: str | None = None) -> PrefillInputs:
     device = device or kernel_device()
     gen = torch.Generator().manual_seed(case.seed)
@@ -319,6 +352,10 @@ LOGITS_SHAPES = ("single", "mtp", "mtp-per-row")
 LOGITS_CTX = ("0", "page-1", "page", "page+1")
 LOGITS_TOPK = ("below", "equal", "above")
 LOGITS_POISON = ("none", "nan-q", "nan-k", "inf-scale", "nan-scale", "negative-scale")
+#: the cache as given; a view whose token rows are not 132 bytes apart at block size 1 (still block-contiguous:
+#: read) and above it (not block-contiguous: refused or read as the view says)
+LOGITS_VIEWS = ("flat", "padded-bs1", "padded-blocks")
+LOGITS_CTX_COUNTS = ("exact", "long")
 
 
 def _longest(case: IndexerLogitsCase) -> int:
@@ -336,11 +373,13 @@ def classify_logits(case: IndexerLogitsCase, target) -> dict:
     out["topk"] = "below" if case.topk < longest else ("equal" if case.topk == longest else "above")
     if case.mode == "prefill":
         out.update(geometry="prefill", shape="single",
-                   ctx="0" if case.row_ends[0] == case.row_starts[0] else "other")
+                   ctx="0" if case.row_ends[0] == case.row_starts[0] else "other", view="flat", ctx_count="exact")
         return out
     bs = case.block_size
     out["geometry"] = f"bs{bs}" + ("-shuffle" if case.layout == "shuffle" else "")
     out["shape"] = "single" if case.next_n == 1 else ("mtp-per-row" if case.per_row else "mtp")
+    out["view"] = "flat" if case.cache_view == "flat" else ("padded-bs1" if bs == 1 else "padded-blocks")
+    out["ctx_count"] = case.ctx_count
     c = case.context_lens[0]
     out["ctx"] = next((k for k, n in (("0", 0), ("page-1", bs - 1), ("page", bs), ("page+1", bs + 1)) if c == n),
                       "other")
@@ -384,7 +423,12 @@ def force_logits(case: IndexerLogitsCase, combo: dict, target) -> IndexerLogitsC
         out = IndexerLogitsCase(mode="decode", topk=1, next_n=next_n, block_size=bs, layout=layout,
                                 context_lens=tuple(ctx), per_row=per_row, max_model_len=1 << 20,
                                 extra_columns=case.extra_columns if case.mode == "decode" else 1,
-                                spare_blocks=case.spare_blocks, **common)
+                                spare_blocks=case.spare_blocks,
+                                cache_view=("flat" if combo["view"] == "flat" else "padded-rows") if "view" in combo
+                                else case.cache_view if case.mode == "decode" else "flat",
+                                ctx_count=combo.get("ctx_count",
+                                                    case.ctx_count if case.mode == "decode" else "exact"),
+                                **common)
         out = out.replace(max_model_len=_longest(out) + 1)
     longest = _longest(out)
     return out.replace(topk={"below": longest - 1, "equal": longest, "above": longest + 2}[topk_cls])
@@ -392,7 +436,11 @@ def force_logits(case: IndexerLogitsCase, combo: dict, target) -> IndexerLogitsC
 
 def _logits_allowed(c: dict, target) -> bool:
     g = c.get("geometry")
-    if g == "prefill" and (c.get("shape", "single") != "single" or c.get("ctx", "0") != "0"):
+    if g == "prefill" and (c.get("shape", "single") != "single" or c.get("ctx", "0") != "0"
+                           or c.get("view", "flat") != "flat" or c.get("ctx_count", "exact") != "exact"):
+        return False
+    v = c.get("view", "flat")
+    if g is not None and v != "flat" and (v == "padded-bs1") != (g == "bs1"):
         return False
     if g == "bs1" and c.get("ctx") == "page-1":  # the same length as "0"
         return False
@@ -409,8 +457,11 @@ def _declare_logits():
          Dimension("ctx", LOGITS_CTX, "the first request's length around its page"),
          Dimension("topk", LOGITS_TOPK, "top-k against the longest visible row"),
          Dimension("values", ("normal", "ties", "wide")),
-         Dimension("poison", LOGITS_POISON, "a NaN code in q or a key, a key scale inf / NaN / negative")),
-        (("geometry", "ctx"), ("topk", "values"), ("poison", "values")),
+         Dimension("poison", LOGITS_POISON, "a NaN code in q or a key, a key scale inf / NaN / negative"),
+         Dimension("view", LOGITS_VIEWS, "the cache as given, or a view whose token rows are not 132 bytes apart"),
+         Dimension("ctx_count", LOGITS_CTX_COUNTS, "context_lens with one entry per request, or a 1-D one longer "
+                   "than q's requests (refused)")),
+        (("geometry", "ctx"), ("topk", "values"), ("poison", "values"), ("shape", "ctx_count")),
         classify_logits, force_logits, _logits_allowed), "indexer-logits-agreement")
 
 
