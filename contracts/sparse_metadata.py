@@ -32,6 +32,8 @@ KV_LORA_RANK = 512
 SOFTMAX_SCALE = 0.0371
 _SKIP = "the DSv3.2 ROCm AITER sparse builder runs on gfx942/gfx950 only"
 #: appended to a message about a token whose top-k row has -1 holes within its sparse length
+#: the sequence length of a padded request past R (a length no drawn request has)
+PAD_SEQ_LEN = 77
 HOLED_TOKEN = " at a token whose top-k row has -1 holes within its sparse length"
 
 
@@ -115,12 +117,19 @@ def _common(step: MetadataStep, block_table: list[list[int]], common_cls=None):
     starts = [0]
     for q in q_lens:
         starts.append(starts[-1] + q)
+    table = [list(r) for r in block_table]
+    if step.pad:
+        # a batch padded past R (as for a captured graph): the offsets repeat T, the padded requests have lengths
+        # no real request has, and their table rows name a block of the pool; the builder reads the first R only
+        starts += [starts[-1]] * step.pad
+        seq_lens += [PAD_SEQ_LEN] * step.pad
+        table += [table[-1]] * step.pad
     qsl = torch.tensor(starts, dtype=torch.int32)
     seq = torch.tensor(seq_lens, dtype=torch.int32)
     return common_cls(
         query_start_loc=qsl.clone(), query_start_loc_cpu=qsl, seq_lens=seq.clone(),
-        seq_lens_cpu=seq if step.host_lens else None, num_reqs=len(q_lens), num_actual_tokens=starts[-1],
-        max_query_len=max(q_lens), block_table=torch.tensor(block_table, dtype=torch.int32))
+        seq_lens_cpu=seq if step.host_lens else None, num_reqs=len(q_lens), num_actual_tokens=starts[len(q_lens)],
+        max_query_len=max(q_lens), block_table=torch.tensor(table, dtype=torch.int32))
 
 
 class MetadataReplay:

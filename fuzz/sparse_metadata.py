@@ -10,6 +10,7 @@ changed (same starts), batches growing and shrinking, empty sequences, and ``seq
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -62,9 +63,14 @@ class MetadataStep(Case):
     host_lens: bool = True
     holes: HoleMode = "prefix"
     seed: int = 0
+    #: entries past the R requests in query_start_loc, seq_lens (and seq_lens_cpu) and the block table, as a
+    #: scheduler that pads its batch gives them; the builder must read the first R only
+    pad: int = 0
 
     def __post_init__(self):
         super().__post_init__()
+        if self.pad < 0:
+            raise ValueError("pad: must be >= 0")
         if not self.q_lens or len(self.seq_lens) != len(self.q_lens):
             raise ValueError("q_lens and seq_lens need one entry per request (at least one)")
         bad = [r for r, (q, s) in enumerate(zip(self.q_lens, self.seq_lens)) if q < 1 or not (s == 0 or s >= q)]
@@ -145,6 +151,12 @@ def op_strategy() -> st.SearchStrategy:
     return st.one_of(*OP_STRATEGIES.values())
 
 
+def pad_for(seed: int) -> int:
+    """How many padded requests a drawn step carries past R: 2 for one step in five, chosen by its seed (so the
+    draws themselves are unchanged)."""
+    return 2 if seed % 5 == 0 else 0
+
+
 def _seq_from_code(code: SeqCode, q: int, topk: int) -> int:
     if code == "empty":
         return 0
@@ -202,7 +214,8 @@ def apply_op(prev: MetadataStep | None, op: MetadataOp, cfg: MetadataConfig) -> 
         elif kind == "cross_topk":
             s = [0 if x == 0 else topk + op.delta + (qq - 1) for x, qq in zip(s, q)]
     q, s = _fix(q, s, max_tokens)
-    return MetadataStep(q_lens=tuple(q), seq_lens=tuple(s), host_lens=op.host_lens, holes=op.holes, seed=op.seed)
+    return MetadataStep(q_lens=tuple(q), seq_lens=tuple(s), host_lens=op.host_lens, holes=op.holes, seed=op.seed,
+                        pad=pad_for(op.seed))
 
 
 @st.composite
@@ -333,8 +346,9 @@ def step_sparse_lengths(step: MetadataStep, topk: int) -> tuple[int, ...]:
 
 
 def _with(prev: MetadataStep, q, s, rng: random.Random, host: bool | None = None) -> MetadataStep:
+    seed = rng.randrange(2**31)
     return MetadataStep(q_lens=tuple(q), seq_lens=tuple(s), host_lens=prev.host_lens if host is None else host,
-                        holes=rng.choice(HOLE_MODES), seed=rng.randrange(2**31))
+                        holes=rng.choice(HOLE_MODES), seed=seed, pad=pad_for(seed))
 
 
 def _collide(prev: MetadataStep, weakening: str, cfg: MetadataConfig, rng: random.Random) -> MetadataStep | None:
@@ -437,7 +451,7 @@ def key_weakening_case(draw) -> MetadataCase:
                 raise AssertionError(f"no colliding successor for {w} from {prev}")
         if w == "clamped-hostless":
             nxt = MetadataStep(q_lens=nxt.q_lens, seq_lens=nxt.seq_lens, host_lens=False, holes=nxt.holes,
-                               seed=nxt.seed)
+                               seed=nxt.seed, pad=nxt.pad)
         steps.append(nxt)
         prev = nxt
     return MetadataCase(config=cfg, steps=tuple(steps))
@@ -522,3 +536,101 @@ def _declare_metadata():
 
 
 METADATA_DIMENSIONS = _declare_metadata()
+
+
+# --- cache-key-staleness: the key probe of the last two steps -------------------------------------------------------
+
+#: how the last step meets the cached key of the one before: "repeat" (the same step: a true hit), or a pair equal
+#: under one weakening of :data:`KEY_WEAKENINGS` with different sparse lengths (a correct key must recompute);
+#: "other" for anything else
+STALENESS_PROBES = ("repeat",) + KEY_WEAKENINGS
+#: the order :func:`_probe` tries them in: a weakening that drops more collides with more pairs, so the narrower
+#: ones are named first (a clamp-1 pair also collides with the clamped lengths dropped, say)
+_PROBE_ORDER = ("clamp-1", "clamped-hostless", "drop:num_tokens", "drop:starts", "drop:clamped")
+
+
+def _probe(prev: MetadataStep | None, last: MetadataStep, cfg: MetadataConfig) -> str:
+    if prev is None:
+        return "other"
+    if (prev.q_lens, prev.seq_lens) == (last.q_lens, last.seq_lens):
+        return "repeat"
+    if step_sparse_lengths(prev, cfg.topk) == step_sparse_lengths(last, cfg.topk):
+        return "other"
+    for w in _PROBE_ORDER:
+        if w == "clamped-hostless" and (prev.host_lens or last.host_lens):
+            continue
+        if step_key(prev, cfg, w) == step_key(last, cfg, w):
+            return w
+    return "other"
+
+
+def classify_staleness(case: MetadataCase, target) -> dict:
+    """The dimension values a staleness case hits: the key probe of its last two steps, the last step's host
+    lengths, holes and padding past R; the builder's block size, head count and kv granularity."""
+    steps, cfg = case.steps, case.config
+    last = steps[-1]
+    return {"probe": _probe(steps[-2] if len(steps) > 1 else None, last, cfg), "host_lens": last.host_lens,
+            "holes": last.holes, "padded": last.pad > 0, "block_size": cfg.block_size, "heads": cfg.num_heads,
+            "granularity": cfg.granularity}
+
+
+def force_staleness(case: MetadataCase, combo: dict, target) -> MetadataCase:
+    """``case`` with its last steps replaced by a probe pair: a setup step (:func:`_setup`) and its successor under
+    the combo's probe (:func:`_collide`; the setup step again for "repeat"), with the host lengths, holes and
+    padding of ``combo`` on the last step; block size, heads and granularity set on the configuration. Earlier
+    steps of ``case`` stay (at most two, so a forced case costs what a drawn one does)."""
+    cfg = dataclasses.replace(case.config, block_size=combo.get("block_size", case.config.block_size),
+                              num_heads=combo.get("heads", case.config.num_heads),
+                              granularity=combo.get("granularity", case.config.granularity))
+    probe = combo.get("probe", "repeat")
+    last0 = case.steps[-1]
+    host = combo.get("host_lens", last0.host_lens)
+    holes = combo.get("holes", last0.holes)
+    pad = (2 if combo["padded"] else 0) if "padded" in combo else last0.pad
+    keep = tuple(case.steps[:-1])[-2:]
+    for attempt in range(64):
+        rng = random.Random(last0.seed * 131 + attempt)
+        w = "drop:clamped" if probe == "repeat" else probe
+        prev = _setup(MetadataStep(q_lens=(1,), seq_lens=(1,)), w, cfg, rng)
+        if probe not in ("clamped-hostless",):
+            prev = dataclasses.replace(prev, host_lens=True)
+        nxt = prev if probe == "repeat" else _collide(prev, w, cfg, rng)
+        if nxt is None:
+            continue
+        nxt = dataclasses.replace(nxt, host_lens=False if probe == "clamped-hostless" else host, holes=holes,
+                                  pad=pad, seed=nxt.seed + 1 if probe == "repeat" else nxt.seed)
+        out = MetadataCase(config=cfg, steps=keep + (prev, nxt))
+        if _probe(prev, nxt, cfg) == probe:
+            return out
+    raise AssertionError(f"no probe pair {probe!r} for {cfg}")  # pragma: no cover - tests/test_reach.py
+
+
+def _staleness_allowed(c: dict, target) -> bool:
+    return not (c.get("probe") == "clamped-hostless" and c.get("host_lens") is True)
+
+
+def _staleness_examples(target) -> list[MetadataCase]:
+    cfg = MetadataConfig(seed=0, topk=8, granularity=8, block_size=1, num_heads=2)
+    return [MetadataCase(config=cfg, steps=(MetadataStep(q_lens=(1,), seq_lens=(1,)),)),
+            MetadataCase(config=dataclasses.replace(cfg, topk=24), steps=(
+                MetadataStep(q_lens=(2, 1), seq_lens=(5, 30), seed=3),) * 3)]
+
+
+def _declare_staleness():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "sparse-metadata-staleness",
+        (Dimension("probe", STALENESS_PROBES, "the last two steps: the same step (a true hit), or equal under one "
+                   "weakening of the cache key with different sparse lengths (a correct key recomputes)"),
+         Dimension("host_lens", (True, False), "seq_lens_cpu passed on the last step, or missing (a counted copy)"),
+         Dimension("holes", HOLE_MODES, "where the -1 holes of the last step's top-k rows go"),
+         Dimension("padded", (False, True), "query_start_loc, seq_lens and the block table padded past R"),
+         Dimension("block_size", (1, 3)),
+         Dimension("heads", (2, 16, 17), "below, at and past the 16 heads q is padded to"),
+         Dimension("granularity", (8, 16), "the kv granule of the work partition")),
+        (("probe", "host_lens"), ("probe", "holes"), ("probe", "padded"), ("block_size", "heads")),
+        classify_staleness, force_staleness, _staleness_allowed, _staleness_examples), "cache-key-staleness")
+
+
+STALENESS_DIMENSIONS = _declare_staleness()
