@@ -456,8 +456,15 @@ class Int64Case(Case):
             raise ValueError(f"probes: unknown {unknown}; known: {sorted(INT64_PROBES)}")
 
 
+def int64_cases(target: Target):
+    """Every probe the subject has in one case first (what a single drawn case runs), then each alone: the ci array
+    forces one probe a row onto distinct draws, so the space holds more cases than probes."""
+    names = subject_probes(target)
+    return st.builds(Int64Case, probes=st.sampled_from([names] + [(n,) for n in names]))
+
+
 @contract("int64-addressing", targets=ALL_TARGETS,
-          cases=lambda target: st.builds(Int64Case, probes=st.just(subject_probes(target))),
+          cases=lambda target: int64_cases(target),
           min_cases=1, max_cases=1, case_type=Int64Case, numeric=True)
 def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     """Every registered probe addresses the cache in int64 (SPEC 1.2, ``block * stride(0)``): the writers (SWA
@@ -465,8 +472,36 @@ def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
     reads far-end tokens and agrees with the oracle; the indexer-K gather copies far-end tokens exactly; the prefill
     and the epilogues read rows past 2^31 elements and agree with the oracle. A case runs the probes whose entry
-    points the subject has."""
+    points the subject has; under ``--profile ci`` each probe is a case of its own (the declared dimension
+    ``probe``)."""
     out = []
     for name in case.probes:
         out += INT64_PROBES[name](target)
     return out
+
+
+# --- declared dimension (fuzz.dimensions): each probe reached -------------------------------------------------------
+
+def _probe_allowed(c: dict, target: Target) -> bool:
+    name = c.get("probe")
+    return name is None or all(subject_has(target, *e.split(".")) for e in PROBE_ENTRIES[name])
+
+
+def _declare_probes():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    names = tuple(sorted(INT64_PROBES))
+    # a drawn case runs every probe at once (dev and nightly: one case); the ci array runs one probe a row, so each
+    # row names the probe it reached and a failure names its probe. The probes share no code path, hence no pairs:
+    # each value is required once, at any strength
+    return declare(Family(
+        "int64-probes",
+        (Dimension("probe", names, "the component addressed past 2^31 elements: " + ", ".join(names)),),
+        (),
+        lambda case, target: {"probe": case.probes[0]} if case.probes else {},
+        lambda case, combo, target: Int64Case(probes=(combo["probe"],)) if "probe" in combo else case,
+        _probe_allowed,
+        lambda target: [Int64Case(probes=names)]), "int64-addressing")
+
+
+INT64_DIMENSIONS = _declare_probes()

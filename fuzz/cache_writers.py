@@ -435,3 +435,122 @@ def _declare_writers():
 
 
 WRITER_DIMENSIONS = _declare_writers()
+
+
+# --- nan-free-cache's declared dimensions ---------------------------------------------------------------------------
+
+NAN_FREE_WRITERS = ("c4", "c128", "c128-two-stage")
+#: the class of the first special that sits on a stored token: "huge" (1e30) overflows c^2 in the norm's mean,
+#: "huger" (3e38) overflows the pooled sums themselves, "tiny" is a denormal or an all-zero group
+NAN_FREE_SPECIALS = ("none", "nan", "inf", "huge", "huger", "tiny")
+_NAN_FREE_CLASS = {"nan": "nan", "inf": "inf", "-inf": "inf", "huge": "huge", "huger": "huger", "denormal": "tiny",
+                   "zero-group": "tiny"}
+#: on a non-sanitizing target the contract checks only tokens whose inputs are finite and cannot overflow: only these
+#: specials and weights leave such a token to check
+_CHECKED_UNSANITIZED_SPECIALS = ("none", "tiny")
+_CHECKED_UNSANITIZED_WEIGHTS = ("normal", "denormal", "zero-group")
+
+
+def _compressor_writer(c: CompressorCase) -> str:
+    return "c4" if c.ratio == 4 else ("c128-two-stage" if c.two_stage else "c128")
+
+
+def _writes(c: CompressorCase, t: int) -> bool:
+    return c.slots[t] >= 0 and (c.positions[t] + 1) % c.ratio == 0
+
+
+def _stored_special(c: CompressorCase):
+    """The first planted special whose token writes (``build_compressor_inputs`` puts special ``idx`` on token
+    ``idx % T``), or None."""
+    return next((sp for sp in c.specials if _writes(c, sp[0] % len(c.positions))), None)
+
+
+def classify_nan_free(case: CompressorCase, target) -> dict:
+    """The dimension values a nan-free-cache case hits: its variant, the class and part (kv or score; kv when there is
+    none) of the first special on a stored token, the norm-weight kind."""
+    sp = _stored_special(case)
+    return {"writer": _compressor_writer(case), "special": "none" if sp is None else _NAN_FREE_CLASS[sp[3]],
+            "part": "kv" if sp is None else sp[1], "weight": case.weight,
+            "scores": "flat" if case.score_scale == 0 else "spread"}
+
+
+def force_nan_free(case: CompressorCase, combo: dict, target) -> CompressorCase:
+    """``case`` rewritten to hit ``combo``: another variant is made afresh from the drawn seed (two tokens at
+    window ends); token 0 is then made to write (window end, a free slot), and the special is planted on it (the
+    drawn specials dropped)."""
+    import dataclasses
+
+    f = {k.name: getattr(case, k.name) for k in dataclasses.fields(case)}
+    writer = combo.get("writer", _compressor_writer(case))
+    if writer != _compressor_writer(case):
+        ratio = 4 if writer == "c4" else 128
+        f.update(ratio=ratio, state_block_size=4 if ratio == 4 else 8, positions=(ratio - 1, 2 * ratio - 1),
+                 reqs=(0, 0), num_reqs=1, slots=(0, 1), block_size=1, num_blocks=2, padded=False, extra_blocks_before=0,
+                 spare_blocks=0, two_stage=writer == "c128-two-stage", splits=None, specials=())
+    ratio = f["ratio"]
+    pos = list(f["positions"])
+    if (pos[0] + 1) % ratio:
+        pos[0] = (pos[0] // ratio + 1) * ratio - 1
+    slots = list(f["slots"])
+    if slots[0] < 0:
+        used = set(slots)
+        slots[0] = next(s for s in range(f["num_blocks"] * f["block_size"]) if s not in used)
+    f.update(positions=tuple(pos), slots=tuple(slots))
+    if "special" in combo or "part" in combo:
+        sp = _stored_special(case) if writer == _compressor_writer(case) else None
+        cls = combo.get("special", "none" if sp is None else _NAN_FREE_CLASS[sp[3]])
+        part = combo.get("part", "kv" if sp is None else sp[1])
+        seed = f["seed"]
+        if cls == "none":
+            f["specials"] = ()
+        else:
+            kind = {"nan": "nan", "inf": ("inf", "-inf")[seed % 2], "huge": "huge", "huger": "huger",
+                    "tiny": ("denormal", "zero-group")[seed % 2]}[cls]
+            f["specials"] = ((0, part, seed % 512, kind),)
+    if "weight" in combo:
+        f["weight"] = combo["weight"]
+    if "scores" in combo:
+        f["score_scale"] = 0.0 if combo["scores"] == "flat" else (f["score_scale"] or 4.0)
+    return CompressorCase(**f)
+
+
+def _nan_free_allowed(c: dict, target) -> bool:
+    if c.get("special") == "none" and c.get("part", "kv") != "kv":
+        return False
+    if c.get("weight") in ROPE_OVERFLOW_WEIGHT_KINDS and c.get("special", "none") not in ("none", "tiny"):
+        return False  # a NaN, inf or overflow there turns every lane NaN or 0 and hides the +-inf RoPE lanes
+    if not target.sanitizes_writer:
+        if c.get("special", "none") not in _CHECKED_UNSANITIZED_SPECIALS:
+            return False
+        if c.get("weight", "normal") not in _CHECKED_UNSANITIZED_WEIGHTS:
+            return False
+    return True
+
+
+def _nan_free_family_examples(target) -> list[CompressorCase]:
+    return [CompressorCase(seed=s, ratio=r, state_block_size=4 if r == 4 else 8, positions=(r - 1,), reqs=(0,),
+                           slots=(0,), two_stage=ts) for s, r, ts in ((0, 4, False), (1, 128, True))]
+
+
+def _declare_nan_free():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "nan-free-cache",
+        (Dimension("writer", NAN_FREE_WRITERS, "compressor ratio 4, ratio 128 single-pass and two-stage: the pooling "
+                                               "and the merge of partials differ, sanitizing is shared"),
+         Dimension("special", NAN_FREE_SPECIALS, "the first special on a stored token: NaN, +-inf, c^2 overflow, sum "
+                                                 "overflow, denormal / all-zero group"),
+         Dimension("part", ("kv", "score"), "where that special sits: a kv lane or a score (the softmax's max and "
+                                            "weights)"),
+         Dimension("weight", NAN_FREE_WEIGHT_KINDS, "the norm-weight kind: NoPE or RoPE overflow after the norm, NaN, "
+                                                    "inf, denormal, zero"),
+         Dimension("scores", ("flat", "spread"), "all scores equal (every weight 1: a uniform denominator the norm "
+                                                 "cancels) or spread per dimension")),
+        # the variants differ in pooling and merging (the specials); the weight acts after pooling, in the code they
+        # share, on pooled rows whose scale the scores set
+        (("writer", "special"), ("special", "part"), ("weight", "scores")),
+        classify_nan_free, force_nan_free, _nan_free_allowed, _nan_free_family_examples), "nan-free-cache")
+
+
+NAN_FREE_DIMENSIONS = _declare_nan_free()

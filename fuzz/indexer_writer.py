@@ -349,3 +349,188 @@ def build_compressor_inputs(case: IndexerCompressorCase, device) -> dict:
         "slot_mapping": torch.tensor(case.slots, dtype=torch.int64, device=device),
         "norm_weight": w.to(device), "cos_sin_cache": cos_sin.to(device),
     }
+
+
+# --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
+
+IW_WRITERS = ("direct", "compressor-fp8", "compressor-mxfp4")
+#: "refused": a layout that cannot hold the block size (SHUFFLE at bs % 16 != 0), which the direct writer must refuse
+IW_LAYOUTS = ("normal", "shuffle", "refused")
+#: block-size classes: 1, odd, the production sizes (16: SHUFFLE's tile; 64)
+IW_BLOCKS = ("1", "odd", "16", "64")
+IW_SCALES = ("fp32", "ue8m0")
+#: the class of the first special on a stored token ("pow2": |max| exactly DIV * 2^j or one step above, direct only)
+IW_SPECIALS = ("none", "nan", "inf", "huge", "tiny", "pow2")
+_IW_CLASS = {"nan": "nan", "inf": "inf", "-inf": "inf", "huge": "huge", "denormal": "tiny", "zero-row": "tiny",
+             "zero-group": "tiny", "pow2-max": "pow2", "above-pow2-max": "pow2"}
+#: the invalid slot entries the writers skip, on the last token
+IW_SKIPS = ("none", "-1", "int32-min", "int64-min")
+_IW_SKIP_VALUE = {"-1": -1, "int32-min": -2 ** 31, "int64-min": -2 ** 63}
+_IW_BS = {"1": 1, "odd": 3, "16": 16, "64": 64}
+
+
+def _iw_writer(case: IndexerWriterCase) -> str:
+    if case.direct is not None:
+        return "direct"
+    return "compressor-" + case.compressor.kv_format
+
+
+def _iw_block(bs: int) -> str:
+    return "1" if bs == 1 else ("odd" if bs % 2 else str(bs))
+
+
+def _iw_writes(inner, t: int) -> bool:
+    if inner.slots[t] < 0:
+        return False
+    return isinstance(inner, DirectCase) or (inner.positions[t] + 1) % inner.ratio == 0
+
+
+def _iw_stored_special(inner):
+    n = len(inner.slots)
+    if isinstance(inner, DirectCase):
+        return next((sp for sp in inner.specials if _iw_writes(inner, sp[0])), None)
+    return next((sp for sp in inner.specials if _iw_writes(inner, sp[0] % n)), None)
+
+
+def classify_indexer_writer(case: IndexerWriterCase, target) -> dict:
+    """The dimension values an indexer-writer case hits: writer, layout (``refused`` when the layout cannot hold the
+    block size), block-size class, scale format (MXFP4's is a UE8M0 code), the class of the first special on a stored
+    token, the first negative slot's kind, a padded block stride, the input dtype (the compressor's state is fp32)."""
+    inner = case.direct if case.direct is not None else case.compressor
+    direct = case.direct is not None
+    if direct:
+        layout = "refused" if inner.refused else inner.layout_name
+        scale = "ue8m0" if inner.scale_fmt == "ue8m0" else "fp32"
+    else:
+        layout = inner.layout_name
+        scale = "ue8m0" if (inner.kv_format == "mxfp4" or inner.mx_scale) else "fp32"
+    sp = _iw_stored_special(inner)
+    neg = next((s for s in inner.slots if s < 0), None)
+    skip = "none" if neg is None else next((k for k, v in _IW_SKIP_VALUE.items() if v == neg), str(neg))
+    return {"writer": _iw_writer(case), "layout": layout, "block": _iw_block(inner.block_size), "scale": scale,
+            "special": "none" if sp is None else _IW_CLASS[sp[-1]], "skip": skip, "padded": inner.stride_pad > 0,
+            "dtype": inner.dtype if direct else "float32"}
+
+
+def force_indexer_writer(case: IndexerWriterCase, combo: dict, target) -> IndexerWriterCase:
+    """``case`` rewritten to hit ``combo``: a case of another writer is made afresh from the drawn one's seed (two
+    tokens at window ends); the layout, block size (geometry and slots recomputed, one spare block), scale format,
+    stride pad, dtype and the last token's invalid slot are then set, and the special is planted on token 0, which
+    writes (the drawn specials dropped)."""
+    import dataclasses
+
+    inner = case.direct if case.direct is not None else case.compressor
+    seed = inner.seed
+    writer = combo.get("writer", _iw_writer(case))
+    if writer != _iw_writer(case):
+        if writer == "direct":
+            inner = DirectCase(seed=seed, T=2, slots=(0, 1), log_scale=(seed % 7 - 3, 0), block_size=1, num_blocks=2)
+        else:
+            inner = IndexerCompressorCase(seed=seed, positions=(3, 7), reqs=(0, 0), slots=(0, 1), block_size=1,
+                                          num_blocks=2, kv_format=writer.split("-")[1])
+    direct = writer == "direct"
+    f = {k.name: getattr(inner, k.name) for k in dataclasses.fields(inner)}
+    cur = classify_indexer_writer(IndexerWriterCase(**{("direct" if direct else "compressor"): inner}), target)
+    skip = combo.get("skip", cur["skip"] if cur["skip"] in _IW_SKIP_VALUE or cur["skip"] == "none" else "-1")
+    T = len(f["slots"])
+    if skip != "none" and T == 1:  # a skipped token besides the one that writes
+        if direct:
+            f.update(T=2, log_scale=f["log_scale"] + (0,))
+        else:
+            f.update(positions=f["positions"] + (f["positions"][0],), reqs=f["reqs"] + (f["reqs"][0],))
+        f["specials"] = ()
+        T = 2
+    if not direct:  # token 0 writes: at a window end
+        pos = list(f["positions"])
+        if (pos[0] + 1) % f["ratio"]:
+            pos[0] = (pos[0] // f["ratio"] + 1) * f["ratio"] - 1
+        f["positions"] = tuple(pos)
+    layout = combo.get("layout", cur["layout"])
+    block = combo.get("block", _iw_block(f["block_size"]))
+    bs = _IW_BS.get(block, f["block_size"])
+    if layout == "refused":
+        f["layout"] = "shuffle"
+    elif layout != (resolved_layout(f["layout"], bs, direct_default_layout(bs) if direct else "normal")):
+        f["layout"] = layout
+    nb = -(-T // bs) + 1
+    f.update(block_size=bs, num_blocks=nb,
+             slots=tuple(_IW_SKIP_VALUE[skip] if (skip != "none" and i == T - 1) else nb * bs - 1 - i
+                         for i in range(T)))
+    scale = combo.get("scale", cur["scale"])
+    if direct:
+        f["scale_fmt"] = "ue8m0" if scale == "ue8m0" else None
+        if "dtype" in combo:
+            f["dtype"] = combo["dtype"]
+    elif f["kv_format"] == "fp8":
+        f["mx_scale"] = scale == "ue8m0"
+    if "padded" in combo:
+        f["stride_pad"] = (f["stride_pad"] or 4) if combo["padded"] else 0
+    cls = combo.get("special", cur["special"])
+    if "special" in combo or _iw_stored_special(inner) is not None:
+        if cls == "none":
+            f["specials"] = ()
+        else:
+            kind = {"nan": ("nan",), "inf": ("inf", "-inf"), "huge": ("huge",),
+                    "tiny": ("denormal", "zero-row" if direct else "zero-group"),
+                    "pow2": ("pow2-max", "above-pow2-max")}[cls]
+            kind = kind[seed % len(kind)]
+            f["specials"] = ((0, seed % HEAD, kind),) if direct else ((0, "kv", seed % HEAD, kind),)
+    inner = type(inner)(**f)
+    return IndexerWriterCase(direct=inner) if direct else IndexerWriterCase(compressor=inner)
+
+
+def _indexer_writer_allowed(c: dict, target) -> bool:
+    w = c.get("writer")
+    layout, block = c.get("layout"), c.get("block")
+    if layout == "shuffle" and block not in (None, "16", "64"):
+        return False
+    if layout == "refused" and (block not in (None, "1", "odd") or c.get("special", "none") != "none"):
+        return False  # a refused call writes nothing: a special there reaches no quantizer
+    if w is not None and w != "direct":
+        if layout == "refused" or c.get("special") == "pow2" or c.get("dtype") == "bfloat16":
+            return False
+        if w == "compressor-mxfp4" and (layout not in (None, "normal") or c.get("scale") not in (None, "ue8m0")):
+            return False
+    if w is not None or layout is not None or c.get("scale") is not None:
+        from contracts.indexer_writer import subject_variants  # the subject under audit may write fewer variants
+
+        v = subject_variants(target)
+        if w is not None and w != "direct" and w.split("-")[1] not in v["compressor_formats"]:
+            return False
+        lay = "shuffle" if layout == "refused" else layout
+        key = "direct_layouts" if w == "direct" else "compressor_layouts"
+        if w is not None and lay is not None and lay not in v[key]:
+            return False
+        if w == "compressor-fp8" and c.get("scale") is not None and (c["scale"] == "ue8m0") not in v["mx_scale"]:
+            return False
+    return True
+
+
+def _indexer_writer_examples(target) -> list[IndexerWriterCase]:
+    return [IndexerWriterCase(direct=DirectCase(seed=s, T=1, slots=(0,), log_scale=(0,), block_size=1,
+                                                num_blocks=1)) for s in (0, 1)] + \
+        [IndexerWriterCase(compressor=IndexerCompressorCase(seed=2, positions=(3,), reqs=(0,), slots=(0,),
+                                                            block_size=1, num_blocks=1))]
+
+
+def _declare_indexer_writers():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "indexer-writers",
+        (Dimension("writer", IW_WRITERS, "the direct writer, the head-128 compressor into FP8 or MXFP4 records"),
+         Dimension("layout", IW_LAYOUTS, "NORMAL, SHUFFLE (16-token tiles), or a SHUFFLE the block size cannot hold"),
+         Dimension("block", IW_BLOCKS, "block-size class: 1, odd, 16 (one SHUFFLE tile), 64 (production)"),
+         Dimension("scale", IW_SCALES, "an fp32 scale, or a power-of-two one (UE8M0; MXFP4's per-32 codes)"),
+         Dimension("special", IW_SPECIALS, "the first special on a stored token: NaN, +-inf, near FLT_MAX, "
+                                           "denormal / all-zero, |max| at the power-of-two scale boundary"),
+         Dimension("skip", IW_SKIPS, "the invalid slot on the last token: none, -1, INT32_MIN, INT64_MIN"),
+         Dimension("padded", (False, True), "block stride wider than the block's records"),
+         Dimension("dtype", ("bfloat16", "float32"), "the direct writer's k dtype")),
+        # where and how a record is placed; which values reach the quantizer and at what scale format
+        (("writer", "layout", "block", "dtype"), ("special", "scale")),
+        classify_indexer_writer, force_indexer_writer, _indexer_writer_allowed, _indexer_writer_examples),
+        "indexer-writer-exact")
+
+
+INDEXER_WRITER_DIMENSIONS = _declare_indexer_writers()
