@@ -285,3 +285,75 @@ def _agree_split(case: SplitCase, target: Target) -> list[Violation]:
     if p_o != p_s:
         return [Violation("decode plan differs from ours", where, fmt(p_o), fmt(p_s))]
     return []
+
+
+# --- subject-agreement's declared dimensions ---------------------------------------------------------------------
+# The case type lives here (AgreementCase), so the family is declared here, on top of the decode family's: a
+# decode case hits the decode family's dimensions, a split-selector case hits "-" in each of them (and "-" only).
+
+SPLIT_ONLY = "-"
+
+
+def _agreement_family():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    base = fz.DECODE_DIMENSIONS
+    names = [d.name for d in base.dimensions]
+
+    def classify(case: AgreementCase, target: Target) -> dict:
+        if case.family == "split":
+            return {"family": "split", **{n: SPLIT_ONLY for n in names}}
+        return {"family": "decode", **base.classify(case.decode, target)}
+
+    def force(case: AgreementCase, combo: dict, target: Target) -> AgreementCase:
+        fam = combo.get("family", case.family)
+        if fam == "split":
+            if case.split is not None:
+                return case
+            d = case.decode
+            return AgreementCase("split", split=SplitCase(
+                batch=d.batch, heads=d.heads, avg_main=sum(d.main_lens) // d.batch,
+                avg_extra=sum(d.extra_lens or ()) // d.batch, ragged_slack=d.tail_junk, cu_count=d.cu_count))
+        d = case.decode if case.decode is not None else _decode_from_split(case.split)
+        return AgreementCase("decode", decode=base.force(d, {k: v for k, v in combo.items() if k in names}, target))
+
+    def allowed(c: dict, target: Target) -> bool:
+        dec = {k: v for k, v in c.items() if k in names}
+        dashed = [k for k, v in dec.items() if v == SPLIT_ONLY]
+        split = c.get("family") == "split" or bool(dashed)
+        if split:
+            return target.split_selector is not None and len(dashed) == len(dec) and c.get("family") != "decode"
+        return base._ok(dec, target)
+
+    return declare(Family(
+        "subject-agreement",
+        (Dimension("family", ("decode", "split"), "a decode case, or a split-selector case (split-K targets)"),)
+        + tuple(Dimension(d.name, d.values + (SPLIT_ONLY,), d.doc) for d in base.dimensions),
+        # the pairs where a subject's own plan and gate logic may differ from ours (the split plan by extra length,
+        # the trust gate by poison and extra length); extra length x invalid entries, a kernel-masking pair, is
+        # decode-oracle-agreement's (with it the array outgrows 25 rows on gfx950)
+        (("extra_len", "plan"), ("trust", "poison"), ("trust", "extra_len")),
+        classify, force, allowed, examples=_agreement_plain_examples), "subject-agreement")
+
+
+def _decode_from_split(s: SplitCase) -> fz.DecodeCase:
+    """A tiny decode case of a split case's batch and heads (at most 3 and 4: the interpreter runs it)."""
+    b = min(s.batch, 3)
+    return fz.DecodeCase(seed=s.batch * 7 + s.heads, batch=b, heads=min(s.heads, 4), main_bs=1, extra_bs=1,
+                         main_lens=(min(s.avg_main, 9),) * b, extra_lens=(min(s.avg_extra, 9),) * b,
+                         invalid_rate=0.0, indptr_offset=0, tail_junk=0, scale=0.11, sink="none", poison="none",
+                         padded=False, q_transposed=False, cu_count=min(s.cu_count, 8))
+
+
+def _agreement_plain_examples(target: Target) -> list[AgreementCase]:
+    out = [AgreementCase("decode", decode=fz.DecodeCase(
+        seed=1, batch=2, heads=1, main_bs=1, extra_bs=1, main_lens=(0, 3), extra_lens=(0, 5), invalid_rate=0.0,
+        indptr_offset=0, tail_junk=0, scale=0.03125, sink="none", poison="none", padded=False, q_transposed=False,
+        cu_count=1))]
+    if target.split_selector is not None:
+        out.append(AgreementCase("split", split=SplitCase(batch=2, heads=3, avg_main=4, avg_extra=0, ragged_slack=0,
+                                                          cu_count=2)))
+    return out
+
+
+AGREEMENT_DIMENSIONS = _agreement_family()

@@ -422,3 +422,63 @@ def _declare_gather():
 
 
 GATHER_DIMENSIONS = _declare_gather()
+
+
+# --- compile-once's declared dimensions --------------------------------------------------------------------------
+
+COMPILE_BLOCKS = ("1", "odd", "16", "32", "64")
+#: where launch i's block table comes from: a table of its own, or rows [i, i + B) of one persistent table whose row
+#: stride (4 * width bytes) is a multiple of 16 ("persistent-aligned": every slice 16-byte aligned) or not (a slice's
+#: address is aligned only every few rows: Triton's pointer-alignment specialization tells the launches apart)
+COMPILE_TABLES = ("fresh", "persistent-aligned", "persistent-unaligned")
+
+
+def classify_compile_once(case: CompileOnceCase, target) -> dict:
+    """The dimension values a compile-once case hits."""
+    table = ("fresh" if not case.table_rows else
+             "persistent-aligned" if case.table_width % 4 == 0 else "persistent-unaligned")
+    return {"layout": case.layout, "block": _gather_block_class(case.block_size), "table": table}
+
+
+def force_compile_once(case: CompileOnceCase, combo: dict, target) -> CompileOnceCase:
+    """``case`` rewritten to hit ``combo``: layout and block size, the table width the launches need (rounded to
+    the table class's row alignment) and the table's source; the launches as drawn."""
+    layout = combo.get("layout", case.layout)
+    bs = _gather_bs(combo["block"]) if "block" in combo else case.block_size
+    need = max(-(-(-(-T // B)) // bs) for T, B in case.launches)
+    width = max(need, case.table_width) if bs == case.block_size else need
+    table = combo.get("table", classify_compile_once(case, target)["table"])
+    rows = 0
+    if table != "fresh":
+        rows = max(PERSISTENT_ROWS, max(i + B for i, (_, B) in enumerate(case.launches)))
+        if table == "persistent-aligned":
+            width = -(-width // 4) * 4
+        elif width % 4 == 0:
+            width += 1
+    return CompileOnceCase(seed=case.seed, layout=layout, block_size=bs, num_blocks=case.num_blocks,
+                           table_width=width, launches=case.launches, table_rows=rows)
+
+
+def _compile_once_allowed(c: dict, target) -> bool:
+    layout, block = c.get("layout"), c.get("block")
+    if layout == "shuffle" and block in ("1", "odd"):
+        return False
+    if layout == "normal" and block == "32":  # the generator's normal sizes: 1, odd, 16, 64
+        return False
+    return True
+
+
+def _declare_compile_once():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "compile-once",
+        (Dimension("layout", ("normal", "shuffle"), "the cache layout (a constexpr of the kernel)"),
+         Dimension("block", COMPILE_BLOCKS, "block size: 1, odd, and the SHUFFLE tile multiples 16, 32, 64"),
+         Dimension("table", COMPILE_TABLES, "per-launch tables, or row slices of one persistent table by alignment")),
+        (("layout", "block"), ("layout", "table")),
+        classify_compile_once, force_compile_once, _compile_once_allowed,
+        examples=lambda target: compile_once_examples()), "compile-once")
+
+
+COMPILE_ONCE_DIMENSIONS = _declare_compile_once()

@@ -281,3 +281,118 @@ def build_step(case: GraphCase, step: GraphStep, index: int, inputs: GraphCaseIn
     if inputs.extra is not None:
         ei, ep = _ragged(gen, inputs.extra, list(step.extra_lens), step.extra_slack, case.invalid_rate, device)
     return StepInputs(q, mi, mp, ei, ep)
+
+
+# --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
+
+#: the layer kinds: SWA only (compress ratio 0 or 1: no extra segment), compressed 4 and 128 (128: the ratio that
+#: allows adaptive splits on gfx950)
+GRAPH_RATIOS = (0, 1, 4, 128)
+#: the replay sequence's shape: the all-empty replay before the all-maximum one, after it (a replay that leaves
+#: the previous step's NNZ or lengths in the persistent buffers shows only in that order), or a third replay with
+#: fewer rows than captured
+STEP_SHAPES = ("zero-then-max", "max-then-zero", "fewer-rows")
+GRAPH_BLOCKS = ("1", "odd", "even")
+
+
+def _bs_class(bs: int) -> str:
+    return "1" if bs == 1 else ("odd" if bs % 2 else "even")
+
+
+def _is_zero(step: GraphStep) -> bool:
+    return not any(step.main_lens) and not any(step.extra_lens or ())
+
+
+def _is_max(case: GraphCase, step: GraphStep) -> bool:
+    return (step.rows == case.batch and all(n == case.max_main for n in step.main_lens)
+            and all(n == case.max_extra for n in (step.extra_lens or ())))
+
+
+def classify_graph(case: GraphCase, target: Target) -> dict:
+    """The dimension values a graph case hits."""
+    if any(r.rows < case.batch for r in case.replays):
+        steps = "fewer-rows"
+    else:
+        zero = next((i for i, r in enumerate(case.replays) if _is_zero(r)), None)
+        full = next((i for i, r in enumerate(case.replays) if _is_max(case, r)), None)
+        steps = "zero-then-max" if zero is not None and (full is None or zero < full) else "max-then-zero"
+    return {"ratio": case.compress_ratio, "steps": steps, "main_bs": _bs_class(case.main_bs),
+            "slack": "wide" if case.capture.main_slack or case.capture.extra_slack else "none",
+            "sink": case.sink, "invalid": "none" if case.invalid_rate == 0 else "some"}
+
+
+def force_graph(case: GraphCase, combo: dict, target: Target) -> GraphCase:
+    """``case`` rewritten to hit ``combo``: the layer's ratio (an extra segment added at the case's own lengths, or
+    dropped), the capture's slack, the replays of the step shape (an all-empty and an all-maximum replay in its
+    order, then for ``fewer-rows`` one more at fewer rows than captured), block size, sink and invalid entries;
+    sizes as drawn (a ``fewer-rows`` case of one row gets a second, empty one)."""
+    import dataclasses
+
+    ratio = combo.get("ratio", case.compress_ratio)
+    shape = combo.get("steps", classify_graph(case, target)["steps"])
+    batch = max(case.batch, 2) if shape == "fewer-rows" else case.batch
+    max_main = case.max_main
+    max_extra = None if ratio in (0, 1) else (case.max_extra or case.max_main)
+    main = (list(case.capture.main_lens) + [0] * batch)[:batch]
+    extra = None if max_extra is None else [min(n, max_extra) for n in
+                                            (list(case.capture.extra_lens or case.capture.main_lens) + [0] * batch)[:batch]]
+    wide = combo.get("slack", classify_graph(case, target)["slack"]) == "wide"
+    main_slack = 0
+    if wide:
+        if sum(main) >= batch * max_main:
+            main[-1] -= 1
+        main_slack = batch * max_main - sum(main)
+    capture = GraphStep(rows=batch, main_lens=tuple(main), extra_lens=None if extra is None else tuple(extra),
+                        main_slack=main_slack)
+
+    def full(rows, kind):
+        n_m = max_main if kind == "max" else 0
+        n_e = None if max_extra is None else (max_extra if kind == "max" else 0)
+        return GraphStep(rows=rows, main_lens=(n_m,) * rows, extra_lens=None if n_e is None else (n_e,) * rows)
+
+    replays = [full(batch, "zero"), full(batch, "max")]
+    if shape == "max-then-zero":
+        replays.reverse()
+    elif shape == "fewer-rows":
+        rows = batch - 1
+        replays.append(GraphStep(rows=rows, main_lens=tuple(main[:rows]),
+                                 extra_lens=None if extra is None else tuple(extra[:rows])))
+    bs = case.main_bs
+    if "main_bs" in combo and _bs_class(bs) != combo["main_bs"]:
+        bs = {"1": 1, "odd": 5, "even": 2}[combo["main_bs"]]
+    inv = combo.get("invalid")
+    rate = case.invalid_rate if inv is None else (0.0 if inv == "none" else (case.invalid_rate or 0.2))
+    return dataclasses.replace(case, batch=batch, compress_ratio=ratio, max_extra=max_extra, main_bs=bs,
+                               invalid_rate=rate, sink=combo.get("sink", case.sink), capture=capture,
+                               replays=tuple(replays))
+
+
+def graph_examples(target: Target) -> list[GraphCase]:
+    """Plain cases: one row of an SWA-only layer, two rows of a ratio-128 layer."""
+    step = GraphStep
+    base = GraphCase(seed=3, batch=1, heads=1, compress_ratio=0, max_main=2, max_extra=None, main_bs=1, extra_bs=1,
+                     padded=False, invalid_rate=0.0, scale=0.11, sink="none", q_transposed=False, cu_count=1,
+                     capture=step(1, (1,), None), replays=(step(1, (0,), None), step(1, (2,), None)))
+    return [base, base.replace(seed=4, batch=2, compress_ratio=128, max_extra=3, main_bs=2, extra_bs=5,
+                               sink="ordinary", capture=step(2, (2, 1), (3, 0), 1, 0),
+                               replays=(step(2, (2, 2), (3, 3)), step(1, (0,), (0,))))]
+
+
+def _declare_graph():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "graph-replay",
+        (Dimension("ratio", GRAPH_RATIOS, "the layer: SWA only (0, 1), compressed 4 or 128 (the dispatch's input)"),
+         Dimension("steps", STEP_SHAPES, "the replay sequence: empty before / after the maximum, fewer rows"),
+         Dimension("main_bs", GRAPH_BLOCKS, "SWA cache block-size class"),
+         Dimension("slack", ("none", "wide"), "the capture's sources wider than their NNZ (poisoned entries past)"),
+         Dimension("sink", SINK_KINDS),
+         Dimension("invalid", ("none", "some"), "invalid entries: -1, INT32 extremes, past the view")),
+        # no interacting pairs: each value once keeps the array within the contract's six cases (a captured and
+        # replayed case costs 2-4 s here); pairs such as ratio x steps are left to the random cases that follow
+        (),
+        classify_graph, force_graph, examples=graph_examples), "graph-replay-agreement")
+
+
+GRAPH_DIMENSIONS = _declare_graph()

@@ -127,3 +127,111 @@ def build_metamorphic_inputs(case: MetamorphicCase, target: Target) -> fz.Decode
         if inp.extra_cache is not None:
             _spike_segment(inp.extra_cache, inp.extra_indices, inp.extra_indptr, case.num_splits, gen)
     return inp
+
+
+# --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
+
+#: row 1's SWA length against the split count S: fewer entries than splits (some splits hold nothing: l = 0 and
+#: m = -inf next to live ones), k * S + r (the last split shorter: unequal denominators), k * S (equal counts)
+TAIL_CLASSES = ("empty-splits", "short-last", "equal-counts")
+#: row 0's adaptive active split count on gfx950 (seed 004): 4 (iters(4) <= 3), or S (both segments long enough
+#: that iters(4) > 3: 132 + 132 entries, two iterations of 32 in each segment, so that each term of the kernel's
+#: iteration count matters); "n/a" on the targets without adaptive splits
+ACTIVE_CLASSES = ("4", "S", "n/a")
+#: the S-class lengths: ceil(132 / 4) = 33, two iterations of ITER_K = 32 per segment; 132 = 26 * 5 + 2 keeps row 0's
+#: remainder
+ACTIVE_S_LEN = 132
+
+
+def _tail_class(n: int, s: int) -> str:
+    return "empty-splits" if n < s else ("equal-counts" if n % s == 0 else "short-last")
+
+
+def _active_class(case: MetamorphicCase, target: Target) -> str:
+    if not target.adaptive_splits_in_capture:
+        return "n/a"
+    from oracles.splits import ref_adaptive_active
+
+    d = case.decode
+    a = ref_adaptive_active(d.main_lens[0], d.extra_lens[0] if d.extra_lens is not None else 0, case.num_splits,
+                            case.one_wave)
+    return "4" if a == 4 else ("S" if a == case.num_splits else "other")
+
+
+def classify_metamorphic(case: MetamorphicCase, target: Target) -> dict:
+    """The dimension values a metamorphic case hits."""
+    d = case.decode
+    return {"extra": "swa-only" if d.extra_lens is None else "present",
+            "tail": _tail_class(d.main_lens[1], case.num_splits), "spikes": case.spikes,
+            "active": _active_class(case, target), "poison": d.poison}
+
+
+def force_metamorphic(case: MetamorphicCase, combo: dict, target: Target) -> MetamorphicCase:
+    """``case`` rewritten to hit ``combo``: row 1's SWA length for the tail class, row 0's lengths for the active
+    class (S: 132 SWA and 132 extra entries; 4: as drawn, the long ones cut back to a remainder), the extra segment
+    (dropped, or drawn at row 0's SWA lengths), spikes and poison."""
+    import dataclasses
+
+    d, s = case.decode, case.num_splits
+    main = list(d.main_lens)
+    extra = None if d.extra_lens is None else list(d.extra_lens)
+    if combo.get("extra") == "swa-only":
+        extra = None
+    elif combo.get("extra") == "present" and extra is None:
+        extra = [n % 40 for n in main]
+    tail = combo.get("tail")
+    if tail is not None and _tail_class(main[1], s) != tail:
+        main[1] = {"empty-splits": d.seed % s, "short-last": 4 * s + 1 + d.seed % (s - 1),
+                   "equal-counts": 2 * s}[tail]
+    active = combo.get("active")
+    if active == "S":
+        main[0] = ACTIVE_S_LEN
+        extra = extra if extra is not None else [0] * len(main)
+        extra[0] = ACTIVE_S_LEN
+    elif active == "4" and _active_class(case, target) != "4":
+        main[0] = 4 * s + 1
+        if extra is not None:
+            extra[0] = min(extra[0], 2 * 32 + 1)
+    dec = dataclasses.replace(d, main_lens=tuple(main), extra_lens=None if extra is None else tuple(extra),
+                              poison=combo.get("poison", d.poison))
+    return dataclasses.replace(case, decode=dec, spikes=combo.get("spikes", case.spikes))
+
+
+def _metamorphic_allowed(c: dict, target: Target) -> bool:
+    adaptive = target.adaptive_splits_in_capture
+    if c.get("active") is not None and (c["active"] == "n/a") == adaptive:
+        return False
+    if c.get("active") == "S" and c.get("extra") == "swa-only":
+        return False
+    return True
+
+
+def metamorphic_examples(target: Target) -> list[MetamorphicCase]:
+    """A plain case: two rows, no invalid entries, S splits of the target."""
+    is_950 = target.decode_family == "gfx950"
+    s = MAX_SPLITS if is_950 else 3
+    dec = fz.DecodeCase(seed=5, batch=2, heads=1, main_bs=1, extra_bs=2, main_lens=(4 * s + 1, 2), extra_lens=(3, 1),
+                        invalid_rate=0.0, indptr_offset=0, tail_junk=0, scale=0.11, sink="none", poison="none",
+                        padded=False, q_transposed=False, cu_count=1, int32_extremes=False,
+                        num_splits=s if is_950 else None, adaptive=fz.AdaptiveSplits(2) if is_950 else None)
+    return [MetamorphicCase(decode=dec, num_splits=s, one_wave=2, spikes=False)]
+
+
+def _declare_metamorphic():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "metamorphic-decode",
+        (Dimension("extra", ("swa-only", "present"), "an extra (compressed) segment or an SWA-only layer"),
+         Dimension("tail", TAIL_CLASSES, "row 1's SWA length against S: empty splits, a shorter last, equal counts"),
+         Dimension("spikes", (False, True), "per-split maxima orders of magnitude apart"),
+         Dimension("active", ACTIVE_CLASSES, "row 0's adaptive active split count (gfx950)"),
+         Dimension("poison", ("none", "nan", "inf"), "NaN / inf in referenced rows")),
+        # no interacting pairs: a case runs every path of the target (3-6 decodes, 2-6 s each here), so the array
+        # stays at each value once (3 rows); pairs are left to the random cases that follow
+        (),
+        classify_metamorphic, force_metamorphic, _metamorphic_allowed, examples=metamorphic_examples),
+        "decode-paths-agree")
+
+
+METAMORPHIC_DIMENSIONS = _declare_metamorphic()
