@@ -347,3 +347,98 @@ def build_step_inputs(case: Dsv4StepCase, target: Target, device: str | None = N
                                   indexer))
     token_to_req = torch.arange(B, dtype=torch.int32, device=device)
     return StepInputs(layers, _cos_sin(max_len).to(device), token_to_req, max_len)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# declared dimensions (fuzz.dimensions)
+# ---------------------------------------------------------------------------------------------------------------
+
+#: what the first request's steps do at the C128A row boundary: a step completes a row (the compressor writes it
+#: and the same step's attention reads it), or rows exist and none completes. (The second request of a forced case
+#: has a prefix below 11: no C128A row at all, the third shape, is in every forced case.)
+C128A_SHAPES = ("completes", "has-rows")
+#: the last request's SWA window during the steps: not yet full (prefix < window), full
+WINDOW_SHAPES = ("filling", "full")
+#: the step sinks (the decode contract covers every sink kind; here: a per-head mix of -inf, ordinary and large,
+#: and none)
+STEP_SINKS = ("mixed", "none")
+#: two values a dimension at most: each case costs the interpreter seconds, so the array is two rows
+
+
+def _c128a_shape(ctx: int, steps: int) -> str:
+    if any((ctx + s + 1) % 128 == 0 for s in range(steps)):
+        return "completes"
+    return "has-rows" if ctx >= 128 else "none"  # "none": a prefix no forced first request has
+
+
+def _rows_class(rows: int) -> str:
+    return "1" if rows == 1 else ("odd" if rows % 2 else "even")
+
+
+def classify_step(case: Dsv4StepCase, target=None) -> dict:
+    out = {
+        "c128a": _c128a_shape(case.contexts[0], case.steps),
+        "window": "filling" if case.contexts[-1] < case.window else "full",
+        "swa_bs": _rows_class(case.swa_block_size),
+        "c4a_rows": _rows_class(case.c4a_block_size // 4),
+        "c128a_rows": str(case.c128a_block_size // 128),
+        "padded": case.padded,
+    }
+    if case.sink in STEP_SINKS:
+        out["sink"] = case.sink
+    return out
+
+
+def force_step(case: Dsv4StepCase, combo: dict, target=None) -> Dsv4StepCase:
+    """``case`` rewritten to hit ``combo``: two requests (the generator's first draw has two), the first one's
+    prefix at its C128A shape, the second one's against the window; block sizes, sink and padding; the step count,
+    heads, window, top-k and seed as drawn."""
+    ctx = list(case.contexts)
+    if len(ctx) < 2 or ctx[1] >= 11:
+        ctx[1:] = [1 + case.seed % 9]
+    ctx = ctx[:2]
+    s = case.seed
+    if "c128a" in combo and _c128a_shape(ctx[0], case.steps) != combo["c128a"]:
+        ctx[0] = {"completes": 127 - s % case.steps, "has-rows": 128 + s % 2 * 128}[combo["c128a"]]
+    if "window" in combo:
+        w = case.window
+        if combo["window"] == "filling":
+            ctx[1] = 1 + s % (w - 1)
+        elif not w <= ctx[1] < 11:
+            ctx[1] = w + s % (11 - w)
+    f = {"contexts": tuple(ctx)}
+    if "swa_bs" in combo:
+        f["swa_block_size"] = {"1": 1, "odd": (3, 5)[s % 2]}[combo["swa_bs"]]
+    if "c4a_rows" in combo:
+        f["c4a_block_size"] = {"odd": 12, "even": (16, 64)[s % 2]}[combo["c4a_rows"]]
+    if "c128a_rows" in combo:
+        f["c128a_block_size"] = 128 * int(combo["c128a_rows"])
+    for k in ("sink", "padded"):
+        if k in combo:
+            f[k] = combo[k]
+    return case.replace(**f)
+
+
+def step_family_examples(target=None) -> list[Dsv4StepCase]:
+    base = Dsv4StepCase(seed=1, contexts=(5, 2), steps=2, heads=1, window=4, swa_block_size=2, c4a_block_size=4,
+                        c128a_block_size=128, topk=3, cu_count=1, scale=0.11, sink="none", padded=False)
+    return [base, base.replace(seed=2, contexts=(130,), steps=3, window=6, sink="large")]
+
+
+def _declare_step():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "dsv4-step",
+        (Dimension("c128a", C128A_SHAPES, "step-sequence shape of the first request at the C128A row boundary"),
+         Dimension("window", WINDOW_SHAPES, "the last request's SWA window not yet full, or full"),
+         Dimension("swa_bs", ("1", "odd"), "SWA block size class (tokens)"),
+         Dimension("c4a_rows", ("odd", "even"), "C4A compressed rows per block (block_size // 4): 3 or 4, 16 (a "
+                                                "reader's default indexer-K layout is SHUFFLE past 1)"),
+         Dimension("c128a_rows", ("1", "2"), "C128A compressed rows per block"),
+         Dimension("sink", STEP_SINKS, "the layers' sink kind"),
+         Dimension("padded", (False, True), "cache block strides padded past the block")),
+        (), classify_step, force_step, None, step_family_examples), "dsv4-step-agreement")
+
+
+STEP_DIMENSIONS = _declare_step()
