@@ -18,6 +18,7 @@ def _dispatch_cases(target: Target):
 
 
 @contract("target-dispatch", targets=ALL_TARGETS, cases=_dispatch_cases, examples=_dispatch_examples, min_cases=5,
+          max_cases=5,
           case_type=DispatchCase, numeric=False)
 def target_dispatch(case: DispatchCase, target: Target) -> list[Violation]:
     """For every target and flag combination the decode dispatch equals an independent truth table.

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fractions import Fraction
 
 from contracts.core import AMD_TARGETS, Violation, contract, fmt
-from contracts.subjects import bound
+from contracts.subjects import EntryMissing, bound
 from fuzz import splits as fz
-from fuzz.splits import SplitCase
+from fuzz.splits import BLOCK_K, SplitCase
 from impl.targets import Target
 from oracles import splits as ref_splits
 
@@ -39,8 +39,9 @@ def split_bounds(case: SplitCase, target: Target) -> list[Violation]:
     """Every split count the target's selector returns lies in [1, split_cap] (16 on gfx942, 32 on gfx950) and
     equals an independent re-derivation of SPEC's formula, for any sizes and CU counts; the selector sees only
     sizes (numel), never indptr values. On gfx950 the adaptive host plan (on iff base >= 16 and S > 4; ONE_WAVE in
-    [1, S]) matches too. Source: SPEC section 2 "Split count"; seed 004's review (the shared gfx942 selector must
-    keep its 16-split cap while gfx950 gets 32). A mismatch with the re-derivation names its cause when it is one
+    [1, S]) matches too, and so does the per-query active split count (4, ONE_WAVE or S, from a row's own
+    lengths) at the case's lengths and at each branch's edge. Source: SPEC section 2 "Split count"; seed 004's
+    review (the shared gfx942 selector must keep its 16-split cap while gfx950 gets 32). A mismatch with the re-derivation names its cause when it is one
     of two recognisable ones: both index tensors empty, or a count that equals the re-derivation at lengths averaged
     in floating point (numel * (1.0 / batch)).
     """
@@ -69,6 +70,31 @@ def split_bounds(case: SplitCase, target: Target) -> list[Violation]:
         if plan.adaptive != en or (en and plan.one_wave != ow):
             out.append(Violation("adaptive host plan differs", where, f"enabled={en}, one_wave={ow}",
                                  f"enabled={plan.adaptive}, one_wave={plan.one_wave}"))
+        out += _active_violations(sub, case, got, ow, where)
+    return out
+
+
+def _active_violations(sub, case: SplitCase, num_splits: int, one_wave: int, where: str) -> list[Violation]:
+    """gfx950's per-query active split count (the host mirror of what the adaptive partial kernel computes from
+    a row's real lengths) against the re-derivation, at the case's own average lengths and at each branch's edge:
+    the largest lengths with iters(4) <= 3 and with iters(ONE_WAVE) <= 3, and one past each."""
+    try:
+        active = sub.splits.adaptive_active_splits
+    except EntryMissing:
+        return []  # a subject without the host mirror (upstream computes it only in the kernel)
+    edge = fz.short_edge(case)
+    ow_edge = 3 * BLOCK_K * one_wave
+    queries = {(case.avg_main, case.avg_extra), (case.avg_main, edge), (case.avg_main, edge + 1), (0, ow_edge),
+               (0, ow_edge + 1)}
+    out = []
+    for m, e in sorted(queries):
+        want = ref_splits.ref_adaptive_active(m, e, num_splits, one_wave)
+        got = active(m, e, num_splits, one_wave)
+        if got != want:
+            out.append(Violation("adaptive active split count differs from the re-derivation", f"{where}: query "
+                                 f"main_len={m}, extra_len={e}, S={num_splits}, ONE_WAVE={one_wave}", fmt(want),
+                                 fmt(got)))
+            break
     return out
 
 

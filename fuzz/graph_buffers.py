@@ -115,3 +115,115 @@ def graph_buffer_inputs(case: GraphBufferCase) -> GraphBufferInputs:
     if defect == "indptr-buffer-short":
         indptr_len = num_rows
     return GraphBufferInputs(source, indptr, indices_len, indptr_len)
+
+
+# --- declared dimensions ----------------------------------------------------------------------------------------
+# Counts of rows and of entries per row (0, 1, many), how full the rows are, how much wider than the NNZ the source
+# is (the gfx950 view follows it), where the buffers sit in their pools, and each bad input. A forced case holds at
+# most 6 rows of 9 entries, as a drawn one does.
+
+COUNT_CLASSES = ("0", "1", "many")
+FILL_CLASSES = ("none", "full", "mixed")
+SOURCE_CLASSES = ("exact", "wider", "full")
+PLACEMENTS = ("tight", "slack", "offset")
+
+
+def _count_class(n: int) -> str:
+    return "0" if n == 0 else ("1" if n == 1 else "many")
+
+
+def _room(case: GraphBufferCase) -> int:
+    return max(case.num_rows * case.max_per_row, 1) - sum(case.lens)
+
+
+def classify_graph_buffer(case: GraphBufferCase, target=None) -> dict:
+    nnz, room = sum(case.lens), _room(case)
+    return {
+        "rows": _count_class(case.num_rows),
+        "width": _count_class(case.max_per_row),
+        "fill": "none" if nnz == 0 else ("full" if nnz == case.num_rows * case.max_per_row else "mixed"),
+        "source": "exact" if case.source_extra == 0 else ("full" if case.source_extra == room else "wider"),
+        "placement": "offset" if case.pool_offset else ("slack" if case.indices_slack or case.indptr_slack
+                                                        else "tight"),
+        "defect": case.defect or "none",
+    }
+
+
+def force_graph_buffer(case: GraphBufferCase, combo: dict, target=None) -> GraphBufferCase:
+    """``case`` rewritten to hit ``combo`` (its drawn row lengths kept where they fit the forced classes)."""
+    s = case.seed
+    f = classify_graph_buffer(case)
+    f.update(combo)
+    rows = {"0": 0, "1": 1, "many": 3 + s % 4}[f["rows"]] if "rows" in combo else case.num_rows
+    width = {"0": 0, "1": 1, "many": 3 + s % 7}[f["width"]] if "width" in combo else case.max_per_row
+    fill = f["fill"]
+    lens = list(case.lens)
+    if len(lens) != rows or any(n > width for n in lens) or \
+            classify_graph_buffer(case.replace(num_rows=rows, max_per_row=width, lens=tuple(lens)))["fill"] != fill:
+        if fill == "none" or rows == 0 or width == 0:
+            lens = [0] * rows
+        elif fill == "full":
+            lens = [width] * rows
+        elif rows == 1:  # within [1, width - 2]: room for a source of either wider class
+            lens = [1 + s % max(width - 2, 1)]
+        else:
+            lens = [1 + s % width] + [0] * (rows - 1)
+    room = max(rows * width, 1) - sum(lens)
+    extra = case.source_extra
+    src = f["source"]
+    if "source" in combo or not 0 <= extra <= room:
+        extra = 0 if src == "exact" or room == 0 else (room if src == "full" or room < 2 else 1 + s % (room - 1))
+    place = f["placement"]
+    islack, pslack, off = {"tight": (0, 0, 0), "slack": (1 + 6 * (s % 2), 2, 0), "offset": (0, 0, 3)}[place]
+    if "placement" not in combo:
+        islack, pslack, off = case.indices_slack, case.indptr_slack, case.pool_offset
+    defect = case.defect
+    if "defect" in combo:
+        defect = None if combo["defect"] == "none" else combo["defect"]
+    return GraphBufferCase(seed=s, num_rows=rows, max_per_row=width, lens=tuple(lens), source_extra=extra,
+                           indices_slack=islack, indptr_slack=pslack, pool_offset=off, defect=defect)
+
+
+def _graph_buffer_allowed(c: dict, target=None) -> bool:
+    rows, width, fill, src = c.get("rows"), c.get("width"), c.get("fill"), c.get("source")
+    empty = rows == "0" or width == "0"
+    one = rows == "1" and width == "1"
+    if fill in ("full", "mixed") and empty:
+        return False
+    if fill == "mixed" and one:
+        return False
+    if fill == "full" and src in ("wider", "full"):
+        return False
+    if src == "wider" and (empty or one):  # the room past the NNZ is at most 1
+        return False
+    d = c.get("defect")
+    if d == "row-too-long" and rows == "0":
+        return False
+    if d == "nnz-beyond-source" and (fill == "none" or empty):
+        return False
+    return True
+
+
+def graph_buffer_family_examples(target=None) -> list[GraphBufferCase]:
+    return [GraphBufferCase(seed=0, num_rows=0, max_per_row=0, lens=(), source_extra=0),
+            GraphBufferCase(seed=1, num_rows=2, max_per_row=2, lens=(1, 0), source_extra=0)]
+
+
+def _declare_graph_buffers():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "graph-buffers",
+        (Dimension("rows", COUNT_CLASSES, "num_rows: 0, 1, many (the capacity's max(., 1) at 0)"),
+         Dimension("width", COUNT_CLASSES, "max_per_row: 0, 1, many"),
+         Dimension("fill", FILL_CLASSES, "row lengths: all empty, all full (NNZ = capacity), mixed"),
+         Dimension("source", SOURCE_CLASSES, "the source's width: the NNZ, between, the whole capacity (gfx950's "
+                   "view follows it)"),
+         Dimension("placement", PLACEMENTS, "persistent buffers exactly sized, with slack, at an offset in a pool"),
+         Dimension("defect", ("none",) + GRAPH_BUFFER_DEFECTS, "each bad input the copy must reject")),
+        (("rows", "width", "fill", "source"), ("placement", "source")),
+        classify_graph_buffer, force_graph_buffer, _graph_buffer_allowed, graph_buffer_family_examples),
+        "ragged-view-capacity")
+
+
+GRAPH_BUFFER_DIMENSIONS = _declare_graph_buffers()

@@ -75,3 +75,91 @@ def make_inputs(case: RouterCase) -> tuple[torch.Tensor, torch.Tensor]:
         logits = torch.round(logits * 2) / 2
         bias = torch.round(bias * 4) / 4
     return logits.to(torch.float32), bias.to(torch.float32)
+
+
+# --- declared dimensions ----------------------------------------------------------------------------------------
+# The router's code paths: one group (n_group = 1: the group stage keeps everything), several groups, the
+# ungroupable fallback (plain biased top-k); how many groups are kept (one, some, all); top-k at 1, between, and the
+# largest the router accepts (every expert of the kept groups; every expert in the fallback); exact ties; the gate
+# dtype; the bias size; renormalisation and the routed scaling factor (each a branch). Shapes stay as drawn (at most
+# 8 tokens of 32 experts).
+
+GROUPINGS = ("one-group", "groups", "fallback")
+GROUP_PICKS = ("one", "some", "all")
+TOPK_CLASSES = ("1", "mid", "max")
+BIAS_CLASSES = {"zero": 0.0, "small": 0.05, "large": 1.0}
+
+
+def _grouped(experts: int, n_group: int) -> bool:
+    return experts > n_group and experts % n_group == 0
+
+
+def _max_topk(experts: int, n_group: int, topk_group: int) -> int:
+    return topk_group * (experts // n_group) if _grouped(experts, n_group) else experts
+
+
+def classify_router(case: RouterCase, target=None) -> dict:
+    E, g, kg, k = case.experts, case.n_group, case.topk_group, case.topk
+    top = _max_topk(E, g, kg)
+    out = {"grouping": ("one-group" if g == 1 else "groups") if _grouped(E, g) else "fallback",
+           "group_pick": "one" if kg == 1 else ("all" if kg == g else "some"),
+           "topk": "1" if k == 1 else ("max" if k == top else "mid"),
+           "ties": case.ties, "gate_dtype": case.gate_dtype, "renormalize": case.renormalize,
+           "scaling": "1" if case.routed_scaling_factor == 1.0 else "2.5"}
+    bias = next((k for k, v in BIAS_CLASSES.items() if v == case.bias_scale), None)
+    if bias is not None:
+        out["bias"] = bias
+    return out
+
+
+def force_router(case: RouterCase, combo: dict, target=None) -> RouterCase:
+    f = classify_router(case)
+    f.update(combo)
+    s = case.seed
+    grouping, pick = f["grouping"], f["group_pick"]
+    if grouping == "one-group":
+        n_group, E = 1, (8, 12, 16)[s % 3]
+    elif grouping == "groups":
+        n_group = (4, 8)[s % 2] if pick == "some" else (2, 4, 8)[s % 3]
+        E = n_group * 4
+    else:  # E % n_group != 0, or E <= n_group
+        n_group, E = ((3, 10), (4, 10), (8, 8))[s % 3] if pick != "some" else ((3, 10), (4, 10))[s % 2]
+    kg = {"one": 1, "all": n_group, "some": 2 + s % max(n_group - 2, 1)}[pick]
+    top = _max_topk(E, n_group, kg)
+    k = {"1": 1, "max": top, "mid": 2 + s % max(top - 2, 1)}[f["topk"]]
+    return case.replace(experts=E, n_group=n_group, topk_group=kg, topk=k, ties=f["ties"],
+                        gate_dtype=f["gate_dtype"], renormalize=f["renormalize"],
+                        routed_scaling_factor=1.0 if f["scaling"] == "1" else 2.5,
+                        bias_scale=BIAS_CLASSES[f["bias"]] if "bias" in f else case.bias_scale)
+
+
+def _router_allowed(c: dict, target=None) -> bool:
+    # one group: the only group is kept, so one is all
+    return not (c.get("grouping") == "one-group" and c.get("group_pick") in ("some", "all"))
+
+
+def router_family_examples(target=None) -> list[RouterCase]:
+    base = RouterCase(seed=0, tokens=1, experts=8, n_group=1, topk_group=1, topk=1, renormalize=False,
+                      routed_scaling_factor=1.0, gate_dtype="fp32")
+    return [base, base.replace(seed=1, tokens=2, experts=16, n_group=4, topk_group=2, topk=3)]
+
+
+def _declare_router():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "router",
+        (Dimension("grouping", GROUPINGS, "n_group = 1, several groups, the ungroupable fallback"),
+         Dimension("group_pick", GROUP_PICKS, "topk_group: 1, between, n_group"),
+         Dimension("topk", TOPK_CLASSES, "1, between, the largest accepted (every expert of the kept groups)"),
+         Dimension("ties", (False, True), "logits and bias on coarse grids: exact ties"),
+         Dimension("gate_dtype", ("fp32", "bf16"), "the gate's output dtype policy"),
+         Dimension("bias", tuple(BIAS_CLASSES), "correction bias scale"),
+         Dimension("renormalize", (False, True)),
+         Dimension("scaling", ("1", "2.5"), "routed scaling factor (1.0 skips the multiply)")),
+        (("grouping", "group_pick", "topk"), ("ties", "grouping"), ("ties", "topk"), ("gate_dtype", "ties"),
+         ("gate_dtype", "bias"), ("renormalize", "scaling")),
+        classify_router, force_router, _router_allowed, router_family_examples), "router-oracle-agreement")
+
+
+ROUTER_DIMENSIONS = _declare_router()
