@@ -448,7 +448,10 @@ def force_indexer_writer(case: IndexerWriterCase, combo: dict, target) -> Indexe
     layout = combo.get("layout", cur["layout"])
     block = combo.get("block", _iw_block(f["block_size"]))
     bs = _IW_BS.get(block, f["block_size"])
-    if layout == "refused":
+    want = "shuffle" if layout == "refused" else layout
+    if want not in _subject_layouts(target, direct):
+        f["layout"] = "default"  # the subject names no layout: ``allowed`` kept rows whose default is ``want``
+    elif layout == "refused":
         f["layout"] = "shuffle"
     elif layout != (resolved_layout(f["layout"], bs, direct_default_layout(bs) if direct else "normal")):
         f["layout"] = layout
@@ -479,7 +482,23 @@ def force_indexer_writer(case: IndexerWriterCase, combo: dict, target) -> Indexe
     return IndexerWriterCase(direct=inner) if direct else IndexerWriterCase(compressor=inner)
 
 
+def _subject_layouts(target, direct: bool) -> tuple:
+    from contracts.indexer_writer import subject_variants  # the subject under audit may write fewer variants
+
+    return tuple(subject_variants(target)["direct_layouts" if direct else "compressor_layouts"])
+
+
 def _indexer_writer_allowed(c: dict, target) -> bool:
+    """Whether ``c`` can exist on ``target`` for the subject under audit; a combination without a writer or a block
+    class is allowed when some writer and block class complete it."""
+    if "writer" not in c:
+        return any(_indexer_writer_allowed({**c, "writer": w}, target) for w in IW_WRITERS)
+    if "block" not in c:
+        return any(_indexer_writer_allowed({**c, "block": b}, target) for b in IW_BLOCKS)
+    return _complete_allowed(c, target)
+
+
+def _complete_allowed(c: dict, target) -> bool:
     w = c.get("writer")
     layout, block = c.get("layout"), c.get("block")
     if layout == "shuffle" and block not in (None, "16", "64"):
@@ -491,6 +510,8 @@ def _indexer_writer_allowed(c: dict, target) -> bool:
             return False
         if w == "compressor-mxfp4" and (layout not in (None, "normal") or c.get("scale") not in (None, "ue8m0")):
             return False
+    if layout == "refused":
+        w = "direct"  # only the direct writer is handed a layout it must refuse
     if w is not None or layout is not None or c.get("scale") is not None:
         from contracts.indexer_writer import subject_variants  # the subject under audit may write fewer variants
 
@@ -500,7 +521,14 @@ def _indexer_writer_allowed(c: dict, target) -> bool:
         lay = "shuffle" if layout == "refused" else layout
         key = "direct_layouts" if w == "direct" else "compressor_layouts"
         if w is not None and lay is not None and lay not in v[key]:
-            return False
+            # reachable only through the default layout: NORMAL at bs 1 and SHUFFLE otherwise (direct), NORMAL
+            # (compressor)
+            if "default" not in v[key]:
+                return False
+            if w == "direct" and block is not None and (lay == "normal") != (block == "1"):
+                return False
+            if w != "direct" and lay != "normal":
+                return False
         if w == "compressor-fp8" and c.get("scale") is not None and (c["scale"] == "ue8m0") not in v["mx_scale"]:
             return False
     return True
