@@ -248,28 +248,26 @@ def indexer_logits_agreement(case: IndexerLogitsCase, target: Target) -> list[Vi
     NaN, equal logits the lower column first; the prefill form local to ks) equals the oracle's set on the subject's
     own logits, and differs from the exact logits' top-k only where the swapped columns' oracle logits are within
     their summed bounds. A cache view whose token rows are not 132 bytes apart is read as the view says at block
-    size 1 (the block is still contiguous), and above it either refused with ValueError or read as the view says
-    (the gaps hold NaN codes); a 1-D ``context_lens`` with more entries than q has requests (per-row lengths
-    flattened) is refused with ValueError. A subject without top-k entry points (``topk_indices``, ``topk_indices_prefill``) is
+    size 1 (the block is still contiguous), and above it either refused or read as the view says (the gaps hold
+    NaN codes); at next_n 2 a 1-D ``context_lens`` of the per-row lengths flattened (more entries than q has
+    requests) is refused with ValueError or TypeError. A subject without top-k entry points (``topk_indices``, ``topk_indices_prefill``) is
     judged on its logits alone (vLLM 0.33.0's top-k is a compiled op, outside the audited modules)."""
     with single_threaded():
         return _check(case, target)
 
 
 def _refusals(case: IndexerLogitsCase, call, inp, flavour: str) -> list[Violation]:
-    """The calls a subject must refuse with ValueError before it judges the logits: a 1-D ``context_lens`` longer
-    than q's requests (``ctx_count`` "long": per-row lengths flattened read as per-request ones give other rows'
-    lengths), on the flat cache."""
+    """The calls a subject must refuse (ValueError or TypeError, DESIGN's bad-input rule) before it judges the
+    logits: at next_n >= 2, a 1-D ``context_lens`` of every row's length flattened (``ctx_count`` "long"), which a
+    reader of per-request lengths would take for other rows' lengths; on the flat cache."""
     if case.ctx_count != "long":
         return []
     lens = long_context_lens(case, inp.context_lens.device)
     try:
         call(inp.cache, lens)
-    except ValueError:
+    except (ValueError, TypeError):
         return []
-    except Exception as exc:  # noqa: BLE001 - any other failure is a call not refused up front
-        return [Violation("decode: a 1-D context_lens longer than q's requests was not refused with ValueError",
-                          "context_lens", f"ValueError ({case.batch} requests)", f"{type(exc).__name__}: {exc}")]
+    # any other exception propagates: the row reports it as the check raising, as for every other call
     return [Violation("decode: a 1-D context_lens longer than q's requests was accepted (per-row lengths "
                       "flattened cannot be told from per-request ones)", "context_lens",
                       f"ValueError ({case.batch} requests)", f"accepted {int(lens.shape[0])} entries")]
@@ -293,11 +291,11 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
         if case.cache_view == "padded-rows":
             try:
                 got = call(padded_rows_view(inp.cache, flavour), inp.context_lens)
-            except ValueError as exc:
+            except Exception as exc:  # noqa: BLE001 - above block size 1 any refusal will do
                 if case.block_size == 1:
                     pre.append(Violation("decode: a block-contiguous cache view (block size 1, its one token row "
                                          "not 132 bytes from the next block's) was refused", "kv_cache",
-                                         "logits", f"ValueError: {exc}"))
+                                         "logits", f"{type(exc).__name__}: {exc}"))
         if got is None:
             got = call(inp.cache, inp.context_lens)
         got_cpu = got.detach().cpu().clone()

@@ -65,8 +65,8 @@ class IndexerLogitsCase(Case):
     #: apart (row stride 132 + ROW_PAD, not 132): block-contiguous only at block size 1, else a view the subject must
     #: refuse or read as the view says
     cache_view: Literal["flat", "padded-rows"] = "flat"
-    #: decode: "long" first calls with a 1-D ``context_lens`` longer than q's requests (the per-row lengths
-    #: flattened, B * next_n entries, at next_n 2; one trailing entry at next_n 1), which the subject must refuse
+    #: decode at next_n >= 2: "long" first calls with a 1-D ``context_lens`` longer than q's requests (the per-row
+    #: lengths flattened, B * next_n entries), which the subject must refuse
     ctx_count: Literal["exact", "long"] = "exact"
 
     def __post_init__(self):
@@ -86,6 +86,8 @@ class IndexerLogitsCase(Case):
                 raise ValueError("context_lens: a row sees more than max_model_len positions")
             if self.extra_columns < 0 or self.spare_blocks < 1:
                 raise ValueError("extra_columns must be >= 0 and spare_blocks >= 1 (the poisoned blocks)")
+            if self.ctx_count == "long" and self.next_n < 2:
+                raise ValueError("ctx_count long: the per-row lengths flattened need next_n >= 2")
         elif self.cache_view != "flat" or self.ctx_count != "exact":
             raise ValueError("prefill: cache_view and ctx_count are decode fields (flat, exact)")
         else:
@@ -161,7 +163,8 @@ def decode_cases(draw) -> IndexerLogitsCase:
                         topk=draw(st.integers(1, longest + 3)),
                         extra_columns=draw(st.integers(0, 2)), spare_blocks=draw(st.integers(1, 2)),
                         cache_view=draw(st.sampled_from(["flat", "flat", "flat", "padded-rows"])),
-                        ctx_count=draw(st.sampled_from(["exact", "exact", "exact", "long"])))
+                        ctx_count=draw(st.sampled_from(["exact", "exact", "exact", "long"])) if next_n > 1
+                        else "exact")
 
 
 @st.composite
@@ -313,14 +316,12 @@ def padded_rows_view(cache: torch.Tensor, flavour: str) -> torch.Tensor:
 
 
 def long_context_lens(case: IndexerLogitsCase, device=None) -> torch.Tensor:
-    """A 1-D ``context_lens`` with more entries than q has requests: at next_n >= 2 every row's visible length,
-    flattened (B * next_n entries, which a reader of per-request lengths would misread); at next_n 1 the lengths and
-    one more entry past the batch."""
-    if case.next_n >= 2:
-        lens = [v for row in case.visible() for v in row]
-    else:
-        lens = list(case.context_lens) + [case.context_lens[-1]]
-    return torch.tensor(lens, dtype=torch.int32, device=device)
+    """A 1-D ``context_lens`` with more entries than q has requests (next_n >= 2): every row's visible length,
+    flattened (B * next_n entries, which a reader of per-request lengths would misread). At next_n 1 a longer
+    ``context_lens`` is only padding past the batch, which a subject may ignore, so it is not made."""
+    if case.next_n < 2:
+        raise ValueError("long_context_lens: needs next_n >= 2")
+    return torch.tensor([v for row in case.visible() for v in row], dtype=torch.int32, device=device)
 
 
 def build_prefill_inputs(case: IndexerLogitsCase, flavour: str, device: str | None = None) -> PrefillInputs:
@@ -426,8 +427,8 @@ def force_logits(case: IndexerLogitsCase, combo: dict, target) -> IndexerLogitsC
                                 spare_blocks=case.spare_blocks,
                                 cache_view=("flat" if combo["view"] == "flat" else "padded-rows") if "view" in combo
                                 else case.cache_view if case.mode == "decode" else "flat",
-                                ctx_count=combo.get("ctx_count",
-                                                    case.ctx_count if case.mode == "decode" else "exact"),
+                                ctx_count="exact" if next_n < 2 else combo.get(
+                                    "ctx_count", case.ctx_count if case.mode == "decode" else "exact"),
                                 **common)
         out = out.replace(max_model_len=_longest(out) + 1)
     longest = _longest(out)
@@ -438,6 +439,8 @@ def _logits_allowed(c: dict, target) -> bool:
     g = c.get("geometry")
     if g == "prefill" and (c.get("shape", "single") != "single" or c.get("ctx", "0") != "0"
                            or c.get("view", "flat") != "flat" or c.get("ctx_count", "exact") != "exact"):
+        return False
+    if c.get("shape") == "single" and c.get("ctx_count") == "long":  # needs next_n >= 2
         return False
     v = c.get("view", "flat")
     if g is not None and v != "flat" and (v == "padded-bs1") != (g == "bs1"):
@@ -459,8 +462,8 @@ def _declare_logits():
          Dimension("values", ("normal", "ties", "wide")),
          Dimension("poison", LOGITS_POISON, "a NaN code in q or a key, a key scale inf / NaN / negative"),
          Dimension("view", LOGITS_VIEWS, "the cache as given, or a view whose token rows are not 132 bytes apart"),
-         Dimension("ctx_count", LOGITS_CTX_COUNTS, "context_lens with one entry per request, or a 1-D one longer "
-                   "than q's requests (refused)")),
+         Dimension("ctx_count", LOGITS_CTX_COUNTS, "context_lens with one entry per request, or (next_n 2) the "
+                   "per-row lengths flattened to 1-D, longer than q's requests (refused)")),
         (("geometry", "ctx"), ("topk", "values"), ("poison", "values"), ("shape", "ctx_count")),
         classify_logits, force_logits, _logits_allowed), "indexer-logits-agreement")
 
