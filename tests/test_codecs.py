@@ -274,3 +274,24 @@ def test_indexer_k_scale_exact_on_every_binade_boundary(div, is_fnuz, pow2):
     want = R.indexer_k_scale(x.abs(), div, pow2)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), \
         [(x[i].item(), want[i].item(), got[i].item()) for i in (got != want).nonzero().flatten().tolist()[:5]]
+
+
+# --- declared dimensions ----------------------------------------------------------------------------------------
+
+def test_float32_neighbours_are_float32_steps():
+    from fuzz.formats import fp8_boundary_values, next32
+
+    assert next32(1.0, 2.0) == 1.0 + 2.0 ** -23 and next32(1.0, 0.0) == 1.0 - 2.0 ** -24
+    vals = set(fp8_boundary_values("ocp"))
+    assert 1.0625 in vals and next32(1.0625, 0.0) in vals and next32(1.0625, 2.0) in vals
+
+
+def test_codec_classes_name_their_inputs():
+    from fuzz.formats import fp8_value_class, next32, ue8m0_scale_class
+
+    assert [fp8_value_class(v, "ocp") for v in (1.0625, 1.125, next32(1.0625, 2.0), 1.25 * 2.0 ** -9, 500.0, -0.0)] == [
+        "tie", "grid", "between", "subnormal", "saturate", "zero"]
+    assert fp8_value_class(240.5, "fnuz") == "saturate" and fp8_value_class(240.5, "ocp") == "between"
+    assert [ue8m0_scale_class(v) for v in (1.0, next32(1.0, 2.0), next32(1.0, 0.0), 1.5, 2.0 ** -130,
+                                           2.0 ** 127 * 1.5)] == ["pow2", "above", "below", "between",
+                                                                  "subnormal", "top"]
