@@ -685,9 +685,12 @@ def _declare_prefill():
 PREFILL_DIMENSIONS = _declare_prefill()
 
 
-#: the guard base's sq against OPUS_MIN_QUERIES = 1024
-GUARD_SQ_CLASSES = ("below", "at", "above")
+#: the guard base's sq against OPUS_MIN_QUERIES = 1024 (first, so the array's first rows have an eligible base on
+#: gfx950: a perturbation's flip then shows)
+GUARD_SQ_CLASSES = ("at", "above", "below")
 FIRST_ROW_CLASSES = ("empty", "one", "several")
+#: the fallback scenarios, the op reporting failure first (the array's first row runs the OPUS call and then Triton)
+FALLBACK_ORDER = ("op_raises", "no_op", "guard_false")
 
 
 def _guard_sq_class(sq: int) -> str:
@@ -737,8 +740,8 @@ def _declare_routing():
 
     return declare(Family(
         "opus-routing",
-        (Dimension("fallback", FALLBACK_SCENARIOS, "the Triton fallback's trigger: guard false, no op, the op "
-                                                   "reporting failure"),
+        (Dimension("fallback", FALLBACK_ORDER, "the Triton fallback's trigger: guard false, no op, the op "
+                                               "reporting failure"),
          Dimension("index_mode", INDEX_MODES, "OPUS's ragged list from dense rows with topk_length, from counted "
                                               "dense rows, or from ragged indices as given"),
          Dimension("invalid", INVALID_KINDS, "invalid entries the OPUS list must drop: none, -1/-2/past skv, "
