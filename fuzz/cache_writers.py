@@ -475,8 +475,8 @@ def classify_nan_free(case: CompressorCase, target) -> dict:
 
 
 def force_nan_free(case: CompressorCase, combo: dict, target) -> CompressorCase:
-    """``case`` rewritten to hit ``combo``: another variant is made afresh from the drawn seed (two tokens at
-    window ends); token 0 is then made to write (window end, a free slot), and the special is planted on it (the
+    """``case`` rewritten to hit ``combo``: another variant is made afresh from the drawn seed (tokens at window
+    ends: two for ratio 4, one for 128); token 0 is then made to write (window end, a free slot), and the special is planted on it (the
     drawn specials dropped)."""
     import dataclasses
 
@@ -484,8 +484,11 @@ def force_nan_free(case: CompressorCase, combo: dict, target) -> CompressorCase:
     writer = combo.get("writer", _compressor_writer(case))
     if writer != _compressor_writer(case):
         ratio = 4 if writer == "c4" else 128
-        f.update(ratio=ratio, state_block_size=4 if ratio == 4 else 8, positions=(ratio - 1, 2 * ratio - 1),
-                 reqs=(0, 0), num_reqs=1, slots=(0, 1), block_size=1, num_blocks=2, padded=False, extra_blocks_before=0,
+        # ratio 4: two tokens (the first window starts before position 0); ratio 128: one (a 128-row window costs)
+        n = 2 if ratio == 4 else 1
+        f.update(ratio=ratio, state_block_size=4 if ratio == 4 else 8, positions=(3, 7)[:n] if ratio == 4 else (127,),
+                 reqs=(0,) * n, num_reqs=1, slots=(0, 1)[:n], block_size=1, num_blocks=n, padded=False,
+                 extra_blocks_before=0,
                  spare_blocks=0, two_stage=writer == "c128-two-stage", splits=None, specials=())
     ratio = f["ratio"]
     pos = list(f["positions"])

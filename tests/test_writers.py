@@ -206,8 +206,13 @@ def test_nan_free_generator_reaches_rope_overflow_within_the_ci_profile():
         refs = ocomp.compressor_reference(inp["state"], inp["state_block_table"], inp["token_to_req"],
                                           inp["positions"], inp["slot_mapping"], inp["norm_weight"],
                                           inp["cos_sin_cache"], ratio=case.ratio, eps=case.eps)
-        hits += any(bool(torch.isinf(r["row"][448:].to(torch.bfloat16)).any()) for r in refs)
-    assert hits >= 5, (hits, len(seen))
+        hit = any(bool(torch.isinf(r["row"][448:].to(torch.bfloat16)).any()) for r in refs)
+        hits += hit
+        # the covering rows give each RoPE-overflow weight norm-safe specials: "huge-rope" always overflows there
+        # ("rope-near-max" only in some lanes of some tokens)
+        if case.weight == "huge-rope" and fw.classify_nan_free(case, None)["special"] in ("none", "tiny"):
+            assert hit, case
+    assert hits >= 4, (hits, len(seen))
 
 
 # --- bad input -----------------------------------------------------------------------------------------------------
