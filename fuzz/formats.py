@@ -340,7 +340,26 @@ def force_layout(case: LayoutCase, combo: dict, target=None) -> LayoutCase:
                                num_tokens=nslots if c["tokens"] == "all" else max(1, nslots // 2))
 
 
+_SUBJECT_LAYOUTS: dict = {}
+
+
+def _subject_layouts(target) -> tuple:
+    """The layouts whose packer or unpacker the current subject has on ``target`` (all three when it has none: the
+    contract then skips the row, naming the missing entry point), cached per subject and target."""
+    from contracts.subjects import current
+
+    sub = current()
+    key = (sub.name, getattr(sub, "version", None), target.name)
+    if key not in _SUBJECT_LAYOUTS:
+        from contracts.formats import _subject_layouts as has
+
+        _SUBJECT_LAYOUTS[key] = tuple(has(target)) or ("fp8_ds_mla", "indexer-normal", "indexer-shuffle")
+    return _SUBJECT_LAYOUTS[key]
+
+
 def _layout_allowed(c: dict, target=None) -> bool:
+    if "layout" in c and target is not None and c["layout"] not in _subject_layouts(target):
+        return False
     if c.get("layout") == "indexer-shuffle" and c.get("block") in ("1", "odd"):
         return False
     if c.get("block") == "1" and c.get("blocks") == "1" and c.get("tokens") == "few":
