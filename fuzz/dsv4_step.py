@@ -390,9 +390,10 @@ def classify_step(case: Dsv4StepCase, target=None) -> dict:
 
 
 def force_step(case: Dsv4StepCase, combo: dict, target=None) -> Dsv4StepCase:
-    """``case`` rewritten to hit ``combo``: two requests (the generator's first draw has two), the first one's
-    prefix at its C128A shape, the second one's against the window; block sizes, sink and padding; the step count,
-    heads, window, top-k and seed as drawn."""
+    """``case`` rewritten to hit ``combo``: two requests and two steps (the generator's first draw: the array's
+    rows cost no more than it), the first request's prefix at its C128A shape, the second one's against the window;
+    block sizes, sink and padding; heads, window, top-k and seed as drawn."""
+    case = case.replace(steps=2) if case.steps != 2 else case
     ctx = list(case.contexts)
     if len(ctx) < 2 or ctx[1] >= 11:
         ctx[1:] = [1 + case.seed % 9]
