@@ -197,6 +197,8 @@ def _graph_buffer_allowed(c: dict, target=None) -> bool:
     if src == "wider" and (empty or one):  # the room past the NNZ is at most 1
         return False
     d = c.get("defect")
+    if d not in (None, "none") and c.get("placement") not in (None, "tight"):
+        return False  # a bad input is rejected before the buffers' placement matters: valid cases take those rows
     if d == "row-too-long" and rows == "0":
         return False
     if d == "nnz-beyond-source" and (fill == "none" or empty):
