@@ -490,7 +490,7 @@ def _probe_allowed(c: dict, target: Target) -> bool:
 def _declare_probes():
     from fuzz.dimensions import Dimension, Family, declare
 
-    names = tuple(sorted(INT64_PROBES))
+    names = tuple(INT64_PROBES)  # registration order: the writers', the decode's, the gather's, the prefill's, ...
     # a drawn case runs every probe at once (dev and nightly: one case); the ci array runs one probe a row, so each
     # row names the probe it reached and a failure names its probe. The probes share no code path, hence no pairs:
     # each value is required once, at any strength
