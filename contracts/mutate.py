@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -218,6 +219,10 @@ def contract_map(root: Path, catalogs=None) -> dict[str, list[str]]:
         fams = {n.value.attr for n in ast.walk(tree)
                 if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr in names}
         fams |= _impl_imports(src, names) - _PLUMBING
+        # entry points named as strings ("codec_kernels.fp8_decode_triton"), which the subject resolves at run time
+        fams |= {n.value.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                 and re.fullmatch(r"[a-z_0-9]+\.[A-Za-z_0-9]+", n.value) and n.value.split(".")[0] in names}
         for f in fams:
             cover[f] |= ids
     # a module's code also runs inside every impl module that imports it (transitively): their contracts judge it
