@@ -70,7 +70,12 @@ def split_bounds(case: SplitCase, target: Target) -> list[Violation]:
         if plan.adaptive != en or (en and plan.one_wave != ow):
             out.append(Violation("adaptive host plan differs", where, f"enabled={en}, one_wave={ow}",
                                  f"enabled={plan.adaptive}, one_wave={plan.one_wave}"))
-        out += _active_violations(sub, case, got, ow, where)
+        # the plan's (S, ONE_WAVE), and the largest grid with the same ONE_WAVE (the kernel takes any S >= ONE_WAVE)
+        for S, w in sorted({(got, ow), (target.split_cap, max(1, min(ow, target.split_cap)))}):
+            v = _active_violations(sub, case, S, w, where)
+            if v:
+                out += v
+                break
     return out
 
 
