@@ -231,6 +231,9 @@ def _examples(target: Target) -> list[IndexerLogitsCase]:
                           row_ends=(5, 4, 20, 20), values="ties"),
         base.replace(seed=15, next_n=1, block_size=1, layout="normal", context_lens=(5, 3), max_model_len=6,
                      nan_q=True, nan_k=True, bad_scale="inf", topk=8),
+        # token rows 136 bytes apart (refused or read as the view says), per-row lengths flattened (refused)
+        base.replace(seed=16, block_size=3, layout="normal", context_lens=(7, 4), max_model_len=8, topk=5,
+                     cache_view="padded-rows", ctx_count="long"),
     ]
 
 

@@ -284,8 +284,8 @@ def _cfg(**kw) -> MetadataConfig:
     return MetadataConfig(**{**dict(seed=0, topk=8, granularity=4, block_size=1, max_tokens=16, num_heads=2), **kw})
 
 
-def _st(q, s, host=True, holes="prefix", seed=1) -> MetadataStep:
-    return MetadataStep(q_lens=tuple(q), seq_lens=tuple(s), host_lens=host, holes=holes, seed=seed)
+def _st(q, s, host=True, holes="prefix", seed=1, pad=0) -> MetadataStep:
+    return MetadataStep(q_lens=tuple(q), seq_lens=tuple(s), host_lens=host, holes=holes, seed=seed, pad=pad)
 
 
 def _case(*steps: MetadataStep) -> MetadataCase:
@@ -307,6 +307,8 @@ def _staleness_examples(target: Target) -> list[MetadataCase]:
         _case(_st([4, 2], [10, 8]), _st([2, 4], [8, 10], seed=2)),
         # -1 holes anywhere in the rows.
         _case(_st([2, 1], [6, 7], holes="anywhere")),
+        # a batch padded past R (offsets, lengths and table rows), then the same step unpadded: a hit.
+        _case(_st([2, 1], [6, 9], pad=2), _st([2, 1], [6, 9], host=False, seed=2)),
     ]
 
 
