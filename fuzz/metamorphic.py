@@ -113,7 +113,9 @@ def _spike_segment(cache, indices, indptr, num_splits: int, gen: torch.Generator
                     continue
                 done.add(slot)
                 tok = formats.unpack_fp8_ds_mla(cache, [slot])
-                code = 131 + int(torch.randint(0, 2, (1,), generator=gen)) + (s % 2)
+                # split 0's spikes stay below the top code: a later split then holds the row's maximum, which a
+                # combine that takes split 0's maximum misses (e^(m_s - m) overflows)
+                code = 131 if s == 0 else 131 + int(torch.randint(0, 2, (1,), generator=gen)) + (s % 2)
                 scale = torch.where(tok["scale"] >= 255, tok["scale"], torch.full_like(tok["scale"], min(code, 132)))
                 formats.pack_fp8_ds_mla(cache, [slot], tok["nope"], scale, tok["rope"], pad=int(tok["pad"][0]))
 
