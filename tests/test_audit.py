@@ -367,3 +367,17 @@ def test_the_default_budget_follows_the_profile(register):
         doc, code = run_audit(["test-cheap"], ["gfx942"], profile=profile, max_cases=1, progress=False)
         assert code == 0 and doc["run"]["budget"] == DEFAULT_BUDGETS[profile]
     assert DEFAULT_BUDGETS["dev"] < DEFAULT_BUDGETS["ci"] < 600  # the whole ci audit ends within ten minutes
+
+
+def test_the_cli_keeps_the_ci_profiles_count_and_dev_its_hundred(register, tmp_path):
+    import json
+
+    from contracts.cli import main as smv
+
+    register("test-cheap", _cheap, min_cases=1)
+    for profile, want in (("ci", None), ("dev", 100)):
+        rep = tmp_path / profile
+        assert smv(["audit", "--contract", "test-cheap", "--target", "gfx942", "--profile", profile, "--budget", "30",
+                    "--no-progress", "--report", str(rep)]) == 0
+        run = json.loads((rep / "audit.json").read_text())["run"]
+        assert run["max_cases"] == want, profile
