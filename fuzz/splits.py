@@ -65,7 +65,7 @@ CU_CLASSES = ("own", "other", "below-base")
 HEAD_CLASSES = {"1": 1, "t-1": BLOCK_H - 1, "t": BLOCK_H, "t+1": BLOCK_H + 1, "2t+1": 2 * BLOCK_H + 1}
 MAIN_CLASSES = {"0": 0, "1": 1, "t-1": BLOCK_K - 1, "t": BLOCK_K, "t+1": BLOCK_K + 1, "2t-1": 2 * BLOCK_K - 1,
                 "2t": 2 * BLOCK_K, "2t+1": 2 * BLOCK_K + 1}
-EXTRA_CLASSES = ("0", "short-edge", "short-past", "long")
+EXTRA_CLASSES = ("long", "0", "short-edge", "short-past")
 LONG_EXTRA = 8192
 
 
