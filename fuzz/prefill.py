@@ -599,6 +599,10 @@ def _set_index_fields(case: PrefillCase, combo: dict) -> dict:
         f["topk_quirks"] = combo["topk_quirks"]
     if not (f["mode"] == "dense" and f["topk_given"]):
         f["topk_quirks"] = False
+    elif f["topk_quirks"] and lens[0] > 0:
+        # the first row full, so the builder gives it a length past k (a dense row of width k always clamps it)
+        f["lens"] = (lens[0], *(min(n, lens[0]) for n in lens[1:]))
+        f["width"] = lens[0]
     return f
 
 
@@ -645,6 +649,8 @@ def force_prefill(case: PrefillCase, combo: dict, target=None) -> PrefillCase:
 def _prefill_allowed(c: dict, target=None) -> bool:
     if c.get("topk_quirks") is True and c.get("index_mode", "dense-topk") != "dense-topk":
         return False
+    if c.get("topk_quirks") is True and c.get("row_len") == "0":
+        return False  # the quirks' forced row is the full first row (a length past k); an empty one has none
     return True
 
 
@@ -668,7 +674,8 @@ def _declare_prefill():
                                               "its ragged mode through indptr"),
          Dimension("invalid", INVALID_KINDS, "invalid entries: none, -1/-2/slots at and past skv, plus INT32 "
                                              "extremes (the int64 bound compare)"),
-         Dimension("topk_quirks", (False, True), "topk_length past k (clamped to k) and negative (clamped to 0)"),
+         Dimension("topk_quirks", (True, False), "topk_length past k (clamped to k) and negative (clamped to 0); "
+                                                 "first, so the array's first dense-topk row has them"),
          Dimension("d", HEAD_DIMS, "448 + 64 (one 512-lane tile) or 512 + 64 (SPLIT_D: NoPE and RoPE tiles)"),
          Dimension("out_width", ("full", "nope"), "OUT_D: d wide, or NoPE wide (the RoPE tile's store skipped)"),
          Dimension("dtype", DTYPE_NAMES, "IN_BF16: bf16 read as raw words, or fp16"),
