@@ -489,7 +489,8 @@ def force_nan_free(case: CompressorCase, combo: dict, target) -> CompressorCase:
         f.update(ratio=ratio, state_block_size=4 if ratio == 4 else 8, positions=(3, 7)[:n] if ratio == 4 else (127,),
                  reqs=(0,) * n, num_reqs=1, slots=(0, 1)[:n], block_size=1, num_blocks=n, padded=False,
                  extra_blocks_before=0,
-                 spare_blocks=0, two_stage=writer == "c128-two-stage", splits=None, specials=())
+                 spare_blocks=0, two_stage=writer == "c128-two-stage",
+                 splits=4 if writer == "c128-two-stage" else None, specials=())  # 4 splits: a merge, and cheap
     ratio = f["ratio"]
     pos = list(f["positions"])
     if (pos[0] + 1) % ratio:
