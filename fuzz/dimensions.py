@@ -13,7 +13,8 @@ dimension that interacts with none is required value by value. Two functions tie
 
 ``allowed(partial, target) -> bool`` rules out combinations that cannot exist on a target (adaptive splits off
 gfx950, say), or that a case cannot carry (a compressor's weight kind on an SWA-insert case). Covering arrays come from ``allpairspy``.
-Families are declared for contract ids with :func:`declare`; a contract without one reports no declared pairs.
+Families are declared for contract ids with :func:`declare` (mostly in the fuzz modules of
+:data:`DECLARING_MODULES`, a few beside their contract); a contract without one reports no declared pairs.
 """
 from __future__ import annotations
 
@@ -115,7 +116,9 @@ class Family:
 
     def covering_array(self, target, strength: int = 2) -> list[dict]:
         """Rows (``{dimension: value}``) that together hit every :meth:`required` tuple: one ``allpairspy`` array
-        per interaction component, laid side by side (a shorter one cycles)."""
+        per interaction component, laid side by side (a shorter one cycles). Within a component the array covers
+        every pair of its dimensions, declared or not (allpairspy knows no partial interactions): a chain a-b, b-c
+        costs the rows of a full a, b, c array, so keep components small and split an interaction that is not one."""
         if strength <= 0:
             return []
         from allpairspy import AllPairs
