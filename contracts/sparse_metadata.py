@@ -183,6 +183,40 @@ class MetadataReplay:
                                        holed)
         if extents:
             v += self._check_extents(fresh, where, holed)
+            v += self._check_views(md, fresh, where, step)
+        return v
+
+    #: the per-token views the built metadata hands its consumers, and how many entries each must hold (T tokens)
+    VIEWS = {"req_id_per_token": lambda T, k: T, "qo_indptr": lambda T, k: T + 1,
+             "paged_kv_last_page_len": lambda T, k: T, "paged_kv_indptr": lambda T, k: T + 1,
+             "paged_kv_indices": None}  # its live region ends at paged_kv_indptr[T] (past it: the extents check)
+
+    def _check_views(self, md, fresh, where, step) -> list[Violation]:
+        """Each per-token view of the returned metadata holds at least its live region (a consumer reads
+        ``qo_indptr[T]`` and ``paged_kv_indptr[T]``), equal there to the builder's buffer (which the extents check
+        judges against a fresh full build, so a wrong buffer is said once, there); longer views (the whole buffer)
+        are fine. A subject whose metadata has no such attribute is not judged on it."""
+        v: list[Violation] = []
+        T = sum(step.q_lens)
+        buffers = self.builder.buffers()
+        for name, need in self.VIEWS.items():
+            view = getattr(md, name, None)
+            if not isinstance(view, torch.Tensor):
+                continue
+            n = need(T, self.cfg.topk) if need is not None else int(fresh["_live_ends"][name])
+            got = view.reshape(-1).to(torch.int64).cpu()
+            if got.numel() < n:
+                v.append(Violation(f"metadata.{name}: shorter than its live region", where,
+                                   f"at least {n} entries", f"{got.numel()}"))
+                continue
+            if name not in buffers:
+                continue
+            exp = buffers[name].reshape(-1).to(torch.int64).cpu()[:n]
+            bad = (got[:n] != exp).nonzero()
+            if len(bad):
+                i = int(bad[0, 0])
+                v.append(Violation(f"metadata.{name}: the view differs from the builder's own buffer", f"{where}: "
+                                   f"{name}[{i}]", fmt(exp[i].tolist()), fmt(got[i].tolist())))
         return v
 
     def _check_staleness(self, md, fresh, inp, out_impl, where, step, syncs, holed=frozenset()) -> list[Violation]:

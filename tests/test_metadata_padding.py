@@ -39,3 +39,16 @@ def test_each_probe_is_forced_and_a_correct_key_tells_the_pair_apart():
             prev, last = case.steps[-2:]
             assert (step_key(prev, case.config) == step_key(last, case.config)) == (probe == "repeat")
     assert len(STALENESS_DIMENSIONS.covering_array(t, 2)) <= 25
+
+
+def test_a_short_query_start_loc_is_refused_naming_the_count_it_needs():
+    import dataclasses
+
+    from contracts.sparse_metadata import MetadataReplay
+
+    step = MetadataStep(q_lens=(2, 1, 1), seq_lens=(5, 9, 4), seed=4)
+    replay = MetadataReplay(CFG, get_target("gfx942"))
+    common = _common(step, _step_inputs(CFG, step)["block_table"])
+    short = dataclasses.replace(common, query_start_loc_cpu=common.query_start_loc_cpu[:3])
+    with pytest.raises(ValueError, match=r"query_start_loc_cpu: expected at least num_reqs \+ 1 = 4 entries"):
+        replay.builder.build(short)
