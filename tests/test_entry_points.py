@@ -47,10 +47,6 @@ ALLOWED_UNEXERCISED: dict[str, str] = {
     "runtime.configure_triton_mode": "runs once at `import impl` (impl/__init__.py), before any contract, and every "
                                      "kernel launch the contracts make depends on it",
     "runtime.native_without_gpu_hint": "words the tail of a wrong-device error message; not an entry point",
-    "splits.adaptive_active_splits": "a host mirror of what the gfx950 partial kernel computes on the device, for "
-                                     "tests/test_decode.py and tests/test_splits.py; the device computation itself "
-                                     "runs under decode-oracle-agreement's adaptive cases",
-    "splits.row_iters": "used only by splits.adaptive_active_splits (the host mirror above)",
     "targets.aiter_status": "asks the host whether AMD AITER is importable; the contracts state AITER's use "
                             "themselves (cache-key-staleness passes use_aiter=False, opus-routing-guard patches the "
                             "OPUS loader) instead of asking the host; tests/test_targets.py tests it",
@@ -64,10 +60,6 @@ ALLOWED_UNEXERCISED: dict[str, str] = {
 #: public entry points that no contract runs today: real gaps, kept here so that the fast test stays green while it
 #: says so, and fails as soon as one of them is reached (drop it from here then) or another joins them
 KNOWN_GAPS: dict[str, str] = {
-    "decode.decode_reduce": "the reduce over given partials: sparse_attn_decode launches its own reduce kernel and "
-                            "never calls it; only contracts/bench.py and tests/test_decode.py do",
-    "formats.dequantize_fp8_ds_mla": "the fp8_ds_mla cache's host dequantizer: cache-layout-roundtrip judges "
-                                     "pack/unpack, not this; only contracts/bench.py and tests/test_layouts.py call it",
 }
 
 
