@@ -8,8 +8,9 @@ from contracts.runner import run_contract
 
 CONTRACTS = load_all()
 
-# generous: the rows are bounded by the ci profile's example count, the budget only guards against hangs
-ROW_BUDGET = 120.0
+# generous: the rows are bounded by the ci profile's example count, the budget only guards against hangs (a cold GPU
+# compiles a kernel variant per covering-array row: gfx950's decode row ran out of 120 s on an H200 doing so)
+ROW_BUDGET = 300.0
 
 
 #: contracts that judge a subject against ours (subject-agreement): skipped on ours by design, judged on the vllm
