@@ -121,15 +121,16 @@ def test_detection_twin_without_feature_flags():
 # --- every contract on the detected target ----------------------------------------------------------------------
 
 def check_contract_on_device(arch: str, contract_id: str, props: FakeDeviceProperties | None, repro_dir: str, *,
-                             max_examples: int | None = None, use_examples: bool = True) -> None:
+                             max_examples: int | None = None, use_examples: bool = True, profile: str = "ci",
+                             seed: int | None = None) -> None:
     t = device_target(props)
     assert t.name == arch
     assert t.cu_count == device_facts(props).multi_processor_count
     if props is None:
         assert runtime.triton_mode() == "native", "a visible GPU must run the kernels natively"
     c = CONTRACTS[contract_id]
-    row = run_contract(c, t, profile="ci", budget=ROW_BUDGET, repro_dir=repro_dir, max_examples=max_examples,
-                       use_examples=use_examples)
+    row = run_contract(c, t, profile=profile, budget=ROW_BUDGET, repro_dir=repro_dir, max_examples=max_examples,
+                       use_examples=use_examples, seed=seed)
     if row.status != "pass":
         pytest.fail(row_failure(row), pytrace=False)
     assert row.cases >= c.min_cases
@@ -148,10 +149,12 @@ def test_contract_natively(arch, contract_id, smv_repro_dir):
 
 @pytest.mark.parametrize(("arch", "contract_id"), [pytest.param(a, cid, id=f"{a}-{cid}") for a, cid in ROWS])
 def test_contract_natively_twin(arch, contract_id, smv_repro_dir):
-    # pinned examples already run on every emulated target in tests/test_contracts.py; the twin proves the path
+    # pinned examples and the covering arrays already run on every emulated target in tests/test_contracts.py; the
+    # twin proves the path from a device's properties to its target, so a few seeded draws (dev: no covering
+    # array, which would repeat test_contracts' rows at their cost) are enough
     c = CONTRACTS[contract_id]
     check_contract_on_device(arch, contract_id, FAKE_DEVICES[arch], smv_repro_dir, max_examples=c.min_cases,
-                             use_examples=False)
+                             use_examples=False, profile="dev", seed=0)
 
 
 # --- the AITER OPUS prefill route -------------------------------------------------------------------------------
