@@ -17,13 +17,21 @@ An empty row without a sink gives 0. Which kernels run is decided by the ``Targe
 
 Cache reads: a slot is valid when it lies inside its row's indptr range and 0 <= slot < num_blocks * block_size;
 anything else (-1, INT32 extremes, slots past the cache) is masked and never dereferenced. Blocks are addressed
-with ``cache.stride(0)`` in int64. fp8 is decoded from the raw bits (main flavour from ``target.main_cache_fp8``,
-extra from ``target.extra_cache_fp8``), UE8M0 through the readers' rule (code 255 -> +inf), products in fp32. NaN
+with ``cache.stride(0)`` in int64. fp8 flavours come from the Target (main ``target.main_cache_fp8``, extra
+``target.extra_cache_fp8``); each is decoded by the hardware conversion where the device has that flavour (OCP on
+NVIDIA sm_89+ and gfx950, FNUZ on gfx942) and from the raw bits otherwise (FNUZ on NVIDIA, OCP on gfx942, the
+interpreter, whose conversions get the NaN codes wrong). ``impl.triton_helpers.hw_fp8_decode`` is the one place that
+decides, and ``sparse_attn_decode`` passes its answer as the HW_FP8_MAIN / HW_FP8_EXTRA constexprs; both paths give
+the same fp32 value for every code. UE8M0 goes through the readers' rule (code 255 -> +inf), products in fp32. NaN
 lanes are scrubbed to 0 after dequantization: always for the main cache, for the extra cache unless the trust gate
 is open. Inf is never scrubbed.
 
 Dot operands are bf16 (exact for fp8 x 2^k products and bf16 RoPE; p is rounded to bf16 for the PV dot),
 accumulation fp32; every dot goes through ``impl.triton_helpers.dot``.
+
+How each family's kernel is built (int32 lane offsets, 16-bit RoPE reads, gfx950's K operand as one tile, its
+extra tile width, warps and pipeline stages) is a ``DecodeVariant`` (``DEFAULT_VARIANTS``, ``decode_variant``); the
+defaults keep the structure SPEC 2 restates from upstream.
 
 Every launch goes through ``_launch``, which reports it to an optional launch observer (``set_launch_observer``,
 ``launch_observer``): kernel, grid, argument pointers/layouts, scalars and meta-parameters. Graph capture uses it
@@ -35,6 +43,7 @@ gfx950 partial kernel) as SPEC section 2 restates it.
 from __future__ import annotations
 
 import math
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -46,7 +55,7 @@ from impl import formats
 from impl import splits as _splits
 from impl.runtime import kernel_device, native_without_gpu_hint
 from impl.targets import Target, effective_cu_count, get_target
-from impl.triton_helpers import dot, fp8_decode_bits, ue8m0_decode_reader
+from impl.triton_helpers import dot, fp8_decode, hw_fp8_decode, ue8m0_decode_reader
 from impl.validation import dtype_name as _name_dtype, require_tensor, require_valid_indptr
 
 FLT_MAX = 3.4028234663852886e38
@@ -96,13 +105,19 @@ def _slot_tile(idx_ptr, offs, seg_hi, num_slots):
 
 @triton.jit
 def _load_kv(cache, slots, valid, dims, block_size, stride0,
-             IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HAS_NOPE: tl.constexpr, HAS_ROPE: tl.constexpr):
+             IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HAS_NOPE: tl.constexpr, HAS_ROPE: tl.constexpr,
+             HW_FP8: tl.constexpr, I32_OFFS: tl.constexpr, ROPE16: tl.constexpr):
     """Dequantized fp32 lanes ``dims`` (absolute, 0..511) of the tokens at ``slots`` -> [BK, W].
 
     Layout (SPEC 1.2): block = slot // bs at ``block * stride0`` bytes; token data at pos*576 (448 fp8 NoPE, then
-    64 bf16 RoPE), scale codes at bs*576 + pos*8 (one UE8M0 code per 64 NoPE lanes). Offsets are int64. Masked
-    tokens read as 0 (code 0 x 2^-127 and RoPE 0). Lanes < 448 come from the NoPE part when HAS_NOPE, lanes >= 448
-    from the RoPE part when HAS_ROPE; a lane whose part is off is 0."""
+    64 bf16 RoPE), scale codes at bs*576 + pos*8 (one UE8M0 code per 64 NoPE lanes). The token offsets are int64.
+    Masked tokens read as 0 (code 0 x 2^-127 and RoPE 0). Lanes < 448 come from the NoPE part when HAS_NOPE,
+    lanes >= 448 from the RoPE part when HAS_ROPE; a lane whose part is off is 0.
+
+    fp8 decode: :func:`impl.triton_helpers.fp8_decode` with HW_FP8 as ``hw_fp8_decode`` chose it for the flavour.
+    Variants (same values, see ``DecodeVariant``): I32_OFFS forms one int64 pointer per token and adds the
+    per-lane offsets in int32 (the int64 [BK, W] offset tensor is never built); ROPE16 reads each RoPE lane as one
+    16-bit word instead of two bytes (the host sets it only when every token row is 2-byte aligned)."""
     blk = slots // block_size
     pos = slots - blk * block_size
     base = blk * stride0
@@ -112,19 +127,33 @@ def _load_kv(cache, slots, valid, dims, block_size, stride0,
     if HAS_NOPE:
         nope_dim = tl.where(is_nope, dims, 0)
         m_nope = valid[:, None] & is_nope[None, :]
-        codes = tl.load(cache + row[:, None] + nope_dim[None, :], mask=m_nope, other=0)
         scale_row = base + block_size * _TOKEN_DATA + pos * _TOKEN_SCALE
-        sc = tl.load(cache + scale_row[:, None] + (nope_dim // _GROUP)[None, :], mask=m_nope, other=0)
-        nope = fp8_decode_bits(codes, IS_FNUZ) * ue8m0_decode_reader(sc)
+        if I32_OFFS:
+            codes = tl.load((cache + row)[:, None] + nope_dim.to(tl.int32)[None, :], mask=m_nope, other=0)
+            sc = tl.load((cache + scale_row)[:, None] + (nope_dim // _GROUP).to(tl.int32)[None, :], mask=m_nope,
+                         other=0)
+        else:
+            codes = tl.load(cache + row[:, None] + nope_dim[None, :], mask=m_nope, other=0)
+            sc = tl.load(cache + scale_row[:, None] + (nope_dim // _GROUP)[None, :], mask=m_nope, other=0)
+        nope = fp8_decode(codes, IS_FNUZ, HW_FP8) * ue8m0_decode_reader(sc)
         x = tl.where(is_nope[None, :], nope, x)
     if HAS_ROPE:
         lane = tl.where(is_nope, 0, dims - _NOPE)
         m_rope = valid[:, None] & (dims >= _NOPE)[None, :]
-        rp = cache + row[:, None] + _NOPE + 2 * lane[None, :]
-        lo = tl.load(rp, mask=m_rope, other=0).to(tl.int32)
-        hi = tl.load(rp + 1, mask=m_rope, other=0).to(tl.int32)
-        # bf16 -> fp32 is exact: the 16 bits become the high half of the fp32 word (little-endian bytes)
-        rope = ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        if ROPE16:
+            rp16 = (cache + row + _NOPE).to(tl.pointer_type(tl.int16))
+            w16 = tl.load(rp16[:, None] + lane.to(tl.int32)[None, :], mask=m_rope, other=0).to(tl.int32)
+            # the sign extension of the int16 word leaves through the top of the shift
+            rope = (w16 << 16).to(tl.float32, bitcast=True)
+        else:
+            if I32_OFFS:
+                rp = (cache + row + _NOPE)[:, None] + (2 * lane).to(tl.int32)[None, :]
+            else:
+                rp = cache + row[:, None] + _NOPE + 2 * lane[None, :]
+            lo = tl.load(rp, mask=m_rope, other=0).to(tl.int32)
+            hi = tl.load(rp + 1, mask=m_rope, other=0).to(tl.int32)
+            # bf16 -> fp32 is exact: the 16 bits become the high half of the fp32 word (little-endian bytes)
+            rope = ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)
         x = tl.where(is_nope[None, :], x, rope)
     if SCRUB:
         x = tl.where(x == x, x, 0.0)
@@ -133,14 +162,17 @@ def _load_kv(cache, slots, valid, dims, block_size, stride0,
 
 @triton.jit
 def _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, cache, idx_ptr, offs, seg_hi, num_slots, block_size,
-                  stride0, scale, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr):
+                  stride0, scale, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HW_FP8: tl.constexpr,
+                  I32_OFFS: tl.constexpr, ROPE16: tl.constexpr):
     """One online-softmax step (natural exp) over the tokens at ragged positions ``offs``: separate NoPE
     ([BK, 512] with lanes >= 448 zero) and RoPE ([BK, 64]) dots for QK and for PV."""
     slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
     d512 = tl.arange(0, 512)
     d64 = tl.arange(0, 64) + _NOPE
-    kn = _load_kv(cache, slots, valid, d512, block_size, stride0, IS_FNUZ, SCRUB, True, False).to(tl.bfloat16)
-    kr = _load_kv(cache, slots, valid, d64, block_size, stride0, IS_FNUZ, SCRUB, False, True).to(tl.bfloat16)
+    kn = _load_kv(cache, slots, valid, d512, block_size, stride0, IS_FNUZ, SCRUB, True, False,
+                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+    kr = _load_kv(cache, slots, valid, d64, block_size, stride0, IS_FNUZ, SCRUB, False, True,
+                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
     s = dot(q_nope, tl.trans(kn), tl.zeros((q_nope.shape[0], kn.shape[0]), tl.float32))
     s = dot(q_rope, tl.trans(kr), s)
     s = s * scale
@@ -171,7 +203,8 @@ def _accumulate_segments(
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
         extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
         HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
-        SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr):
+        SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr,
+        HW_FP8_MAIN: tl.constexpr, HW_FP8_EXTRA: tl.constexpr, I32_OFFS: tl.constexpr, ROPE16: tl.constexpr):
     """Natural-exp online softmax of row ``b`` for ``heads`` over split ``split`` of ``num_splits`` of its main
     segment, then the same split of its extra segment, in BLOCK_K-token tiles that never cross segments.
     Returns un-normalised (m, l, acc over the 512 lanes, acc over the 64 RoPE lanes). The single-kernel fallback
@@ -187,14 +220,14 @@ def _accumulate_segments(
     for t0 in range(lo, hi, BLOCK_K):
         m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, main_cache, main_idx,
                                                t0 + tk, hi, main_num_slots, main_bs, main_stride0, scale,
-                                               IS_FNUZ_MAIN, True)
+                                               IS_FNUZ_MAIN, True, HW_FP8_MAIN, I32_OFFS, ROPE16)
     if HAS_EXTRA:
         lo, hi = _split_slice(tl.load(extra_indptr + b).to(tl.int64), tl.load(extra_indptr + b + 1).to(tl.int64),
                               split, num_splits)
         for t0 in range(lo, hi, BLOCK_K):
             m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, extra_cache, extra_idx,
                                                    t0 + tk, hi, extra_num_slots, extra_bs, extra_stride0, scale,
-                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA)
+                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, I32_OFFS, ROPE16)
     return m_i, l_i, acc_n, acc_r
 
 
@@ -205,7 +238,8 @@ def _sparse_decode_generic_kernel(
         extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots,
         sink, out, stride_ob, stride_oh, num_heads, scale,
         HAS_EXTRA: tl.constexpr, HAS_SINK: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
-        SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr):
+        SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
+        HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False):
     """Fallback single kernel (targets with neither split-K family).
 
     Grid (b, ceil(h / BLOCK_H)). Program (b, hb) walks row b's main segment then its extra segment in BLOCK_K-token
@@ -220,7 +254,8 @@ def _sparse_decode_generic_kernel(
         q, stride_qb, stride_qh, stride_qd, b, heads, hmask, 0, 1,
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
         extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
-        HAS_EXTRA, IS_FNUZ_MAIN, IS_FNUZ_EXTRA, SCRUB_EXTRA, BLOCK_H_, BLOCK_K)
+        HAS_EXTRA, IS_FNUZ_MAIN, IS_FNUZ_EXTRA, SCRUB_EXTRA, BLOCK_H_, BLOCK_K,
+        HW_FP8_MAIN, HW_FP8_EXTRA, I32_OFFS, ROPE16)
     if HAS_SINK:
         sink_val = tl.load(sink + heads, mask=hmask, other=float("-inf"))
         m_f = tl.maximum(m_i, sink_val)
@@ -248,7 +283,8 @@ def _sparse_decode_gfx942_partial_kernel(
         part_m, part_l, part_acc, stride_mb, stride_ms, stride_ab, stride_as, stride_ah,
         num_heads, num_splits, scale,
         HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
-        SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr):
+        SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
+        HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False):
     """gfx942 split-K partial.
 
     Grid (b, S, ceil(h / BLOCK_H)). Program (b, s, hb) takes slice [s*ceil(len/S), ...) of row b's main segment,
@@ -264,7 +300,8 @@ def _sparse_decode_gfx942_partial_kernel(
         q, stride_qb, stride_qh, stride_qd, b, heads, hmask, split, num_splits,
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
         extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
-        HAS_EXTRA, IS_FNUZ_MAIN, IS_FNUZ_EXTRA, SCRUB_EXTRA, BLOCK_H_, BLOCK_K)
+        HAS_EXTRA, IS_FNUZ_MAIN, IS_FNUZ_EXTRA, SCRUB_EXTRA, BLOCK_H_, BLOCK_K,
+        HW_FP8_MAIN, HW_FP8_EXTRA, I32_OFFS, ROPE16)
     ml = b.to(tl.int64) * stride_mb + split.to(tl.int64) * stride_ms + heads
     tl.store(part_m + ml, m_i, mask=hmask)
     tl.store(part_l + ml, l_i, mask=hmask)
@@ -278,16 +315,37 @@ def _sparse_decode_gfx942_partial_kernel(
 
 @triton.jit
 def _tile_base2(q512, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num_slots, block_size, stride0,
-                qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr):
+                qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HW_FP8: tl.constexpr,
+                I32_OFFS: tl.constexpr, ROPE16: tl.constexpr, K512: tl.constexpr):
     """One base-2 online-softmax step over the tokens at ragged positions ``offs``: four 128-lane tiles (the last
     is 64 NoPE + 64 RoPE lanes) joined into one [BK, 512] operand for a single QK dot; PV into four 128-lane
-    accumulators. Logits are in log2 units (scale * log2(e) folded into ``qk_scale2``)."""
+    accumulators. Logits are in log2 units (scale * log2(e) folded into ``qk_scale2``).
+
+    K512 (a variant): the [BK, 512] operand is loaded as one tile (no join), and PV goes into one [BH, 512]
+    accumulator carried in ``a0`` (``a1``..``a3`` pass through untouched). Same operands, same dots per output
+    lane (each PV output lane still reduces over the same BK tokens)."""
     slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
+    if K512:
+        kk = _load_kv(cache, slots, valid, tl.arange(0, 512), block_size, stride0, IS_FNUZ, SCRUB, True, True,
+                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+        s = dot(q512, tl.trans(kk), tl.zeros((q512.shape[0], kk.shape[0]), tl.float32))
+        s = s * qk_scale2
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m2, tl.max(s, axis=1))
+        alpha = tl.exp2(m2 - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        a0 = dot(p.to(tl.bfloat16), kk, a0 * alpha[:, None])
+        return m_new, l_i, a0, a1, a2, a3
     d128 = tl.arange(0, 128)
-    k0 = _load_kv(cache, slots, valid, d128, block_size, stride0, IS_FNUZ, SCRUB, True, False).to(tl.bfloat16)
-    k1 = _load_kv(cache, slots, valid, d128 + 128, block_size, stride0, IS_FNUZ, SCRUB, True, False).to(tl.bfloat16)
-    k2 = _load_kv(cache, slots, valid, d128 + 256, block_size, stride0, IS_FNUZ, SCRUB, True, False).to(tl.bfloat16)
-    k3 = _load_kv(cache, slots, valid, d128 + 384, block_size, stride0, IS_FNUZ, SCRUB, True, True).to(tl.bfloat16)
+    k0 = _load_kv(cache, slots, valid, d128, block_size, stride0, IS_FNUZ, SCRUB, True, False,
+                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+    k1 = _load_kv(cache, slots, valid, d128 + 128, block_size, stride0, IS_FNUZ, SCRUB, True, False,
+                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+    k2 = _load_kv(cache, slots, valid, d128 + 256, block_size, stride0, IS_FNUZ, SCRUB, True, False,
+                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+    k3 = _load_kv(cache, slots, valid, d128 + 384, block_size, stride0, IS_FNUZ, SCRUB, True, True,
+                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
     # [BK, 128, i, o] holds tile 2*o + i; reorder to [BK, o, i, 128] so the flat lane is tile*128 + d
     kk = tl.join(tl.join(k0, k1), tl.join(k2, k3))
     kk = tl.reshape(tl.permute(kk, (0, 3, 2, 1)), (k0.shape[0], 512))
@@ -320,7 +378,9 @@ def _sparse_decode_gfx950_partial_kernel(
         num_heads, num_splits, one_wave, qk_scale2,
         HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
         SCRUB_EXTRA: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_H_: tl.constexpr, MAIN_TILE: tl.constexpr,
-        EXTRA_TILE: tl.constexpr, TAIL_TILE: tl.constexpr, ITER_K: tl.constexpr):
+        EXTRA_TILE: tl.constexpr, TAIL_TILE: tl.constexpr, ITER_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
+        HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False,
+        K512: tl.constexpr = False):
     """gfx950 split-K partial.
 
     Grid (b, S, ceil(h / BLOCK_H)), S frozen by the caller (graph capture keeps it). With ADAPTIVE, each row first
@@ -360,7 +420,10 @@ def _sparse_decode_gfx950_partial_kernel(
     q512 = tl.load(qrow + d512[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
     m2 = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
     l_i = tl.zeros((BLOCK_H_,), tl.float32)
-    a0 = tl.zeros((BLOCK_H_, 128), tl.float32)
+    if K512:
+        a0 = tl.zeros((BLOCK_H_, 512), tl.float32)
+    else:
+        a0 = tl.zeros((BLOCK_H_, 128), tl.float32)
     a1 = tl.zeros((BLOCK_H_, 128), tl.float32)
     a2 = tl.zeros((BLOCK_H_, 128), tl.float32)
     a3 = tl.zeros((BLOCK_H_, 128), tl.float32)
@@ -368,7 +431,8 @@ def _sparse_decode_gfx950_partial_kernel(
     tm = tl.arange(0, MAIN_TILE).to(tl.int64)
     for t0 in range(lo, hi, MAIN_TILE):
         m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, main_cache, main_idx, t0 + tm, hi,
-                                              main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True)
+                                              main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True,
+                                              HW_FP8_MAIN, I32_OFFS, ROPE16, K512)
     if HAS_EXTRA:
         lo, hi = _split_slice(e_lo, e_hi, split, active)
         te = tl.arange(0, EXTRA_TILE).to(tl.int64)
@@ -376,21 +440,25 @@ def _sparse_decode_gfx950_partial_kernel(
         for i in range(0, n_full):
             m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx,
                                                   lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
-                                                  extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA)
+                                                  extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA,
+                                                  HW_FP8_EXTRA, I32_OFFS, ROPE16, K512)
         tt = tl.arange(0, TAIL_TILE).to(tl.int64)
         for t0 in range(lo + n_full * EXTRA_TILE, hi, TAIL_TILE):
             m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx, t0 + tt,
                                                   hi, extra_num_slots, extra_bs, extra_stride0, qk_scale2,
-                                                  IS_FNUZ_EXTRA, SCRUB_EXTRA)
+                                                  IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, I32_OFFS, ROPE16, K512)
     tl.store(part_m + ml, tl.where(l_i == 0, -_FLT_MAX, m2 * _LN2), mask=hmask)
     tl.store(part_l + ml, l_i, mask=hmask)
-    d128 = tl.arange(0, 128)
     arow = (part_acc + b.to(tl.int64) * stride_ab + split.to(tl.int64) * stride_as
-            + heads[:, None].to(tl.int64) * stride_ah + d128[None, :])
-    tl.store(arow, a0, mask=hmask[:, None])
-    tl.store(arow + 128, a1, mask=hmask[:, None])
-    tl.store(arow + 256, a2, mask=hmask[:, None])
-    tl.store(arow + 384, a3, mask=hmask[:, None])
+            + heads[:, None].to(tl.int64) * stride_ah)
+    if K512:
+        tl.store(arow + tl.arange(0, 512)[None, :], a0, mask=hmask[:, None])
+    else:
+        d128 = tl.arange(0, 128)
+        tl.store(arow + d128[None, :], a0, mask=hmask[:, None])
+        tl.store(arow + 128 + d128[None, :], a1, mask=hmask[:, None])
+        tl.store(arow + 256 + d128[None, :], a2, mask=hmask[:, None])
+        tl.store(arow + 384 + d128[None, :], a3, mask=hmask[:, None])
 
 
 @triton.jit
@@ -504,6 +572,124 @@ def _launch(kernel, grid: tuple, *args, **meta) -> None:
                               tuple((n, _normalize_arg(a)) for n, a in zip(names, args)),
                               tuple(sorted((k, _normalize_arg(v)) for k, v in meta.items()))))
     kernel[grid](*args, **meta)
+
+
+@dataclass(frozen=True)
+class DecodeVariant:
+    """How a family's kernel is built, never what it computes: the candidates of the decode performance work
+    (benchmarks/DECODE_PERF.md measures them; benchmarks/decode_variants.py times each on a GPU). Every field keeps
+    the values the contracts judge; the ones that change an accumulation order say so.
+
+    - ``i32_offsets``: one int64 pointer per token, per-lane offsets in int32 (same addresses; the int64
+      addressing of blocks is unchanged).
+    - ``rope16``: RoPE lanes read as 16-bit words, not byte pairs; used only when both caches' rows are 2-byte
+      aligned (even ``stride(0)`` and base address), else the byte reads run.
+    - ``k512`` (gfx950): the K operand loaded as one [BK, 512] tile instead of four 128-lane tiles joined, PV into
+      one [BH, 512] accumulator (same operands and per-lane sums).
+    - ``extra_tile`` (gfx950): the extra segment's full-tile width; 32 walks it in the 32-token steps upstream's
+      kernel takes (it loads 64 and runs two 32-token steps), 64 (the default, SPEC 2) in one 64-token step. This
+      changes the online-softmax step boundaries on rows with 64 or more extra tokens per split, within the error
+      model (the split count and tile count already bound it).
+    - ``num_warps`` / ``num_stages``: launch options (None: the family's default; ``num_stages`` None leaves
+      Triton's own default, which on NVIDIA pipelines the token loops through shared memory).
+    """
+
+    i32_offsets: bool = False
+    rope16: bool = False
+    k512: bool = False
+    extra_tile: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self):
+        if self.extra_tile not in (None, 32, 64):
+            raise ValueError(f"extra_tile: expected None, 32 or 64, got {self.extra_tile!r}")
+        for nm in ("num_warps", "num_stages"):
+            v = getattr(self, nm)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{nm}: expected None or a positive int, got {v!r}")
+
+
+#: the variant each family launches with (the lead switches a default here after measuring)
+DEFAULT_VARIANTS = {"generic": DecodeVariant(), "gfx942": DecodeVariant(), "gfx950": DecodeVariant()}
+#: ``SMV_DECODE_VARIANT``: per-family overrides read at import, e.g.
+#: ``gfx950:k512,i32_offsets,extra_tile=32,num_stages=1;gfx942:num_warps=8`` (audits and benchmarks of a variant)
+VARIANT_ENV = "SMV_DECODE_VARIANT"
+
+
+def parse_variants(spec: str) -> dict:
+    """``family:flag,key=value,...;family:...`` -> {family: DecodeVariant}; a bare flag means True."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(DecodeVariant)}
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        family, _, body = part.partition(":")
+        family = family.strip()
+        if family not in DEFAULT_VARIANTS:
+            raise ValueError(f"{VARIANT_ENV}: unknown family {family!r} in {part!r} "
+                             f"(expected one of {sorted(DEFAULT_VARIANTS)})")
+        kw = {}
+        for item in filter(None, (x.strip() for x in body.split(","))):
+            key, eq, val = item.partition("=")
+            key = key.strip()
+            if key not in fields:
+                raise ValueError(f"{VARIANT_ENV}: unknown field {key!r} in {part!r} (expected one of {sorted(fields)})")
+            if not eq:
+                kw[key] = True
+            elif key in ("i32_offsets", "rope16", "k512"):
+                if val.strip() not in ("0", "1", "true", "false", "True", "False"):
+                    raise ValueError(f"{VARIANT_ENV}: {key}={val!r}: expected 0/1/true/false")
+                kw[key] = val.strip() in ("1", "true", "True")
+            else:
+                kw[key] = None if val.strip() in ("", "none", "None") else int(val)
+        out[family] = DecodeVariant(**kw)
+    return out
+
+
+_variants = {**DEFAULT_VARIANTS, **parse_variants(os.environ.get(VARIANT_ENV, ""))}
+
+
+def set_decode_variant(family: str, variant: "DecodeVariant | None") -> "DecodeVariant":
+    """Launch ``family`` with ``variant`` from now on (None: back to ``DEFAULT_VARIANTS``, not to what
+    ``SMV_DECODE_VARIANT`` gave); returns the previous."""
+    if family not in DEFAULT_VARIANTS:
+        raise ValueError(f"family: expected one of {sorted(DEFAULT_VARIANTS)}, got {family!r}")
+    if variant is not None and not isinstance(variant, DecodeVariant):
+        raise TypeError(f"variant: expected a DecodeVariant or None, got {type(variant).__name__}")
+    previous = _variants[family]
+    _variants[family] = DEFAULT_VARIANTS[family] if variant is None else variant
+    return previous
+
+
+def current_variant(family: str) -> DecodeVariant:
+    """The variant ``family`` launches with now."""
+    return _variants[family]
+
+
+@contextmanager
+def decode_variant(family: str, variant: "DecodeVariant | None"):
+    """``with decode_variant("gfx950", DecodeVariant(k512=True)): ...`` for the block, then the previous one."""
+    previous = set_decode_variant(family, variant)
+    try:
+        yield _variants[family]
+    finally:
+        set_decode_variant(family, previous)
+
+
+def _rows_2byte_aligned(*caches) -> bool:
+    return all(int(c.stride(0)) % 2 == 0 and int(c.data_ptr()) % 2 == 0 for c in caches)
+
+
+def _variant_meta(v: DecodeVariant, family: str, num_warps: int, caches) -> dict:
+    """The constexprs and launch options a variant adds to a decode launch."""
+    meta = {"I32_OFFS": v.i32_offsets, "ROPE16": v.rope16 and _rows_2byte_aligned(*caches),
+            "num_warps": v.num_warps or num_warps}
+    if v.num_stages is not None:
+        meta["num_stages"] = v.num_stages
+    if family == "gfx950":
+        meta["K512"] = v.k512
+    return meta
 
 
 @dataclass(frozen=True)
@@ -687,6 +873,9 @@ def sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: 
     # --- launch (nothing above wrote anything) ---
     is_fnuz_main = t.main_cache_is_fnuz
     is_fnuz_extra = t.extra_cache_is_fnuz
+    # the one place the fp8 path is chosen: the Target gives the flavour, the device whether it converts it
+    hw_fp8 = dict(HW_FP8_MAIN=hw_fp8_decode(is_fnuz_main), HW_FP8_EXTRA=hw_fp8_decode(is_fnuz_extra))
+    variant = _variants[plan.family]
     scrub_extra = not trust_extra_nan_free
     ec, ei, ep = (extra_cache, extra_indices, extra_indptr) if has_extra else (main_cache, main_indices, main_indptr)
     main_args = (main_cache, main_indices, main_indptr, int(main_cache.shape[1]), int(main_cache.stride(0)),
@@ -699,7 +888,7 @@ def sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: 
                 *q_args, *main_args, *extra_args, sink, out, out.stride(0), out.stride(1), num_heads, float(scale),
                 HAS_EXTRA=has_extra, HAS_SINK=attn_sink is not None, IS_FNUZ_MAIN=is_fnuz_main,
                 IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra, BLOCK_H_=BLOCK_H, BLOCK_K=GENERIC_BLOCK_K,
-                num_warps=8)
+                **hw_fp8, **_variant_meta(variant, "generic", 8, (main_cache, ec)))
         return out
     ws = workspace
     part_args = (ws.part_m, ws.part_l, ws.part_acc, ws.part_m.stride(0), ws.part_m.stride(1),
@@ -709,13 +898,15 @@ def sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: 
         _launch(_sparse_decode_gfx942_partial_kernel, grid,
                 *q_args, *main_args, *extra_args, *part_args, num_heads, S, float(scale),
                 HAS_EXTRA=has_extra, IS_FNUZ_MAIN=is_fnuz_main, IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra,
-                BLOCK_H_=BLOCK_H, BLOCK_K=GFX942_BLOCK_K, num_warps=4)
+                BLOCK_H_=BLOCK_H, BLOCK_K=GFX942_BLOCK_K, **hw_fp8,
+                **_variant_meta(variant, "gfx942", 4, (main_cache, ec)))
     elif plan.family == "gfx950":
         _launch(_sparse_decode_gfx950_partial_kernel, grid,
                 *q_args, *main_args, *extra_args, *part_args, num_heads, S, plan.one_wave, float(scale * LOG2E),
                 HAS_EXTRA=has_extra, IS_FNUZ_MAIN=is_fnuz_main, IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra,
-                ADAPTIVE=plan.adaptive, BLOCK_H_=BLOCK_H, MAIN_TILE=GFX950_MAIN_TILE, EXTRA_TILE=GFX950_EXTRA_TILE,
-                TAIL_TILE=GFX950_TAIL_TILE, ITER_K=_splits.BLOCK_K, num_warps=4)
+                ADAPTIVE=plan.adaptive, BLOCK_H_=BLOCK_H, MAIN_TILE=GFX950_MAIN_TILE,
+                EXTRA_TILE=variant.extra_tile or GFX950_EXTRA_TILE, TAIL_TILE=GFX950_TAIL_TILE, ITER_K=_splits.BLOCK_K,
+                **hw_fp8, **_variant_meta(variant, "gfx950", 4, (main_cache, ec)))
     else:
         raise ValueError(f"target {t.name}: unknown decode family {plan.family!r}")
     _launch_reduce(ws, attn_sink, out, plan.adaptive)

@@ -1,9 +1,27 @@
-"""Shared Triton device functions: fp8 e4m3 (OCP/FNUZ) and UE8M0 codecs built from raw bits, and a dot product
-that is safe under the Triton interpreter.
+"""Shared Triton device functions: fp8 e4m3 (OCP/FNUZ) and UE8M0 codecs built from raw bits, the fp8 decode that
+uses the hardware conversion where the device has the flavour, and a dot product that is safe under the Triton
+interpreter.
 
-Why from bits: Triton on NVIDIA refuses the FNUZ fp8 type (``fp8e4b8 not supported in this architecture``), and
-``exp2`` on a GPU may flush 2^-127 to zero. Integer arithmetic on the uint8 codes behaves identically on the
-interpreter, NVIDIA and AMD. Exactness is checked against torch's fp8 dtypes for all 256 codes (tests/test_codecs.py).
+Why from bits: Triton on NVIDIA refuses the FNUZ fp8 type (``fp8e4b8 not supported in this architecture``), the
+interpreter (3.9) converts OCP 0x7F/0xFF to +-480 and FNUZ 0x80 to -0 instead of NaN, and ``exp2`` on a GPU may flush
+2^-127 to zero. Integer arithmetic on the uint8 codes behaves identically on the interpreter, NVIDIA and AMD.
+
+Where the device converts a flavour itself, the bit-level decode is a few dozen integer instructions per element
+for nothing: :func:`fp8_decode` takes the hardware conversion there. Which path a flavour gets on this device is
+decided in one place, :func:`hw_fp8_decode` (host side; kernels receive it as a constexpr):
+
+    ==================  =====================  =====================
+    device              OCP e4m3 (float8e4nv)  FNUZ e4m3 (float8e4b8)
+    ==================  =====================  =====================
+    NVIDIA sm_89+       hardware               bits (no such type)
+    AMD gfx950          hardware               bits
+    AMD gfx942          bits                   hardware
+    anything else       bits                   bits
+    Triton interpreter  bits (inexact NaNs)    bits (inexact NaN)
+    ==================  =====================  =====================
+
+Exactness is checked against torch's fp8 dtypes for all 256 codes on each path: the bit-level path here
+(tests/test_codecs.py), the hardware paths on the device (the same test natively, and benchmarks/decode_variants.py).
 """
 from __future__ import annotations
 
@@ -13,6 +31,36 @@ import triton
 import triton.language as tl
 
 INTERPRETER: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+def native_fp8_flavours(device=None, mode: str | None = None) -> frozenset:
+    """The fp8 e4m3 flavours ("ocp", "fnuz") the device converts in hardware, exactly (NaN codes included): the
+    table in this module's docstring. ``device`` is an :class:`impl.runtime.DeviceInfo` (default: the detected one);
+    ``mode`` the Triton mode (default: the current one). Under the interpreter: none (its conversions are inexact)."""
+    from impl.runtime import detect_device, triton_mode
+
+    if (mode or triton_mode()) != "native":
+        return frozenset()
+    dev = detect_device() if device is None else device
+    if dev.kind == "cuda":
+        try:
+            sm = int(str(dev.arch).removeprefix("sm_"))
+        except ValueError:
+            return frozenset()
+        # cvt.rn.f16x2.e4m3x2 exists from sm_89 (Ada, Hopper); an older GPU would get Triton's emulation
+        return frozenset({"ocp"}) if sm >= 89 else frozenset()
+    if dev.kind == "rocm":
+        arch = str(dev.arch)
+        if arch.startswith("gfx950"):
+            return frozenset({"ocp"})
+        if arch.startswith("gfx942"):
+            return frozenset({"fnuz"})
+    return frozenset()
+
+
+def hw_fp8_decode(is_fnuz: bool, device=None, mode: str | None = None) -> bool:
+    """Whether kernels decode this flavour with the hardware conversion here (``HW_FP8`` of :func:`fp8_decode`)."""
+    return ("fnuz" if is_fnuz else "ocp") in native_fp8_flavours(device, mode)
 
 
 @triton.jit
@@ -36,6 +84,20 @@ def fp8_decode_bits(codes, IS_FNUZ: tl.constexpr):
     else:
         is_nan = (c & 0x7F) == 0x7F
     return tl.where(is_nan, float("nan"), val)
+
+
+@triton.jit
+def fp8_decode(codes, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr):
+    """uint8 fp8 e4m3 codes -> float32, NaN codes -> NaN, -0 kept. HW_FP8 (from :func:`hw_fp8_decode`): the
+    device's conversion (bitcast to float8e4nv / float8e4b8, then to fp32); otherwise :func:`fp8_decode_bits`.
+    Both give the same fp32 values for all 256 codes (every e4m3 value is an fp32 value)."""
+    if HW_FP8:
+        if IS_FNUZ:
+            return codes.to(tl.float8e4b8, bitcast=True).to(tl.float32)
+        else:
+            return codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        return fp8_decode_bits(codes, IS_FNUZ)
 
 
 @triton.jit

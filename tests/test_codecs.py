@@ -295,3 +295,75 @@ def test_codec_classes_name_their_inputs():
     assert [ue8m0_scale_class(v) for v in (1.0, next32(1.0, 2.0), next32(1.0, 0.0), 1.5, 2.0 ** -130,
                                            2.0 ** 127 * 1.5)] == ["pow2", "above", "below", "between",
                                                                   "subnormal", "top"]
+
+
+# --- fp8 decode by the hardware where the device has the flavour (impl.triton_helpers.fp8_decode) -----------------
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from impl import triton_helpers as TH  # noqa: E402
+from impl.runtime import DeviceInfo, kernel_device, triton_mode  # noqa: E402
+
+
+@triton.jit
+def _fp8_decode_probe(src, dst, n, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr):
+    offs = tl.program_id(0) * 256 + tl.arange(0, 256)
+    m = offs < n
+    tl.store(dst + offs, TH.fp8_decode(tl.load(src + offs, mask=m, other=0), IS_FNUZ, HW_FP8), mask=m)
+
+
+def fp8_decode_path(flavour: str, hw: bool) -> torch.Tensor:
+    """All 256 codes through ``fp8_decode`` with the given path, on this machine's kernel device."""
+    dev = kernel_device()
+    src = CODES.to(dev)
+    dst = torch.empty(256, dtype=torch.float32, device=dev)
+    _fp8_decode_probe[(1,)](src, dst, 256, IS_FNUZ=flavour == "fnuz", HW_FP8=hw)
+    return dst.cpu()
+
+
+def bit_exact_mismatches(got: torch.Tensor, flavour: str) -> list:
+    """Codes whose fp32 result differs from torch's fp8 dtype: NaN where torch has NaN (any NaN bits), otherwise
+    the same fp32 bits (so -0 must be -0)."""
+    want = CODES.view(TORCH_FP8[flavour]).float()
+    bad = []
+    for c in range(256):
+        g, w = got[c:c + 1], want[c:c + 1]
+        if torch.isnan(w).item():
+            ok = torch.isnan(g).item()
+        else:
+            ok = torch.equal(g.view(torch.int32), w.view(torch.int32))
+        if not ok:
+            bad.append((c, g.item(), w.item()))
+    return bad
+
+
+@pytest.mark.parametrize("flavour", ["ocp", "fnuz"])
+def test_fp8_decode_path_chosen_here_is_bit_exact_for_all_256_codes(flavour):
+    """The path kernels take for this flavour on this machine (natively the hardware conversion where the device
+    has the flavour), and the bit-level path, against torch's fp8 dtype: NaN positions, -0 and every value."""
+    chosen = TH.hw_fp8_decode(flavour == "fnuz")
+    for hw in sorted({False, chosen}):
+        assert bit_exact_mismatches(fp8_decode_path(flavour, hw), flavour) == [], (flavour, "hw" if hw else "bits")
+
+
+def test_hw_fp8_decode_is_chosen_by_device_and_flavour():
+    cases = [(DeviceInfo("cuda", "H200", "sm_90"), {"ocp"}), (DeviceInfo("cuda", "L40S", "sm_89"), {"ocp"}),
+             (DeviceInfo("cuda", "A100", "sm_80"), set()), (DeviceInfo("rocm", "MI355X", "gfx950"), {"ocp"}),
+             (DeviceInfo("rocm", "MI300X", "gfx942"), {"fnuz"}), (DeviceInfo("rocm", "MI210", "gfx90a"), set()),
+             (DeviceInfo("cpu", "x86", "x86_64"), set())]
+    for dev, want in cases:
+        assert TH.native_fp8_flavours(dev, "native") == want, dev
+        assert TH.hw_fp8_decode(False, dev, "native") == ("ocp" in want)
+        assert TH.hw_fp8_decode(True, dev, "native") == ("fnuz" in want)
+        assert TH.native_fp8_flavours(dev, "interpreter") == set(), dev
+
+
+@pytest.mark.skipif(triton_mode() == "native", reason="a fact about the Triton interpreter; natively the chosen path "
+                    "is checked by test_fp8_decode_path_chosen_here_is_bit_exact_for_all_256_codes")
+def test_interpreter_fp8_conversion_is_inexact_so_the_interpreter_decodes_bits():
+    """Why the interpreter takes the bit-level path: its float8e4nv conversion gives +-480 for 0x7F/0xFF and its
+    float8e4b8 conversion -0 for 0x80, where both are NaN. If a Triton release fixes this, the interpreter could
+    join ``native_fp8_flavours``."""
+    assert [c for c, _, _ in bit_exact_mismatches(fp8_decode_path("ocp", True), "ocp")] == [0x7F, 0xFF]
+    assert [c for c, _, _ in bit_exact_mismatches(fp8_decode_path("fnuz", True), "fnuz")] == [0x80]
