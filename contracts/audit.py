@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from contracts import reports
 from contracts.registry import get_contract, load_all
 from contracts.runner import RowResult, run_contract
+from contracts.timesplit import add_splits, cases_per_second, format_split, zero_split
 from impl.runtime import detect_device, triton_mode
 from impl.targets import TARGET_NAMES, get_target
 
@@ -366,6 +367,8 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
     from contracts.runner import reach_verdict
     from fuzz.dimensions import reach_doc
 
+    merged.time_split = add_splits(first.time_split or zero_split(first.seconds),
+                                   second.time_split or zero_split(second.seconds))
     merged.reach_required = first.reach_required
     merged.reach_covered = set(first.reach_covered) | set(second.reach_covered)
     merged.reach_enforced = first.reach_enforced
@@ -455,14 +458,27 @@ def format_table(doc: dict) -> str:
     w = max([len(r["contract"]) for r in rows] + [8])
     out = [_subject_line(doc),
            f"{'contract':<{w}}  {'target':<8}  {'status':<10}  {'cases':>5}  {'pin+gen':>9}  {'stopped by':<10}  "
-           f"{'margin':>7}  {'secs':>6}  reason", "-" * (w + 80)]
+           f"{'margin':>7}  {'secs':>6}  {'case/s':>6}  {'compile/kernel/oracle/harness s':<31}  reason",
+           "-" * (w + 120)]
     for r in rows:
         split = f"{r.get('pinned_cases', 0)}+{r.get('generated_cases', r['cases'])}"
         m = r.get("margin")
         out.append(f"{r['contract']:<{w}}  {r['target']:<8}  {r['status']:<10}  {r['cases']:>5}  {split:>9}  "
                    f"{r.get('stopped_by') or '-':<10}  {'-' if m is None else f'{m:.3g}':>7}  "
-                   f"{r['seconds']:>6.1f}  {r['reason'][:80]}")
+                   f"{r['seconds']:>6.1f}  {_rate(r):>6}  {_split_cell(r):<31}  {r['reason'][:80]}")
     return "\n".join(out + _footer(doc))
+
+
+def _rate(r: dict) -> str:
+    """Cases per second of a row (``-`` for a row that checked nothing)."""
+    v = cases_per_second(r.get("cases", 0), r.get("seconds", 0.0))
+    return "-" if v is None else (f"{v:.3g}" if v < 100 else f"{v:.0f}")
+
+
+def _split_cell(r: dict) -> str:
+    """The row's compile/kernel/oracle/harness seconds (``-`` for a row that checked nothing, or a report that
+    predates them)."""
+    return format_split(r["time_split"]) if r.get("time_split") and r.get("cases") else "-"
 
 
 def _format_multi(doc: dict, cols) -> str:

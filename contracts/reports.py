@@ -12,7 +12,11 @@ import xml.etree.ElementTree as ET
 #: rewrites, label, spec, seconds, counts) and run.findings ({file, ids}); run.budget is each subject's budget
 #: 4: per row ``reach``: ``{"pairs_declared", "pairs_covered", "missing", "exhaustive"}`` (fuzz/dimensions.py)
 #: 5: per row ``first_violation``: ``{"cases", "seconds"}`` until the first case that failed the row, or null
-AUDIT_SCHEMA_VERSION = 5
+#: 6: per row ``time_split``: ``{"compile", "kernel", "oracle", "harness"}``, where the row's seconds went
+#: (contracts/timesplit.py: Triton compilation, the subject's calls less their compilation, the oracles' functions,
+#: the rest); the four add up to ``seconds``
+AUDIT_SCHEMA_VERSION = 6
+TIME_SPLIT_KEYS = ("compile", "kernel", "oracle", "harness")
 #: 2: ``subject`` at the top level ({name, version, source}) and ``finished``
 #: 3: per entry ``time_to_kill`` (``{"cases", "seconds", "contract", "target"}``, ``"crash": true`` for a kill by
 #: crash; null for an entry not killed) and at the top level ``time_to_kill`` (``{"killed", "median_seconds",
@@ -63,6 +67,8 @@ AUDIT_JSON_SCHEMA = {
                 "findings": {"type": "array", "items": {"type": "string"}},
                 "first_violation": {"type": ["object", "null"], "required": ["cases", "seconds"],
                                     "properties": {"cases": {"type": "integer"}, "seconds": {"type": "number"}}},
+                "time_split": {"type": "object", "required": list(TIME_SPLIT_KEYS),
+                               "properties": {k: {"type": "number"} for k in TIME_SPLIT_KEYS}},
                 "reach": {"type": "object", "required": ["pairs_declared", "pairs_covered", "missing", "exhaustive"],
                           "properties": {"pairs_declared": {"type": "integer"}, "pairs_covered": {"type": "integer"},
                                          "missing": {"type": "array", "items": {"type": "string"}},
@@ -84,6 +90,8 @@ def audit_schema(version: int = AUDIT_SCHEMA_VERSION) -> dict:
         schema["properties"]["results"]["items"]["required"] += ["reach"]
     if version >= 5:
         schema["properties"]["results"]["items"]["required"] += ["first_violation"]
+    if version >= 6:
+        schema["properties"]["results"]["items"]["required"] += ["time_split"]
     return schema
 
 
@@ -257,6 +265,17 @@ def _md_cell(r: dict) -> str:
     return cell
 
 
+def _md_rate(r: dict) -> str:
+    return f"{r['cases'] / r['seconds']:.3g}" if r.get("cases") and r.get("seconds", 0) > 0 else "-"
+
+
+def _md_split(r: dict) -> str:
+    s = r.get("time_split")
+    if not s or not r.get("cases"):
+        return "-"
+    return " / ".join(f"{s.get(k, 0.0):.2f}" for k in TIME_SPLIT_KEYS)
+
+
 def audit_markdown(doc: dict) -> str:
     from contracts.audit import by_contract_target, subject_columns
 
@@ -281,14 +300,15 @@ def audit_markdown(doc: dict) -> str:
             lines.append(f"| {p[0]} | {p[1]} | " + " | ".join(
                 _md_cell(cells[p][lab]) if lab in cells[p] else "-" for lab, _, _ in cols) + " |")
     else:
-        lines += ["| contract | target | status | cases | pinned+generated | stopped by | margin | seconds | reason |",
-                  "|---|---|---|---:|---:|---|---:|---:|---|"]
+        lines += ["| contract | target | status | cases | pinned+generated | stopped by | margin | seconds | cases/s "
+                  "| compile / kernel / oracle / harness s | reason |",
+                  "|---|---|---|---:|---:|---|---:|---:|---:|---:|---|"]
         for r in rows:
             m = r.get("margin")
             lines.append(f"| {r['contract']} | {r['target']} | **{r['status']}** | {r['cases']} | "
                          f"{r.get('pinned_cases', 0)}+{r.get('generated_cases', r['cases'])} | "
                          f"{r.get('stopped_by') or '-'} | {'-' if m is None else f'{m:.3g}'} | {r['seconds']:.1f} | "
-                         f"{_md_escape(r['reason'])[:160]} |")
+                         f"{_md_rate(r)} | {_md_split(r)} | {_md_escape(r['reason'])[:160]} |")
     bad = [r for r in rows if r["status"] in ("fail", "error", "incomplete", "known")
            or (multi and r["status"] == "skipped" and "subject" in r["reason"])]
     for r in bad:

@@ -12,6 +12,7 @@ from hypothesis import event as hyp_event
 from hypothesis import given, settings
 
 from contracts import findings as known_findings
+from contracts import timesplit
 from contracts.core import Contract, Violation, collecting_margins
 from contracts.subjects import FidelityError, Subject, SubjectSkip, ours, using
 from fuzz import dimensions
@@ -67,6 +68,9 @@ class RowResult:
     reach_covered: set = field(default_factory=set, repr=False)
     #: a ``ci`` row with a covering array: missing a declared tuple makes it ``incomplete``
     reach_enforced: bool = field(default=False, repr=False)
+    #: where the row's seconds went, ``{"compile", "kernel", "oracle", "harness"}`` (contracts.timesplit; None: all
+    #: harness, for a row that checked nothing)
+    time_split: dict | None = None
 
     @property
     def cases(self) -> int:
@@ -80,7 +84,8 @@ class RowResult:
                 "repro": self.repro, "subject": dict(self.subject or _ours_row()), "findings": list(self.findings),
                 "first_violation": None if self.first_violation is None else {
                     "cases": self.first_violation["cases"], "seconds": round(self.first_violation["seconds"], 3)},
-                "reach": dict(self.reach) if self.reach is not None else reach_doc(None, set())}
+                "reach": dict(self.reach) if self.reach is not None else reach_doc(None, set()),
+                "time_split": timesplit.rounded(self.time_split, self.seconds)}
 
 
 def _ours_row() -> dict:
@@ -111,7 +116,7 @@ def checked(contract: Contract, case, target: Target) -> list[Violation]:
 
 def _checked(contract: Contract, case, target: Target) -> tuple[list[Violation], float | None]:
     """The violations and the worst margin the check recorded (None when it recorded none)."""
-    with collecting_margins() as margins:
+    with collecting_margins() as margins, timesplit.measuring():
         try:
             out = contract.check(case, target)
         except (KeyboardInterrupt, SystemExit, CaseError, SubjectSkip, FidelityError):
@@ -498,6 +503,7 @@ def known_reason(ids, violations) -> str:
 
 def _fill(row: RowResult, state: dict, start: float) -> None:
     row.seconds = time.monotonic() - start
+    row.time_split = timesplit.drain(start, row.seconds)  # the checks this row ran since it started
     row.pinned_cases = state["pinned"]
     row.generated_cases = state["generated"]
     row.stopped_by = state["stop"]
