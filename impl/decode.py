@@ -275,7 +275,8 @@ def _sparse_decode_generic_kernel(
     tl.store(orow + d64[None, :], o_r.to(tl.bfloat16), mask=hmask[:, None])
 
 
-@triton.jit
+#: the split count is a plain int to the compiler: one binary serves every S (a batch's S varies)
+@triton.jit(do_not_specialize=["num_splits"])
 def _sparse_decode_gfx942_partial_kernel(
         q, stride_qb, stride_qh, stride_qd,
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
@@ -369,7 +370,8 @@ def _row_iters(len_m, len_e, s, K: tl.constexpr):
     return ((len_m + s - 1) // s + K - 1) // K + ((len_e + s - 1) // s + K - 1) // K
 
 
-@triton.jit
+#: the split count is a plain int to the compiler: one binary serves every S (a batch's S varies)
+@triton.jit(do_not_specialize=["num_splits", "one_wave"])
 def _sparse_decode_gfx950_partial_kernel(
         q, stride_qb, stride_qh, stride_qd,
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
@@ -461,7 +463,8 @@ def _sparse_decode_gfx950_partial_kernel(
         tl.store(arow + 384 + d128[None, :], a3, mask=hmask[:, None])
 
 
-@triton.jit
+#: the split count is a plain int to the compiler: one binary serves every S (a batch's S varies)
+@triton.jit(do_not_specialize=["num_splits"])
 def _sparse_decode_reduce_kernel(part_m, part_l, part_acc, stride_mb, stride_ms, stride_ab, stride_as, stride_ah,
                                  sink, out, stride_ob, stride_oh, num_splits,
                                  HAS_SINK: tl.constexpr, ADAPTIVE: tl.constexpr):

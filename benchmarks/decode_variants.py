@@ -1,0 +1,771 @@
+"""Build, check and time every decode family's candidate variants side by side with upstream's kernels, in one call.
+
+    SMV_BENCH_SUBJECT=vllm@.smv-subject/vllm-0.33.0 python3 benchmarks/decode_variants.py --budget 270
+
+What it does, in order (benchmarks/DECODE_PERF.md says why each variant is there and what it predicts):
+
+1. fp8: all 256 codes of each flavour through ``impl.triton_helpers.fp8_decode`` on the path this device takes
+   (hardware where it has the flavour) and on the bit-level path, bit-exact against torch's fp8 dtypes (NaN
+   positions exactly, -0 kept).
+2. Compiles every (family, variant) in parallel worker processes (they fill Triton's on-disk cache; this process
+   then loads the binaries), so compile time stays out of the budget's serial part.
+3. For batch 64, 512 and 1 (64 heads, SWA 128 + 512 extra tokens per query row, as issue 15's table), per family and
+   variant: one checked call into NaN-poisoned ``out`` and workspace, compared with the float64 oracle on the first
+   rows (error-model tolerance, NaN/inf positions, worst |err| / tol) and with the family's default variant (bit
+   identity, max difference); the compiler statistics (registers, spills, shared memory per kernel: Triton's
+   ``n_regs``, ``n_spills``, ``metadata.shared``); ``triton.testing.do_bench`` median (batch 1:
+   ``do_bench_cudagraph``, falling back to ``do_bench`` when the call cannot be captured). Upstream's decode (and
+   reduce) for the same family and inputs when ``SMV_BENCH_SUBJECT`` names it, and the torch gather + SDPA baseline.
+4. Prints a short table last; the full results go to ``$OUT/decode_variants.json`` (``--json``), rewritten after
+   every row so a run cut by its time limit still leaves what it measured.
+
+The gfx942 family runs with an OCP main cache beside upstream's (NVIDIA has no FNUZ, so upstream's gfx942 runs
+only that way here, as in issue 15's table); one row ``gfx942-fnuz`` runs our true gfx942 target (FNUZ main cache,
+decoded from bits on NVIDIA). Variants are ``impl.decode.DecodeVariant`` values; ``bits`` is the default with the
+hardware fp8 conversion turned off (the kernels as they were before it).
+
+Under the Triton interpreter (no GPU) ``--dry-run`` runs the same steps on a tiny shape without timing or
+statistics (one line says so): the check that the script itself works.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+#: (name, DecodeVariant fields) per family; "bits" is special (hardware fp8 off). The first is the default.
+VARIANTS = {
+    "generic": [
+        ("default", {}),
+        ("bits", {}),
+        ("i32+rope16", dict(i32_offsets=True, rope16=True)),
+        ("stages1", dict(num_stages=1)),
+        ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
+        ("i32+rope16+stages1+w4", dict(i32_offsets=True, rope16=True, num_stages=1, num_warps=4)),
+    ],
+    "gfx942": [
+        ("default", {}),
+        ("bits", {}),
+        ("i32+rope16", dict(i32_offsets=True, rope16=True)),
+        ("stages1", dict(num_stages=1)),
+        ("w8", dict(num_warps=8)),
+        ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
+        ("i32+rope16+stages1+w8", dict(i32_offsets=True, rope16=True, num_stages=1, num_warps=8)),
+    ],
+    "gfx942-fnuz": [
+        ("default", {}),
+        ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
+    ],
+    "gfx950": [
+        ("default", {}),
+        ("bits", {}),
+        ("k512", dict(k512=True)),
+        ("x32", dict(extra_tile=32)),
+        ("stages1", dict(num_stages=1)),
+        ("i32+rope16", dict(i32_offsets=True, rope16=True)),
+        ("k512+x32+stages1", dict(k512=True, extra_tile=32, num_stages=1)),
+        ("k512+x32+i32+rope16+stages1", dict(k512=True, extra_tile=32, i32_offsets=True, rope16=True,
+                                             num_stages=1)),
+        ("k512+x32+i32+rope16+stages1+w8", dict(k512=True, extra_tile=32, i32_offsets=True, rope16=True,
+                                                num_stages=1, num_warps=8)),
+    ],
+}
+#: the kernel family (impl.decode's) each row family launches
+KERNEL_FAMILY = {"generic": "generic", "gfx942": "gfx942", "gfx942-fnuz": "gfx942", "gfx950": "gfx950"}
+BATCH_ORDER = (64, 512, 1)
+ORACLE_ROWS = 8  # query rows the float64 oracle checks per batch (all heads, both segments)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# targets, variants, workloads
+# ---------------------------------------------------------------------------------------------------------------
+
+def row_target(family: str):
+    """The Target a row family runs: gfx942 with an OCP main cache (comparable with upstream's natively), the
+    true gfx942 for gfx942-fnuz, the others as they are."""
+    from impl.targets import get_target
+
+    if family == "gfx942":
+        return dataclasses.replace(get_target("gfx942"), main_cache_fp8="ocp")
+    if family == "gfx942-fnuz":
+        return get_target("gfx942")
+    return get_target(family)
+
+
+@contextlib.contextmanager
+def variant_active(family: str, name: str, fields: dict):
+    """Launch ``family`` with this variant for the block (``bits``: the default with hardware fp8 off)."""
+    from impl import decode as D
+
+    kf = KERNEL_FAMILY[family]
+    with D.decode_variant(kf, D.DecodeVariant(**fields)):
+        if name == "bits":
+            saved = D.hw_fp8_decode
+            D.hw_fp8_decode = lambda *a, **k: False
+            try:
+                yield
+            finally:
+                D.hw_fp8_decode = saved
+        else:
+            yield
+
+
+class Work:
+    """One batch: ``bench.DecodeWorkload``'s inputs (same seed, same caches) and, per row family, a frozen plan
+    with caller-owned ``out`` and workspace."""
+
+    def __init__(self, batch: int, device, heads: int, swa: int, extra: int):
+        from contracts import bench
+
+        self.batch, self.device = batch, device
+        self.w = bench.DecodeWorkload(batch, device, heads=heads, swa=swa, extra=extra)
+        self._calls: dict = {}
+
+    def main_cache(self, family: str):
+        return self.w.main["fnuz" if row_target(family).main_cache_is_fnuz else "ocp"]
+
+    def plan(self, family: str):
+        from impl.decode import plan_decode
+
+        w = self.w
+        return plan_decode(row_target(family), w.batch, w.heads, w.main_idx.numel(), w.extra_idx.numel())
+
+    def buffers(self, family: str):
+        import torch
+
+        from impl.decode import DecodeWorkspace
+
+        if family not in self._calls:
+            plan = self.plan(family)
+            out = torch.empty_like(self.w.q)
+            ws = (DecodeWorkspace.allocate(self.batch, plan.num_splits, self.w.heads, self.device)
+                  if plan.family != "generic" else None)
+            self._calls[family] = (plan, out, ws)
+        return self._calls[family]
+
+    def ours(self, family: str):
+        """The zero-argument call of ours (the variant active when it runs is the one launched)."""
+        from impl.decode import sparse_attn_decode
+
+        w, t = self.w, row_target(family)
+        plan, out, ws = self.buffers(family)
+        main = self.main_cache(family)
+
+        def run():
+            return sparse_attn_decode(w.q, main, w.main_idx, w.main_ptr, w.extra_cache, w.extra_idx, w.extra_ptr,
+                                      attn_sink=w.sink, target=t, plan=plan, workspace=ws, out=out,
+                                      check_indptr=False)
+
+        return run, plan, out, ws
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checks
+# ---------------------------------------------------------------------------------------------------------------
+
+_PROBE = None
+
+
+def _fp8_probe():
+    """The 256-code probe kernel (built on first use: Triton resolves its globals from this module)."""
+    global _PROBE, TH, tl
+    if _PROBE is None:
+        import triton
+        import triton.language as tl
+        from impl import triton_helpers as TH
+
+        @triton.jit
+        def probe(src, dst, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr):
+            o = tl.arange(0, 256)
+            tl.store(dst + o, TH.fp8_decode(tl.load(src + o), IS_FNUZ, HW_FP8))
+
+        _PROBE = probe
+    return _PROBE
+
+
+def fp8_checks() -> list[dict]:
+    """All 256 codes per flavour on the path chosen here and on the bit-level path, against torch."""
+    import torch
+
+    from impl import triton_helpers as TH
+    from impl.runtime import kernel_device
+
+    probe = _fp8_probe()
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    res = []
+    for flavour, td in (("ocp", torch.float8_e4m3fn), ("fnuz", torch.float8_e4m3fnuz)):
+        want = codes.view(td).float()
+        hw = TH.hw_fp8_decode(flavour == "fnuz")
+        for path in sorted({False, hw}):
+            dst = torch.empty(256, dtype=torch.float32, device=kernel_device())
+            probe[(1,)](codes.to(kernel_device()), dst, IS_FNUZ=flavour == "fnuz", HW_FP8=path)
+            got = dst.cpu()
+            nan_ok = torch.equal(got.isnan(), want.isnan())
+            fin = ~want.isnan()
+            bits_ok = torch.equal(got[fin].view(torch.int32), want[fin].view(torch.int32))
+            bad = [c for c in range(256) if (bool(got[c].isnan()) != bool(want[c].isnan())) or
+                   (not bool(want[c].isnan()) and int(got[c:c + 1].view(torch.int32)) !=
+                    int(want[c:c + 1].view(torch.int32)))]
+            res.append({"flavour": flavour, "path": "hardware" if path else "bits", "chosen": path == hw,
+                        "exact": nan_ok and bits_ok, "bad_codes": bad[:16]})
+    return res
+
+
+def oracle_reference(work: Work, family: str, rows: int):
+    """The float64 oracle for the first ``rows`` query rows (their segments are the first of each index list)."""
+    from oracles import decode as oracle_decode
+
+    w, t = work.w, row_target(family)
+    r = min(rows, w.batch)
+    mp_, ep = w.main_ptr[:r + 1].cpu(), w.extra_ptr[:r + 1].cpu()
+    mi, ei = w.main_idx[:int(mp_[-1])].cpu(), w.extra_idx[:int(ep[-1])].cpu()
+    ref = oracle_decode.ref_sparse_attn_decode(
+        w.q[:r].cpu(), work.main_cache(family).cpu(), mi, mp_, w.extra_cache.cpu(), ei, ep,
+        attn_sink=w.sink.cpu(), softmax_scale=w.q.shape[2] ** -0.5, main_flavour=t.main_cache_fp8,
+        extra_flavour=t.extra_cache_fp8, scrub_extra=True)
+    return ref, r
+
+
+def check_against(ref, r: int, out, num_splits: int) -> dict:
+    from impl.runtime import triton_mode
+    from oracles import compare as cmp
+
+    tol = cmp.attention_tolerance(ref.weight_abs, ref.logit_abs, ref.logit_max_abs, ref.tokens, ref.max_abs_v,
+                                  num_splits, 16, cmp.AttentionErrorModel.for_mode(triton_mode()))
+    got = out[:r].detach().cpu()
+    comp = cmp.attention_comparison(got, ref.out, tol)
+    g, e = got.double(), ref.out.double()
+    fin = g.isfinite() & e.isfinite()
+    denom = e.abs().amax().item() or 1.0
+    rel = ((g - e).abs()[fin].max().item() / denom) if fin.any() else 0.0
+    return {"ok": comp.ok, "worst_err_over_tol": comp.worst_ratio, "max_rel_err": rel,
+            "nan_positions_equal": bool((g.isnan() == e.isnan()).all()),
+            "mismatches": [m.detail + f" at {m.where}" for m in comp.mismatches[:3]]}
+
+
+def poison(out, ws) -> None:
+    import torch
+
+    out.view(torch.int16).fill_(-1)  # 0xFFFF: a bf16 NaN
+    if ws is not None:
+        for t in (ws.part_m, ws.part_l, ws.part_acc):
+            t.fill_(math.nan)
+
+
+def diff(a, b) -> dict:
+    import torch
+
+    same = torch.equal(a.view(torch.int16), b.view(torch.int16))
+    d = (a.float() - b.float()).abs()
+    d = d[d.isfinite()]
+    return {"bit_identical": bool(same), "max_abs_diff": float(d.max()) if d.numel() else 0.0,
+            "nan_positions_equal": bool(torch.equal(a.isnan(), b.isnan()))}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compiler statistics
+# ---------------------------------------------------------------------------------------------------------------
+
+def _compiled(jitfn) -> list:
+    """Every CompiledKernel a JITFunction holds (Triton 3.x keeps them in ``device_caches``)."""
+    found = []
+    caches = getattr(jitfn, "device_caches", None)
+    if caches is None:
+        fn = getattr(jitfn, "fn", None)
+        caches = getattr(fn, "device_caches", None) if fn is not None else None
+    for entry in (caches or {}).values():
+        parts = entry if isinstance(entry, tuple) else (entry,)
+        for p in parts:
+            if isinstance(p, dict):
+                found.extend(v for v in p.values() if hasattr(v, "metadata"))
+    return found
+
+
+def kernel_stats(ck) -> dict:
+    with contextlib.suppress(Exception):
+        if getattr(ck, "n_regs", None) is None:
+            ck._init_handles()
+    md = ck.metadata
+    return {"n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None),
+            "shared": getattr(md, "shared", None), "num_warps": getattr(md, "num_warps", None),
+            "num_stages": getattr(md, "num_stages", None)}
+
+
+class StatsWatch:
+    """Which CompiledKernels appeared since the last look, by kernel name: a variant's first call in this process
+    adds its own (loaded from the disk cache the workers filled)."""
+
+    def __init__(self, kernels: dict):
+        self.kernels = kernels  # name -> JITFunction
+        self.seen = {n: {id(c) for c in _compiled(k)} for n, k in kernels.items()}
+        self.by_key: dict = {}
+
+    def new(self) -> dict:
+        out = {}
+        for n, k in self.kernels.items():
+            for c in _compiled(k):
+                if id(c) not in self.seen[n]:
+                    self.seen[n].add(id(c))
+                    out[n] = kernel_stats(c)
+        return out
+
+
+def our_kernels() -> dict:
+    from impl import decode as D
+
+    return {"generic": D._sparse_decode_generic_kernel, "gfx942": D._sparse_decode_gfx942_partial_kernel,
+            "gfx950": D._sparse_decode_gfx950_partial_kernel, "reduce": D._sparse_decode_reduce_kernel}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# upstream
+# ---------------------------------------------------------------------------------------------------------------
+
+class Upstream:
+    """Upstream's decode per row family through contracts' subject (its loader's named rewrites for this host)."""
+
+    def __init__(self, spec: str):
+        from contracts.subjects import parse_subject
+
+        self.spec = spec
+        self.subject = parse_subject(spec)
+        self.bound: dict = {}
+
+    def bind(self, family: str):
+        if family not in self.bound:
+            self.bound[family] = self.subject.bind(row_target(family))
+        return self.bound[family]
+
+    def kernels(self, family: str) -> dict:
+        from contracts.subjects.vllm.adapters.decode import PARTIAL_KERNELS, REDUCE_KERNEL
+
+        ops = self.bind(family).ctx["ops"]
+        kf = KERNEL_FAMILY[family]
+        return {f"upstream {kf}": getattr(ops, PARTIAL_KERNELS[kf]), "upstream reduce": getattr(ops, REDUCE_KERNEL)}
+
+    def call(self, work: Work, family: str):
+        import torch
+
+        from contracts.subjects import using
+
+        sub = self.bind(family)
+        w = work.w
+        main = work.main_cache(family)
+        out = torch.empty_like(w.q)
+        decode = sub.decode.sparse_attn_decode
+        tname = KERNEL_FAMILY[family]
+
+        def run():
+            with using(self.subject):
+                return decode(w.q, main, w.main_idx, w.main_ptr, w.extra_cache, w.extra_idx, w.extra_ptr,
+                              attn_sink=w.sink, target=tname, out=out)
+
+        return run, out
+
+    def plan(self, work: Work, family: str):
+        from contracts.subjects import using
+
+        w = work.w
+        with using(self.subject):
+            return self.bind(family).decode.plan_decode(KERNEL_FAMILY[family], w.batch, w.heads, w.main_idx.numel(),
+                                                        w.extra_idx.numel())
+
+    def rewrites(self) -> list:
+        return [{"id": r["id"], "file": r["file"]} for r in self.subject.rewrites]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------------------------------------
+
+def graph_us(fn, rep_ms: int):
+    """Median microseconds under ``do_bench_cudagraph`` (host launch cost out), or None when it cannot capture."""
+    import torch
+    import triton
+
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e3
+    except Exception:  # noqa: BLE001
+        torch.cuda.synchronize()
+        return None
+
+
+def time_call(fn, batch: int, rep_ms: int) -> tuple[float, str]:
+    """(median microseconds, how): do_bench; at batch 1 do_bench_cudagraph when the call can be captured."""
+    import torch
+    import triton
+
+    if batch == 1:
+        try:
+            ms = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
+            return ms * 1e3, "do_bench_cudagraph"
+        except Exception as e:  # noqa: BLE001 - a call that cannot be captured is timed eagerly
+            torch.cuda.synchronize()
+            how = f"do_bench (graph capture failed: {type(e).__name__})"
+    else:
+        how = "do_bench"
+    ms = triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
+    return ms * 1e3, how
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parallel compile (workers fill Triton's disk cache)
+# ---------------------------------------------------------------------------------------------------------------
+
+_WORKS: dict = {}
+
+
+def _compile_job(job: dict) -> dict:
+    """A worker: build the workloads, run each listed (family, variant) once per batch (ours) or upstream's."""
+    t0 = time.time()
+    try:
+        from impl.runtime import kernel_device
+
+        dev = kernel_device()
+        # a worker process runs several jobs: its workloads are built once
+        for b in job["batches"]:
+            if (b, job["heads"]) not in _WORKS:
+                _WORKS[(b, job["heads"])] = Work(b, dev, job["heads"], job["swa"], job["extra"])
+        works = {b: _WORKS[(b, job["heads"])] for b in job["batches"]}
+        if job.get("upstream"):
+            up = Upstream(job["upstream"])
+            for b, work in works.items():
+                run, _ = up.call(work, job["family"])
+                run()
+                if KERNEL_FAMILY[job["family"]] != "generic":
+                    up.bind(job["family"])  # the reduce compiles inside the call
+        else:
+            for name, fields in job["variants"]:
+                with variant_active(job["family"], name, fields):
+                    for work in works.values():
+                        work.ours(job["family"])[0]()
+        import torch
+
+        torch.cuda.synchronize()
+        return {"job": job["label"], "ok": True, "seconds": time.time() - t0}
+    except Exception as e:  # noqa: BLE001 - reported, the main process compiles it itself then
+        return {"job": job["label"], "ok": False, "seconds": time.time() - t0,
+                "error": f"{type(e).__name__}: {e}"[:400], "trace": traceback.format_exc()[-1500:]}
+
+
+def precompile(jobs: list[dict], workers: int, timeout: float) -> list[dict]:
+    if not jobs or workers < 1:
+        return []
+    ctx = mp.get_context("spawn")
+    results = []
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+        futs = [ex.submit(_compile_job, j) for j in jobs]
+        try:
+            for f in cf.as_completed(futs, timeout=timeout):
+                results.append(f.result())
+        except cf.TimeoutError:
+            results.append({"job": "precompile", "ok": False, "error": f"not done within {timeout:.0f} s"})
+            for f in futs:
+                f.cancel()
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------------------------------
+
+def figures(batch, heads, swa, extra) -> dict:
+    from contracts import bench
+
+    return bench.decode_figures(batch, heads, swa, extra)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budget", type=float, default=270.0, help="seconds for the whole run (default 270)")
+    p.add_argument("--json", default=None, help="JSON path (default $OUT/decode_variants.json, else ./)")
+    p.add_argument("--families", default=",".join(VARIANTS), help="comma-separated row families")
+    p.add_argument("--batches", default=",".join(str(b) for b in BATCH_ORDER))
+    p.add_argument("--variants", default=None, help="comma-separated variant names to keep (default: all)")
+    p.add_argument("--workers", type=int, default=min(12, (os.cpu_count() or 2) - 2),
+                   help="compile worker processes (0: compile serially here)")
+    p.add_argument("--rep-ms", type=int, default=60, help="do_bench rep per measurement, ms")
+    p.add_argument("--no-graph", dest="graph", action="store_false",
+                   help="batches above 1: only do_bench (default: also do_bench_cudagraph, as graph_us)")
+    p.add_argument("--dry-run", action="store_true", help="tiny shape, no timing (the interpreter's self-check)")
+    p.add_argument("--no-upstream", action="store_true", help="ignore SMV_BENCH_SUBJECT")
+    args = p.parse_args(argv)
+    t_start = time.time()
+    deadline = t_start + args.budget
+
+    import impl  # noqa: F401 - configures the Triton mode before Triton is used
+    from impl.runtime import detect_device, kernel_device, triton_mode
+
+    import torch
+
+    native = triton_mode() == "native" and torch.cuda.is_available()
+    if not native and not args.dry_run:
+        print("decode_variants: no GPU here (Triton interpreter): nothing to time; --dry-run checks the script")
+        return 0
+    heads, swa, extra = (16, 8, 40) if args.dry_run else (64, 128, 512)
+    batches = [2, 1] if args.dry_run else [int(b) for b in args.batches.split(",") if b.strip()]
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    for f in families:
+        if f not in VARIANTS:
+            print(f"decode_variants: unknown family {f!r} (expected {', '.join(VARIANTS)})", file=sys.stderr)
+            return 2
+    keep = set(args.variants.split(",")) if args.variants else None
+    variants = {f: [v for v in VARIANTS[f] if keep is None or v[0] in keep or v[0] == "default"] for f in families}
+    out_dir = Path(args.json).parent if args.json else Path(os.environ.get("OUT") or ".")
+    json_path = Path(args.json) if args.json else out_dir / "decode_variants.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    dev = kernel_device()
+    import triton
+
+    doc = {"script": "benchmarks/decode_variants.py", "device": detect_device().as_json(), "triton": triton.__version__,
+           "torch": torch.__version__, "mode": triton_mode(), "shape": {"heads": heads, "swa": swa, "extra": extra},
+           "budget_s": args.budget, "fp8": [], "precompile": [], "rows": [], "notes": []}
+
+    def save():
+        doc["elapsed_s"] = time.time() - t_start
+        tmp = json_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        tmp.replace(json_path)
+
+    def note(msg):
+        print(msg, flush=True)
+        doc["notes"].append(msg)
+
+    # 1. fp8 paths
+    doc["fp8"] = fp8_checks()
+    for r in doc["fp8"]:
+        print(f"fp8 {r['flavour']:<4} {r['path']:<8} {'(chosen here)' if r['chosen'] else '             '} "
+              f"{'exact on all 256 codes' if r['exact'] else 'NOT EXACT: codes ' + str(r['bad_codes'])}", flush=True)
+    save()
+
+    spec = None if args.no_upstream else os.environ.get("SMV_BENCH_SUBJECT")
+    up = None
+    if spec:
+        try:
+            up = Upstream(spec)
+        except Exception as e:  # noqa: BLE001
+            note(f"upstream {spec}: cannot load ({type(e).__name__}: {e}); ours only")
+    else:
+        note("no SMV_BENCH_SUBJECT: upstream's kernels are not run (set it to vllm@.smv-subject/vllm-0.33.0)")
+
+    # 2. parallel compile
+    if native and args.workers > 0:
+        jobs = []
+        for f in families:
+            for v in variants[f]:
+                jobs.append({"label": f"{f} {v[0]}", "family": f, "variants": [v], "batches": batches,
+                             "heads": heads, "swa": swa, "extra": extra})
+            if up is not None and f != "gfx942-fnuz":
+                jobs.append({"label": f"upstream {f}", "family": f, "upstream": spec, "batches": batches,
+                             "heads": heads, "swa": swa, "extra": extra})
+        t0 = time.time()
+        doc["precompile"] = precompile(jobs, args.workers, timeout=max(30.0, 0.55 * args.budget))
+        bad = [r for r in doc["precompile"] if not r.get("ok")]
+        note(f"precompile: {len(jobs)} jobs on {args.workers} workers in {time.time() - t0:.1f} s"
+             + (f"; {len(bad)} failed (compiled here instead): " + "; ".join(f"{r['job']}: {r.get('error')}"
+                                                                           for r in bad[:4]) if bad else ""))
+        save()
+
+    if not native:
+        note("Triton interpreter: no compiler statistics (no compiled kernel), no timing; checks only")
+    watch = StatsWatch(our_kernels()) if native else None
+    up_watch, stats_seen = {}, {}
+
+    # 3. per batch, family, variant
+    for batch in batches:
+        if time.time() > deadline - 5:
+            note(f"batch {batch}: skipped, budget spent")
+            continue
+        work = Work(batch, dev, heads, swa, extra)
+        fig = figures(batch, heads, swa, extra)
+        if native and time.time() < deadline - 10:
+            try:
+                us, how = time_call(work.w.baseline_call(), batch, args.rep_ms)
+                doc["rows"].append({"batch": batch, "family": "torch", "impl": "torch gather + SDPA", "us": us,
+                                    "timing": how, **fig})
+            except Exception as e:  # noqa: BLE001
+                note(f"batch {batch}: torch baseline failed: {type(e).__name__}: {e}")
+        for family in families:
+            kf = KERNEL_FAMILY[family]
+            try:
+                ref, r = oracle_reference(work, family, ORACLE_ROWS)
+            except Exception as e:  # noqa: BLE001
+                ref, r = None, 0
+                note(f"batch {batch} {family}: oracle failed: {type(e).__name__}: {e}")
+            default_out = None
+            for name, fields in variants[family]:
+                if time.time() > deadline - 3:
+                    note(f"batch {batch} {family} {name}: skipped, budget spent")
+                    continue
+                row = {"batch": batch, "family": family, "impl": f"ours {name}", "variant": name, "fields": fields,
+                       **fig}
+                try:
+                    with variant_active(family, name, fields):
+                        run, plan, out, ws = work.ours(family)
+                        row["num_splits"] = plan.num_splits
+                        poison(out, ws)
+                        run()
+                        if native:
+                            torch.cuda.synchronize()
+                            # a variant's kernels load on its first call; later batches reuse them
+                            new = watch.new()
+                            row["stats"] = new or stats_seen.get((family, name), {})
+                            stats_seen.setdefault((family, name), new)
+                        got = out.detach().clone()
+                        if ref is not None:
+                            row["oracle"] = check_against(ref, r, got, plan.num_splits)
+                        if default_out is None:
+                            default_out = got
+                        else:
+                            row["vs_default"] = diff(got, default_out)
+                        if native:
+                            row["us"], row["timing"] = time_call(run, batch, args.rep_ms)
+                            if batch > 1 and args.graph:
+                                row["graph_us"] = graph_us(run, args.rep_ms)
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {e}"[:500]
+                    row["trace"] = traceback.format_exc()[-1500:]
+                doc["rows"].append(row)
+                print(_row_line(row), flush=True)
+                save()
+            # our reduce alone (default variant's partials)
+            if native and kf != "generic" and time.time() < deadline - 3:
+                try:
+                    from impl.decode import decode_reduce
+
+                    run, plan, out, ws = work.ours(family)
+                    run()
+                    us, how = time_call(lambda: decode_reduce(ws, attn_sink=work.w.sink, adaptive=plan.adaptive,
+                                                              out=out), batch, args.rep_ms)
+                    doc["rows"].append({"batch": batch, "family": family, "impl": "ours reduce", "us": us,
+                                        "timing": how, "num_splits": plan.num_splits,
+                                        "stats": watch.new()})
+                    print(_row_line(doc["rows"][-1]), flush=True)
+                except Exception as e:  # noqa: BLE001
+                    note(f"batch {batch} {family}: reduce failed: {type(e).__name__}: {e}")
+            # upstream
+            if up is not None and family != "gfx942-fnuz" and time.time() < deadline - 3:
+                row = {"batch": batch, "family": family, "impl": "upstream", **fig}
+                try:
+                    if family not in up_watch and native:
+                        up_watch[family] = StatsWatch(up.kernels(family))
+                    row["num_splits"] = up.plan(work, family).num_splits
+                    run, out = up.call(work, family)
+                    out.view(torch.int16).fill_(-1)
+                    run()
+                    if native:
+                        torch.cuda.synchronize()
+                        row["stats"] = up_watch[family].new()
+                    got = out.detach().clone()
+                    if ref is not None:
+                        row["oracle"] = check_against(ref, r, got, row["num_splits"])
+                    if default_out is not None:
+                        row["vs_default"] = diff(got, default_out)
+                    if native:
+                        row["us"], row["timing"] = time_call(run, batch, args.rep_ms)
+                        if batch > 1 and args.graph:
+                            row["graph_us"] = graph_us(run, args.rep_ms)
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {e}"[:500]
+                    row["trace"] = traceback.format_exc()[-1500:]
+                doc["rows"].append(row)
+                print(_row_line(row), flush=True)
+                save()
+    if up is not None:
+        with contextlib.suppress(Exception):
+            doc["upstream_rewrites"] = up.rewrites()
+    save()
+    print()
+    print(summary_table(doc))
+    print(f"\ndecode_variants: {len(doc['rows'])} rows in {time.time() - t_start:.0f} s; JSON in {json_path}")
+    fails = [r for r in doc["rows"] if r.get("error") or (r.get("oracle") and not r["oracle"]["ok"])]
+    fp8_bad = [r for r in doc["fp8"] if not r["exact"]]
+    return 1 if fails or fp8_bad else 0
+
+
+def _stats_text(st) -> str:
+    if not st:
+        return ""
+    parts = []
+    for k, s in st.items():
+        sh = s.get("shared")
+        parts.append(f"{k.split()[-1]}: {s.get('n_regs')}r/{s.get('n_spills')}sp/"
+                     f"{'-' if sh is None else round(sh / 1024)}K")
+    return " ".join(parts)
+
+
+def _row_line(r) -> str:
+    us = f"{r['us']:9.1f}" if r.get("us") is not None else f"{'-':>9}"
+    if r.get("graph_us") is not None:
+        us += f" (graph {r['graph_us']:.1f})"
+    chk = ""
+    if r.get("oracle"):
+        o = r["oracle"]
+        wr = o.get("worst_err_over_tol")
+        chk = ("ok" if o["ok"] else "FAIL") + (f" {wr:.2f}" if wr is not None else "")
+    vd = r.get("vs_default")
+    same = "" if not vd else ("=def" if vd["bit_identical"] else f"d{vd['max_abs_diff']:.1e}")
+    err = f" ERROR {r['error'][:120]}" if r.get("error") else ""
+    s = r.get("num_splits")
+    return (f"{r['batch']:>4} {r['family']:<12} {r['impl']:<36} S={s if s is not None else '-':<3} {us} us "
+            f"{chk:<10} {same:<9} {_stats_text(r.get('stats'))}{err}")
+
+
+def summary_table(doc) -> str:
+    """Per batch and family: upstream, our default, our fastest correct variant, ratios; then torch."""
+    rows = doc["rows"]
+    lines = [f"{'batch':>5} {'family':<12} {'upstream us':>11} {'default us':>10} {'best variant':<32} "
+             f"{'best us':>9} {'def/up':>7} {'best/up':>7} {'torch us':>9}"]
+    for b in sorted({r["batch"] for r in rows}):
+        torch_us = next((r.get("us") for r in rows if r["batch"] == b and r["family"] == "torch"), None)
+        for f in VARIANTS:
+            rs = [r for r in rows if r["batch"] == b and r["family"] == f]
+            if not rs:
+                continue
+            upr = next((r for r in rs if r["impl"] == "upstream" and r.get("us")), None)
+            ours = [r for r in rs if r["impl"].startswith("ours ") and r["impl"] != "ours reduce" and r.get("us")
+                    and not r.get("error") and r.get("oracle", {}).get("ok", True)]
+            dft = next((r for r in ours if r.get("variant") == "default"), None)
+            best = min(ours, key=lambda r: r["us"]) if ours else None
+
+            def fmt(x, w=10, p=1):
+                return f"{x:>{w}.{p}f}" if x is not None else f"{'-':>{w}}"
+            up_us = upr["us"] if upr else None
+            lines.append(f"{b:>5} {f:<12} {fmt(up_us, 11)} {fmt(dft['us'] if dft else None)} "
+                         f"{(best['variant'] if best else '-'):<32} {fmt(best['us'] if best else None, 9)} "
+                         f"{fmt(dft['us'] / up_us if dft and up_us else None, 7, 2)} "
+                         f"{fmt(best['us'] / up_us if best and up_us else None, 7, 2)} {fmt(torch_us, 9)}")
+    seen = {}
+    for r in rows:
+        if r.get("stats") and r["impl"] != "ours reduce":
+            seen.setdefault((r["family"], r["impl"]), r["stats"])
+    if seen:
+        lines.append("compiler statistics (registers / spills / shared KiB per kernel):")
+        for (f, impl_name), st in seen.items():
+            lines.append(f"  {f:<12} {impl_name:<36} {_stats_text(st)}")
+    else:
+        lines.append("compiler statistics: none (Triton interpreter, or no kernel compiled here)")
+    bad = [r for r in rows if r.get("error") or (r.get("oracle") and not r["oracle"]["ok"])]
+    for r in bad[:8]:
+        lines.append(f"  FAILED {r['batch']} {r['family']} {r['impl']}: "
+                     f"{r.get('error') or '; '.join(r['oracle']['mismatches'])}"[:200])
+    fp8 = doc.get("fp8") or []
+    lines.append("fp8: " + ", ".join(f"{r['flavour']}/{r['path']}{'*' if r['chosen'] else ''} "
+                                     f"{'exact' if r['exact'] else 'NOT EXACT'}" for r in fp8)
+                 + " (* = the path kernels take here)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
