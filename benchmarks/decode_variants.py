@@ -277,48 +277,10 @@ def diff(a, b) -> dict:
 # compiler statistics
 # ---------------------------------------------------------------------------------------------------------------
 
-def _compiled(jitfn) -> list:
-    """Every CompiledKernel a JITFunction holds (Triton 3.x keeps them in ``device_caches``)."""
-    found = []
-    caches = getattr(jitfn, "device_caches", None)
-    if caches is None:
-        fn = getattr(jitfn, "fn", None)
-        caches = getattr(fn, "device_caches", None) if fn is not None else None
-    for entry in (caches or {}).values():
-        parts = entry if isinstance(entry, tuple) else (entry,)
-        for p in parts:
-            if isinstance(p, dict):
-                found.extend(v for v in p.values() if hasattr(v, "metadata"))
-    return found
+def StatsWatch(kernels):  # noqa: N802 - the shared helper, kept under its class name
+    from contracts import bench
 
-
-def kernel_stats(ck) -> dict:
-    with contextlib.suppress(Exception):
-        if getattr(ck, "n_regs", None) is None:
-            ck._init_handles()
-    md = ck.metadata
-    return {"n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None),
-            "shared": getattr(md, "shared", None), "num_warps": getattr(md, "num_warps", None),
-            "num_stages": getattr(md, "num_stages", None)}
-
-
-class StatsWatch:
-    """Which CompiledKernels appeared since the last look, by kernel name: a variant's first call in this process
-    adds its own (loaded from the disk cache the workers filled)."""
-
-    def __init__(self, kernels: dict):
-        self.kernels = kernels  # name -> JITFunction
-        self.seen = {n: {id(c) for c in _compiled(k)} for n, k in kernels.items()}
-        self.by_key: dict = {}
-
-    def new(self) -> dict:
-        out = {}
-        for n, k in self.kernels.items():
-            for c in _compiled(k):
-                if id(c) not in self.seen[n]:
-                    self.seen[n].add(id(c))
-                    out[n] = kernel_stats(c)
-        return out
+    return bench.StatsWatch(kernels)
 
 
 def our_kernels() -> dict:
@@ -695,14 +657,9 @@ def main(argv=None) -> int:
 
 
 def _stats_text(st) -> str:
-    if not st:
-        return ""
-    parts = []
-    for k, s in st.items():
-        sh = s.get("shared")
-        parts.append(f"{k.split()[-1]}: {s.get('n_regs')}r/{s.get('n_spills')}sp/"
-                     f"{'-' if sh is None else round(sh / 1024)}K")
-    return " ".join(parts)
+    from contracts import bench
+
+    return bench.format_stats({k.split()[-1]: v for k, v in (st or {}).items()})
 
 
 def _row_line(r) -> str:

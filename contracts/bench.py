@@ -398,6 +398,70 @@ def benchmark_median(benchmark) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Compiler statistics (registers, spills, shared memory of the binaries Triton built)
+# ---------------------------------------------------------------------------------------------------------------
+
+def compiled_kernels(jitfn) -> list:
+    """Every compiled binary a ``@triton.jit`` function holds in this process (Triton 3.x keeps them per device in
+    ``device_caches``, a tuple whose dicts map a specialization key to a CompiledKernel). Empty under the
+    interpreter, which compiles nothing."""
+    found, seen = [], set()
+    caches = getattr(jitfn, "device_caches", None)
+    if caches is None and getattr(jitfn, "fn", None) is not None:
+        caches = getattr(jitfn.fn, "device_caches", None)
+    for entry in (caches or {}).values():
+        for part in (entry if isinstance(entry, tuple) else (entry,)):
+            if isinstance(part, dict):
+                for v in part.values():
+                    if hasattr(v, "metadata") and id(v) not in seen:
+                        seen.add(id(v))
+                        found.append(v)
+    return found
+
+
+def kernel_stats(ck) -> dict:
+    """``{n_regs, n_spills, shared, num_warps, num_stages}`` of one compiled kernel (``shared`` in bytes; a field
+    the binary does not know is None). Registers and spills are filled when the binary is first loaded."""
+    if getattr(ck, "n_regs", None) is None and hasattr(ck, "_init_handles"):
+        try:
+            ck._init_handles()
+        except Exception:  # noqa: BLE001 - a binary that cannot load here keeps None
+            pass
+    md = getattr(ck, "metadata", None)
+    return {"n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None),
+            "shared": getattr(md, "shared", None), "num_warps": getattr(md, "num_warps", None),
+            "num_stages": getattr(md, "num_stages", None)}
+
+
+class StatsWatch:
+    """Which binaries appeared since the last look, per kernel name: run one variant, then ``new()`` gives the
+    statistics of the kernels it compiled (or loaded from Triton's disk cache)."""
+
+    def __init__(self, kernels: dict):
+        self.kernels = dict(kernels)  # name -> @triton.jit function
+        self.seen = {n: {id(c) for c in compiled_kernels(k)} for n, k in self.kernels.items()}
+
+    def new(self) -> dict:
+        out = {}
+        for n, k in self.kernels.items():
+            for c in compiled_kernels(k):
+                if id(c) not in self.seen[n]:
+                    self.seen[n].add(id(c))
+                    out[n] = kernel_stats(c)
+        return out
+
+
+def format_stats(stats: dict) -> str:
+    """``name: 128r/0sp/80K`` per kernel (registers / spilled registers / shared KiB)."""
+    parts = []
+    for name, st in stats.items():
+        sh = st.get("shared")
+        parts.append(f"{name}: {st.get('n_regs')}r/{st.get('n_spills')}sp/"
+                     f"{'-' if sh is None else round(sh / 1024)}K")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Reading pytest-benchmark's JSON
 # ---------------------------------------------------------------------------------------------------------------
 

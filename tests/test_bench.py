@@ -659,3 +659,84 @@ def test_table_shows_the_indexer_path_beside_torch_the_copy_ceiling_and_the_subj
     sub = _line("\n".join(lines), "vllm==0.33.0 paged")
     assert sub.split()[-1] == "0.50x"  # the subject's 30 us over our 60 us: ours is slower
     assert "16.00x" in _line("\n".join(lines), "triton paged")
+
+
+# --- compiler statistics and benchmarks/decode_variants.py ----------------------------------------------------------
+
+class _FakeCompiled:
+    def __init__(self, regs, spills, shared):
+        self.n_regs, self.n_spills = None, None
+        self._want = (regs, spills)
+        self.metadata = argparse.Namespace(shared=shared, num_warps=4, num_stages=1)
+
+    def _init_handles(self):
+        self.n_regs, self.n_spills = self._want
+
+
+class _FakeJit:
+    """A @triton.jit function's shape as Triton 3.x keeps its binaries: device -> (kernel cache, ..., binder)."""
+
+    def __init__(self):
+        self.device_caches = {0: ({}, {}, "target", "backend", None)}
+
+    def add(self, key, ck):
+        self.device_caches[0][0][key] = ck
+        self.device_caches[0][1][key] = "not a kernel"
+
+
+def test_stats_watch_reports_the_binaries_each_variant_added():
+    k = _FakeJit()
+    k.add("old", _FakeCompiled(40, 0, 1024))
+    w = bench.StatsWatch({"partial": k})
+    assert w.new() == {}
+    k.add("new", _FakeCompiled(255, 12, 81920))
+    got = w.new()
+    assert got == {"partial": {"n_regs": 255, "n_spills": 12, "shared": 81920, "num_warps": 4, "num_stages": 1}}
+    assert w.new() == {}
+    assert bench.format_stats(got) == "partial: 255r/12sp/80K"
+    assert bench.compiled_kernels(object()) == []
+
+
+def _load_decode_variants():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("decode_variants", ROOT / "benchmarks" / "decode_variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_decode_variants_names_valid_variants_and_parses_them_from_the_environment():
+    from impl import decode as D
+
+    dv = _load_decode_variants()
+    for family, vs in dv.VARIANTS.items():
+        assert vs[0] == ("default", {}), family
+        assert len({n for n, _ in vs}) == len(vs), family
+        for _, fields in vs:
+            D.DecodeVariant(**fields)
+    got = D.parse_variants("gfx950:k512,extra_tile=32,num_stages=1; gfx942:i32_offsets,rope16=0,num_warps=8")
+    assert got == {"gfx950": D.DecodeVariant(k512=True, extra_tile=32, num_stages=1),
+                   "gfx942": D.DecodeVariant(i32_offsets=True, num_warps=8)}
+    for bad in ("gfx999:k512", "gfx950:nonsense", "gfx950:extra_tile=48", "gfx950:k512=maybe"):
+        with pytest.raises(ValueError):
+            D.parse_variants(bad)
+
+
+def test_decode_variants_dry_run_checks_every_row_and_writes_its_json(tmp_path, capsys):
+    """The GPU script's own steps on the interpreter at a tiny shape: fp8 paths, oracle checks into poisoned
+    buffers, bit identity with the default; no timing, and the statistics line says why there are none."""
+    dv = _load_decode_variants()
+    out = tmp_path / "dv.json"
+    rc = dv.main(["--dry-run", "--no-upstream", "--families", "generic", "--variants", "i32+rope16",
+                  "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    doc = json.loads(out.read_text())
+    assert {(r["flavour"], r["path"]) for r in doc["fp8"]} == {("ocp", "bits"), ("fnuz", "bits")}
+    assert all(r["exact"] for r in doc["fp8"])
+    rows = [r for r in doc["rows"] if r["family"] == "generic"]
+    assert {(r["batch"], r["variant"]) for r in rows} == {(b, v) for b in (1, 2) for v in ("default", "i32+rope16")}
+    assert all(r["oracle"]["ok"] and r["oracle"]["nan_positions_equal"] for r in rows)
+    assert all(r["vs_default"]["bit_identical"] for r in rows if r["variant"] != "default")
+    assert "compiler statistics: none" in text

@@ -207,3 +207,69 @@ def test_workspace_shape_checked():
 
 def test_default_scale_is_head_dim_inverse_sqrt():
     assert dec.DEFAULT_SOFTMAX_SCALE == formats.DSV4_HEAD_DIM ** -0.5
+
+
+# --- build variants (DecodeVariant) and the fp8 path choice -----------------------------------------------------
+
+_VARIANT_CASE = _case(seed=5, batch=2, heads=17, main_bs=16, extra_bs=16, main_lens=(40, 7), extra_lens=(150, 70),
+                      invalid_rate=0.1, poison="nan", cu_count=2)
+
+
+@pytest.mark.parametrize("target,variant", [
+    ("generic", dec.DecodeVariant(i32_offsets=True, rope16=True, num_warps=4, num_stages=1)),
+    ("gfx942", dec.DecodeVariant(i32_offsets=True, rope16=True, num_warps=8, num_stages=1)),
+    ("gfx950", dec.DecodeVariant(i32_offsets=True, rope16=True, k512=True, num_stages=1)),
+    ("gfx950", dec.DecodeVariant(extra_tile=32)),
+], ids=["generic", "gfx942", "gfx950-k512", "gfx950-x32"])
+def test_build_variants_compute_what_the_default_computes(target, variant):
+    """Every variant but ``extra_tile`` keeps the operands and the sums: the same bits as the default. The 32-wide
+    extra tile moves online-softmax step boundaries (rows with >= 64 extra tokens per split), so it agrees
+    within rounding and keeps NaN positions exactly."""
+    fam = get_target(target).decode_family
+    plan = dec.plan_decode(target, 2, 17, 47, 220, cu_count=2)
+    plan = dataclasses.replace(plan, num_splits=1) if fam != "generic" else plan
+    inp, ref = _run(_VARIANT_CASE, target, plan=plan)
+    with dec.decode_variant(fam, variant) as active:
+        assert active == variant
+        _, got = _run(_VARIANT_CASE, target, plan=plan)
+    assert dec.current_variant(fam) == dec.DEFAULT_VARIANTS[fam]
+    assert torch.equal(got.isnan(), ref.isnan())
+    if variant.extra_tile is None:
+        assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
+    else:
+        fin = ref.isfinite()
+        r, g = ref[fin].float(), got[fin].float()
+        assert (g - r).abs().max() <= 2 ** -6 * r.abs().max()
+
+
+def test_variant_launch_meta_and_the_rope16_alignment_guard():
+    seen = []
+    case = _VARIANT_CASE.replace(padded=False)
+    with dec.launch_observer(lambda r: seen.append(dict(r.meta))):
+        with dec.decode_variant("gfx950", dec.DecodeVariant(rope16=True, k512=True, num_stages=1, num_warps=8)):
+            _run(case, "gfx950")
+    part = seen[0]
+    assert part["K512"] is True and part["num_stages"] == 1 and part["num_warps"] == 8
+    # the interpreter decodes fp8 from bits; the flags say so
+    assert part["HW_FP8_MAIN"] is False and part["HW_FP8_EXTRA"] is False
+    inp = fz.build_decode_inputs(case, get_target("gfx950"))
+    assert part["ROPE16"] is (inp.main_cache.stride(0) % 2 == 0 and inp.extra_cache.stride(0) % 2 == 0
+                              and inp.main_cache.data_ptr() % 2 == 0 and inp.extra_cache.data_ptr() % 2 == 0)
+    odd = torch.empty(2 * 585 * 1 + 1, dtype=torch.uint8)[1:].as_strided((2, 1, 584), (585, 584, 1))
+    assert dec._rows_2byte_aligned(odd) is False
+
+
+def test_fp8_path_is_chosen_from_the_target_flavour_and_the_device(monkeypatch):
+    """sparse_attn_decode asks hw_fp8_decode once per cache flavour and passes the answers as constexprs."""
+    asked = []
+
+    def fake(is_fnuz, *a, **k):
+        asked.append(is_fnuz)
+        return False
+
+    monkeypatch.setattr(dec, "hw_fp8_decode", fake)
+    seen = []
+    with dec.launch_observer(lambda r: seen.append(dict(r.meta))):
+        _run(_VARIANT_CASE, "gfx942")
+    assert asked == [True, False]  # gfx942: FNUZ main, OCP extra
+    assert seen[0]["IS_FNUZ_MAIN"] is True and seen[0]["HW_FP8_MAIN"] is False
