@@ -44,47 +44,48 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-#: (name, DecodeVariant fields) per family; "bits" is special (hardware fp8 off). The first is the default.
+#: (name, DecodeVariant fields) per row family, most telling first (a run cut by its budget keeps those); "bits" is
+#: the default with the hardware fp8 conversion off. The first is the default.
 VARIANTS = {
-    "generic": [
+    "gfx950": [
         ("default", {}),
-        ("bits", {}),
-        ("i32+rope16", dict(i32_offsets=True, rope16=True)),
+        ("k512+x32+i32+rope16+stages1", dict(k512=True, extra_tile=32, i32_offsets=True, rope16=True,
+                                             num_stages=1)),
         ("stages1", dict(num_stages=1)),
-        ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
-        ("i32+rope16+stages1+w4", dict(i32_offsets=True, rope16=True, num_stages=1, num_warps=4)),
+        ("k512+x32+stages1", dict(k512=True, extra_tile=32, num_stages=1)),
+        ("bits", {}),
+        ("k512", dict(k512=True)),
+        ("x32", dict(extra_tile=32)),
+        ("i32+rope16", dict(i32_offsets=True, rope16=True)),
+        ("k512+x32+i32+rope16+stages1+w8", dict(k512=True, extra_tile=32, i32_offsets=True, rope16=True,
+                                                num_stages=1, num_warps=8)),
     ],
     "gfx942": [
         ("default", {}),
+        ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
+        ("stages1", dict(num_stages=1)),
         ("bits", {}),
         ("i32+rope16", dict(i32_offsets=True, rope16=True)),
-        ("stages1", dict(num_stages=1)),
         ("w8", dict(num_warps=8)),
-        ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
         ("i32+rope16+stages1+w8", dict(i32_offsets=True, rope16=True, num_stages=1, num_warps=8)),
+    ],
+    "generic": [
+        ("default", {}),
+        ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
+        ("stages1", dict(num_stages=1)),
+        ("bits", {}),
+        ("i32+rope16", dict(i32_offsets=True, rope16=True)),
+        ("i32+rope16+stages1+w4", dict(i32_offsets=True, rope16=True, num_stages=1, num_warps=4)),
     ],
     "gfx942-fnuz": [
         ("default", {}),
         ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
     ],
-    "gfx950": [
-        ("default", {}),
-        ("bits", {}),
-        ("k512", dict(k512=True)),
-        ("x32", dict(extra_tile=32)),
-        ("stages1", dict(num_stages=1)),
-        ("i32+rope16", dict(i32_offsets=True, rope16=True)),
-        ("k512+x32+stages1", dict(k512=True, extra_tile=32, num_stages=1)),
-        ("k512+x32+i32+rope16+stages1", dict(k512=True, extra_tile=32, i32_offsets=True, rope16=True,
-                                             num_stages=1)),
-        ("k512+x32+i32+rope16+stages1+w8", dict(k512=True, extra_tile=32, i32_offsets=True, rope16=True,
-                                                num_stages=1, num_warps=8)),
-    ],
 }
 #: the kernel family (impl.decode's) each row family launches
 KERNEL_FAMILY = {"generic": "generic", "gfx942": "gfx942", "gfx942-fnuz": "gfx942", "gfx950": "gfx950"}
 BATCH_ORDER = (64, 512, 1)
-ORACLE_ROWS = 8  # query rows the float64 oracle checks per batch (all heads, both segments)
+ORACLE_ROWS = 4  # query rows the float64 oracle checks per batch (all heads, both segments)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -222,19 +223,30 @@ def fp8_checks() -> list[dict]:
     return res
 
 
-def oracle_reference(work: Work, family: str, rows: int):
-    """The float64 oracle for the first ``rows`` query rows (their segments are the first of each index list)."""
-    from oracles import decode as oracle_decode
+def oracle_key(family: str) -> str:
+    """Row families with the same cache flavours and scrub share one oracle (the inputs are the same)."""
+    t = row_target(family)
+    return f"{t.main_cache_fp8}/{t.extra_cache_fp8}"
 
+
+def oracle_inputs(work: Work, family: str, rows: int) -> dict:
+    """Host copies of what the oracle reads for the first ``rows`` query rows (their segments come first in each
+    index list); made on the main thread, so no copy enters the GPU's stream while a call is being timed."""
     w, t = work.w, row_target(family)
     r = min(rows, w.batch)
     mp_, ep = w.main_ptr[:r + 1].cpu(), w.extra_ptr[:r + 1].cpu()
-    mi, ei = w.main_idx[:int(mp_[-1])].cpu(), w.extra_idx[:int(ep[-1])].cpu()
-    ref = oracle_decode.ref_sparse_attn_decode(
-        w.q[:r].cpu(), work.main_cache(family).cpu(), mi, mp_, w.extra_cache.cpu(), ei, ep,
-        attn_sink=w.sink.cpu(), softmax_scale=w.q.shape[2] ** -0.5, main_flavour=t.main_cache_fp8,
-        extra_flavour=t.extra_cache_fp8, scrub_extra=True)
-    return ref, r
+    return {"q": w.q[:r].cpu(), "main_cache": work.main_cache(family).cpu(),
+            "main_indices": w.main_idx[:int(mp_[-1])].cpu(), "main_indptr": mp_, "extra_cache": w.extra_cache.cpu(),
+            "extra_indices": w.extra_idx[:int(ep[-1])].cpu(), "extra_indptr": ep, "attn_sink": w.sink.cpu(),
+            "softmax_scale": w.q.shape[2] ** -0.5, "main_flavour": t.main_cache_fp8,
+            "extra_flavour": t.extra_cache_fp8, "scrub_extra": True}
+
+
+def oracle_reference(inputs: dict):
+    """The float64 oracle (CPU only) over :func:`oracle_inputs`; (reference, rows)."""
+    from oracles import decode as oracle_decode
+
+    return oracle_decode.ref_sparse_attn_decode(**inputs), int(inputs["q"].shape[0])
 
 
 def check_against(ref, r: int, out, num_splits: int) -> dict:
@@ -357,7 +369,7 @@ def graph_us(fn, rep_ms: int):
     import triton
 
     try:
-        return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e3
+        return triton.testing.do_bench_cudagraph(fn, rep=max(10, rep_ms // 3), return_mode="median") * 1e3
     except Exception:  # noqa: BLE001
         torch.cuda.synchronize()
         return None
@@ -370,7 +382,7 @@ def time_call(fn, batch: int, rep_ms: int) -> tuple[float, str]:
 
     if batch == 1:
         try:
-            ms = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
+            ms = triton.testing.do_bench_cudagraph(fn, rep=max(10, rep_ms // 3), return_mode="median")
             return ms * 1e3, "do_bench_cudagraph"
         except Exception as e:  # noqa: BLE001 - a call that cannot be captured is timed eagerly
             torch.cuda.synchronize()
@@ -414,7 +426,8 @@ def _compile_job(job: dict) -> dict:
                         work.ours(job["family"])[0]()
         import torch
 
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         return {"job": job["label"], "ok": True, "seconds": time.time() - t0}
     except Exception as e:  # noqa: BLE001 - reported, the main process compiles it itself then
         return {"job": job["label"], "ok": False, "seconds": time.time() - t0,
@@ -426,15 +439,23 @@ def precompile(jobs: list[dict], workers: int, timeout: float) -> list[dict]:
         return []
     ctx = mp.get_context("spawn")
     results = []
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
-        futs = [ex.submit(_compile_job, j) for j in jobs]
-        try:
-            for f in cf.as_completed(futs, timeout=timeout):
+    ex = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    futs = [ex.submit(_compile_job, j) for j in jobs]
+    try:
+        for f in cf.as_completed(futs, timeout=timeout):
+            try:
                 results.append(f.result())
-        except cf.TimeoutError:
-            results.append({"job": "precompile", "ok": False, "error": f"not done within {timeout:.0f} s"})
-            for f in futs:
-                f.cancel()
+            except Exception as e:  # noqa: BLE001 - a worker that died
+                results.append({"job": "?", "ok": False, "error": f"{type(e).__name__}: {e}"[:300]})
+    except cf.TimeoutError:
+        left = [j["label"] for j, f in zip(jobs, futs) if not f.done()]
+        results.append({"job": "precompile", "ok": False,
+                        "error": f"not done within {timeout:.0f} s: {', '.join(left)} (compiled here on first use)"})
+        # a worker still compiling would hold the exit (the pool joins its processes): stop them
+        for proc in list(getattr(ex, "_processes", {}).values()):
+            with contextlib.suppress(Exception):
+                proc.terminate()
+    ex.shutdown(wait=False, cancel_futures=True)
     return results
 
 
@@ -521,6 +542,16 @@ def main(argv=None) -> int:
     else:
         note("no SMV_BENCH_SUBJECT: upstream's kernels are not run (set it to vllm@.smv-subject/vllm-0.33.0)")
 
+    # the workloads, and the float64 oracles on CPU threads (torch releases the GIL) while the GPU works
+    works = {b: Work(b, dev, heads, swa, extra) for b in batches}
+    pool = cf.ThreadPoolExecutor(max_workers=2)
+    oracles = {}
+    for b in batches:
+        for f in families:
+            key = (b, oracle_key(f))
+            if key not in oracles:
+                oracles[key] = pool.submit(oracle_reference, oracle_inputs(works[b], f, ORACLE_ROWS))
+
     # 2. parallel compile
     if native and args.workers > 0:
         jobs = []
@@ -549,7 +580,7 @@ def main(argv=None) -> int:
         if time.time() > deadline - 5:
             note(f"batch {batch}: skipped, budget spent")
             continue
-        work = Work(batch, dev, heads, swa, extra)
+        work = works[batch]
         fig = figures(batch, heads, swa, extra)
         if native and time.time() < deadline - 10:
             try:
@@ -561,7 +592,7 @@ def main(argv=None) -> int:
         for family in families:
             kf = KERNEL_FAMILY[family]
             try:
-                ref, r = oracle_reference(work, family, ORACLE_ROWS)
+                ref, r = oracles[(batch, oracle_key(family))].result()
             except Exception as e:  # noqa: BLE001
                 ref, r = None, 0
                 note(f"batch {batch} {family}: oracle failed: {type(e).__name__}: {e}")
@@ -647,6 +678,9 @@ def main(argv=None) -> int:
     if up is not None:
         with contextlib.suppress(Exception):
             doc["upstream_rewrites"] = up.rewrites()
+            print("upstream rewrites (named, by its loader): "
+                  + (", ".join(sorted({r["id"] for r in doc["upstream_rewrites"]})) or "none"))
+    pool.shutdown(wait=False, cancel_futures=True)
     save()
     print()
     print(summary_table(doc))
