@@ -1,9 +1,10 @@
 """Reference for the DSv4 cache writers' quantization and packing, and for the SWA insert (SPEC 1.2, 4 step 4).
 
-Written from SPEC.md and the rules the writers' docstrings state for what SPEC leaves open; scalar float64 arithmetic
-(math.frexp / math.ldexp) except where a kernel's fp32 step is mirrored on purpose (the power-of-two multiply, bf16
-rounding). Everything checked bitwise is re-derived here or in ``oracles.formats`` (the fp8 encoder: a brute-force
-nearest-even search over the representable values; the byte addressing); nothing comes from ``impl``.
+Written from SPEC.md and the rules the writers' docstrings state for what SPEC leaves open; float64 arithmetic
+(frexp / ldexp, elementwise over a token's groups) except where a kernel's fp32 step is mirrored on purpose (the
+power-of-two multiply, bf16 rounding). Everything checked bitwise is re-derived here or in ``oracles.formats`` (the
+fp8 encoder: a brute-force nearest-even search over the representable values; the byte addressing); nothing comes
+from ``impl``.
 
 Group rule (per 64 NoPE values x, flavour range FP8_MAX = 448 OCP / 240 FNUZ, code cap CAP):
   finite group:  exp = ceil(log2(max(amax, 1e-4) / FP8_MAX)), code = clamp(exp + 127, 0, CAP);
@@ -37,18 +38,30 @@ def group_exponent(values: list[float], flavour: str) -> int | None:
     return ceil_log2(max(amax, AMAX_FLOOR) / FP8_MAX[flavour])
 
 
+def quantize_groups(values: torch.Tensor, flavour: str, cap: int, sanitize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_group` of many groups at once: fp32 values [G, 64] -> (e4m3 bytes uint8 [G, 64], UE8M0 codes
+    int64 [G]), by the same float64 steps elementwise."""
+    v = values.to(torch.float64)
+    finite = torch.isfinite(v).all(dim=1)
+    amax = torch.where(finite[:, None], v.abs(), torch.zeros_like(v)).amax(dim=1)
+    m, e2 = torch.frexp(torch.clamp(amax, min=AMAX_FLOOR) / FP8_MAX[flavour])  # ceil(log2(.)) from frexp
+    exp = torch.where(m == 0.5, e2.to(torch.int64) - 1, e2.to(torch.int64))
+    code = torch.where(finite, (exp + 127).clamp(0, cap), torch.full_like(exp, cap))
+    e = code - 127
+    xs = torch.where(torch.isfinite(v), v, torch.zeros_like(v)) if sanitize else v
+    # x * 2^-e rounded to fp32 (exact unless the product is an fp32 subnormal)
+    q = (xs * torch.ldexp(torch.ones_like(amax), -e)[:, None]).to(torch.float32)
+    if sanitize:
+        bound = torch.clamp(1.875 * torch.ldexp(torch.ones_like(amax), 127 - e), max=FP8_MAX[flavour])
+        bound = bound.to(torch.float32)[:, None].expand_as(q)
+        q = torch.where(q.abs() > bound, torch.copysign(bound, q), q)
+    return fp8_encode(q, flavour), code
+
+
 def quantize_group(values: list[float], flavour: str, cap: int, sanitize: bool) -> tuple[list[int], int]:
     """The 64 e4m3 bytes and the UE8M0 code of one NoPE group of fp32 values."""
-    exp = group_exponent(values, flavour)
-    code = cap if exp is None else max(0, min(cap, exp + 127))
-    e = code - 127
-    xs = [v if (math.isfinite(v) or not sanitize) else 0.0 for v in values]
-    # x * 2^-e rounded to fp32 (exact unless the product is an fp32 subnormal)
-    q = (torch.tensor(xs, dtype=torch.float64) * math.ldexp(1.0, -e)).to(torch.float32)
-    if sanitize:
-        bound = min(FP8_MAX[flavour], 1.875 * math.ldexp(1.0, 127 - e))
-        q = torch.where(q.abs() > bound, torch.copysign(torch.tensor(bound, dtype=torch.float32), q), q)
-    return fp8_encode(q, flavour).tolist(), code
+    b, code = quantize_groups(torch.tensor([values], dtype=torch.float64), flavour, cap, sanitize)
+    return b[0].tolist(), int(code[0])
 
 
 def quantize_pack_row(row: torch.Tensor, *, flavour: str, cap: int, sanitize: bool, rope_from_fp32: bool):
@@ -65,13 +78,8 @@ def quantize_pack_row(row: torch.Tensor, *, flavour: str, cap: int, sanitize: bo
             raise TypeError(f"row: expected bfloat16 for the SWA writer, got {row.dtype}")
         nope_vals = row[:448].to(torch.float32)
         rope = row[448:]
-    vals = nope_vals.tolist()
-    nope, scale = [], []
-    for g in range(7):
-        b, c = quantize_group(vals[64 * g:64 * g + 64], flavour, cap, sanitize)
-        nope += b
-        scale.append(c)
-    return {"nope": torch.tensor(nope, dtype=torch.uint8), "scale": torch.tensor(scale, dtype=torch.uint8),
+    nope, scale = quantize_groups(nope_vals.reshape(7, 64), flavour, cap, sanitize)  # the 7 groups at once
+    return {"nope": nope.reshape(448), "scale": scale.to(torch.uint8),
             "rope": rope.contiguous().view(torch.uint8).clone(), "pad": 0}
 
 

@@ -26,22 +26,22 @@ HEAD_DIM = NOPE_DIM + ROPE_DIM
 GROUP = 64
 
 
-def dequantize_rows(cache: torch.Tensor, slots: list[int], flavour: str, scrub: bool) -> torch.Tensor:
-    """[len(slots), 512] float32 rows as the kernels see them (see the module docstring)."""
+def dequantize_rows(cache: torch.Tensor, slots, flavour: str, scrub: bool) -> torch.Tensor:
+    """[len(slots), 512] float32 rows as the kernels see them (see the module docstring); ``slots`` a list or an
+    int64 tensor of valid slots, read all at once by their absolute byte offsets."""
     flat, base = ref_formats.storage_bytes(cache)
     flat = flat.cpu()
     bs, stride = int(cache.shape[1]), int(cache.stride(0))
-    fp8_table = ref_formats.fp8_decode(torch.arange(256), flavour).to(torch.float32)
-    scale_table = ref_formats.ue8m0_decode(torch.arange(256), reader=True).to(torch.float32)
-    rows = torch.empty(len(slots), HEAD_DIM, dtype=torch.float32)
-    for i, s in enumerate(slots):
-        spans = ref_formats.fp8_ds_mla_token_spans(s, bs, stride)
-        nope = flat[base + spans["nope"][0]: base + spans["nope"][1]].to(torch.int64)
-        codes = flat[base + spans["scale"][0]: base + spans["scale"][1]].to(torch.int64)
-        rope = flat[base + spans["rope"][0]: base + spans["rope"][1]].clone().view(torch.bfloat16)
-        scl = scale_table[codes].repeat_interleave(GROUP)
-        rows[i, :NOPE_DIM] = fp8_table[nope] * scl  # one float32 product, as in the kernel
-        rows[i, NOPE_DIM:] = rope.to(torch.float32)
+    s = torch.as_tensor(slots, dtype=torch.int64).reshape(-1)
+    off = ref_formats.fp8_ds_mla_token_offsets(s, bs, stride)
+    nope = flat[base + off["nope"]]  # [n, 448] codes
+    codes = flat[base + off["scale"]]  # [n, 7] UE8M0 codes
+    rope = flat[base + off["rope"]].contiguous().view(torch.bfloat16)  # [n, 64], little-endian pairs
+    fp8 = ref_formats.fp8_decode(nope, flavour).to(torch.float32)
+    scl = ref_formats.ue8m0_decode(codes, reader=True).to(torch.float32).repeat_interleave(GROUP, dim=1)
+    rows = torch.empty(len(s), HEAD_DIM, dtype=torch.float32)
+    rows[:, :NOPE_DIM] = fp8 * scl  # one float32 product, as in the kernel
+    rows[:, NOPE_DIM:] = rope.to(torch.float32)
     if scrub:
         rows = torch.where(torch.isnan(rows), torch.zeros_like(rows), rows)
     return rows
@@ -51,6 +51,48 @@ def valid_slots(indices: torch.Tensor, indptr: torch.Tensor, row: int, num_slots
     idx = indices.cpu().tolist()
     lo, hi = int(indptr[row]), int(indptr[row + 1])
     return [int(s) for s in idx[lo:hi] if 0 <= int(s) < num_slots]
+
+
+def valid_slots_all(indices: torch.Tensor, indptr: torch.Tensor, rows: int, num_slots: int
+                    ) -> tuple[torch.Tensor, list[int]]:
+    """:func:`valid_slots` of rows 0..rows-1 at once: the valid slots of all rows in row order (int64), and each
+    row's count."""
+    idx = indices.detach().cpu().to(torch.int64).reshape(-1)
+    ip = indptr.detach().cpu().to(torch.int64).reshape(-1).tolist()
+    parts = []
+    for r in range(rows):
+        seg = idx[ip[r]:ip[r + 1]]  # the slice valid_slots takes (a Python slice's rules)
+        parts.append(seg[(seg >= 0) & (seg < num_slots)])
+    if not parts:
+        return torch.zeros(0, dtype=torch.int64), []
+    return torch.cat(parts), [int(p.numel()) for p in parts]
+
+
+def attend_heads(q64: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, softmax_scale: float) -> tuple:
+    """Float64 attention of one query row q64 [h, 512] over its tokens kv [n, 512] (V = K) with the sink as an
+    extra logit of value zero, every head at once. Returns (out, wabs) [h, 512] and (labs, lmax) [h], per head:
+    0 where no token has a finite logit and there is no sink (m == -inf) or l <= 0; NaN where m or l is NaN;
+    else out = sum_j e_j v_j / l and wabs = sum_j p_j |v_j|, e_j = exp(s_j - m), l = sum_j e_j + exp(sink - m).
+    Elementwise products and sums keep IEEE inf/NaN semantics independent of any BLAS."""
+    n = kv.shape[0]
+    s = softmax_scale * (q64[:, None, :] * kv[None, :, :]).sum(-1)  # [h, n]
+    s_abs = softmax_scale * (q64.abs()[:, None, :] * kv.abs()[None, :, :]).sum(-1)
+    finite_s = torch.isfinite(s)
+    labs = torch.where(finite_s, s_abs, torch.zeros_like(s_abs)).amax(-1) if n else torch.zeros_like(sink)
+    cand = torch.cat([torch.where(finite_s, s.abs(), torch.zeros_like(s)),
+                      torch.where(torch.isfinite(sink), sink.abs(), torch.zeros_like(sink))[:, None]], dim=1)
+    lmax = cand.amax(-1)
+    m = torch.maximum(s.amax(-1), sink) if n else sink.clone()  # NaN propagates
+    e = torch.exp(s - m[:, None])  # [h, n]
+    l = e.sum(-1) + torch.exp(sink - m)
+    out = (e[:, :, None] * kv[None, :, :]).sum(1) / l[:, None]
+    p = e / l[:, None]
+    wabs = (p[:, :, None] * kv.abs()[None, :, :]).sum(1)
+    nan = (torch.isnan(m) | torch.isnan(l))[:, None]
+    zero = ((m == -math.inf) | (~torch.isnan(l) & (l <= 0)))[:, None]
+    out = torch.where(zero, 0.0, torch.where(nan, math.nan, out))
+    wabs = torch.where(zero, 0.0, torch.where(nan, math.nan, wabs))
+    return out, wabs, labs, lmax
 
 
 @dataclass
@@ -90,38 +132,19 @@ def ref_sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indic
     labs = torch.zeros(b, h, dtype=torch.float64)
     lmax = torch.zeros(b, h, dtype=torch.float64)
     tokens, max_abs_v = [], []
+    if b == 0:
+        return DecodeReference(out, wabs, labs, lmax, tokens, max_abs_v)
+    # every referenced row of each cache dequantized at once, then split by row
+    m_slots, m_counts = valid_slots_all(main_indices, m_ip, b, main_slots)
+    m_rows = dequantize_rows(main_cache, m_slots, main_flavour, True).to(torch.float64).split(m_counts)
+    if extra_cache is not None:
+        e_slots, e_counts = valid_slots_all(extra_indices, e_ip, b, extra_slots)
+        e_rows = dequantize_rows(extra_cache, e_slots, extra_flavour, scrub_extra).to(torch.float64).split(e_counts)
     for r in range(b):
-        parts = [dequantize_rows(main_cache, valid_slots(main_indices, m_ip, r, main_slots), main_flavour, True)]
-        if extra_cache is not None:
-            parts.append(dequantize_rows(extra_cache, valid_slots(extra_indices, e_ip, r, extra_slots),
-                                         extra_flavour, scrub_extra))
-        kv = torch.cat(parts).to(torch.float64)  # [n, 512]
+        kv = torch.cat([m_rows[r], e_rows[r]]) if extra_cache is not None else m_rows[r]  # [n, 512]
         n = kv.shape[0]
         tokens.append(n)
         fin_v = kv[torch.isfinite(kv)]
         max_abs_v.append(float(fin_v.abs().max()) if fin_v.numel() else 0.0)
-        # elementwise products and sums keep IEEE inf/NaN semantics independent of any BLAS
-        s = softmax_scale * (q64[r][:, None, :] * kv[None, :, :]).sum(-1)  # [h, n]
-        s_abs = softmax_scale * (q64[r].abs()[:, None, :] * kv.abs()[None, :, :]).sum(-1)
-        finite_s = torch.isfinite(s)
-        labs[r] = torch.where(finite_s, s_abs, torch.zeros_like(s_abs)).amax(-1) if n else 0.0
-        cand = torch.cat([torch.where(finite_s, s.abs(), torch.zeros_like(s)),
-                          torch.where(torch.isfinite(sink), sink.abs(), torch.zeros_like(sink))[:, None]], dim=1)
-        lmax[r] = cand.amax(-1)
-        m = torch.maximum(s.amax(-1), sink) if n else sink.clone()  # NaN propagates
-        for hh in range(h):
-            mh = float(m[hh])
-            if mh == -math.inf:
-                continue  # no token with a finite logit and no sink: l == 0, the row is 0
-            e = torch.exp(s[hh] - mh)
-            l = float(e.sum()) + math.exp(float(sink[hh]) - mh) if not math.isnan(mh) else math.nan
-            if l <= 0:
-                continue
-            o = (e[:, None] * kv).sum(0) / l
-            p = e / l
-            out[r, hh] = o
-            wabs[r, hh] = (p[:, None] * kv.abs()).sum(0) if n else 0.0
-            if math.isnan(l):
-                out[r, hh] = math.nan
-                wabs[r, hh] = math.nan
+        out[r], wabs[r], labs[r], lmax[r] = attend_heads(q64[r], kv, sink, softmax_scale)
     return DecodeReference(out, wabs, labs, lmax, tokens, max_abs_v)

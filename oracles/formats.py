@@ -1,7 +1,9 @@
 """Reference codecs and cache addressing, written from SPEC.md section 1 with plain Python arithmetic.
 
-Independent of ``impl``: values come from math.ldexp/frexp on float64, encoding is a brute-force search for the
-nearest representable value, and cache bytes are located by absolute offsets into the tensor's storage.
+Independent of ``impl``: values come from math.ldexp/frexp on float64 (and their torch forms, elementwise over a
+whole tensor), encoding is a brute-force search for the nearest representable value (per element, or for all
+elements at once against every representable value), and cache bytes are located by absolute offsets into the
+tensor's storage.
 """
 from __future__ import annotations
 
@@ -40,9 +42,24 @@ def fp8_value(code: int, flavour: str) -> float:
     return sign * mag
 
 
+def _codes(codes: torch.Tensor, what: str) -> torch.Tensor:
+    c = torch.as_tensor(codes).detach().cpu().to(torch.int64)
+    if c.numel() and bool(((c < 0) | (c > 255)).any()):
+        raise ValueError(f"{what}: codes must lie in 0..255, got {int(c.min())}..{int(c.max())}")
+    return c
+
+
 def fp8_decode(codes: torch.Tensor, flavour: str) -> torch.Tensor:
-    table = torch.tensor([fp8_value(c, flavour) for c in range(256)], dtype=torch.float64)
-    return table[codes.to(torch.int64)]
+    """:func:`fp8_value` of every code of a tensor at once (float64, same shape): the same fields and rules,
+    computed elementwise in float64 (sign, 4 exponent bits, 3 mantissa bits; exponent 0 is subnormal)."""
+    bias, _ = _fp8_params(flavour)
+    c = _codes(codes, "fp8_decode")
+    e = (c >> 3) & 0xF
+    m = (c & 7).to(torch.float64) / 8.0
+    mag = torch.where(e == 0, torch.ldexp(m, 1 - bias + torch.zeros_like(e)), torch.ldexp(1.0 + m, e - bias))
+    val = torch.where((c & 0x80) != 0, -mag, mag)
+    nan = (c == 0x80) if flavour == "fnuz" else ((c & 0x7F) == 0x7F)
+    return torch.where(nan, torch.full_like(val, math.nan), val)
 
 
 def _positive_table(flavour: str) -> list[tuple[float, int]]:
@@ -74,16 +91,35 @@ def fp8_encode_scalar(x: float, flavour: str) -> int:
     return best_c
 
 
+#: values per chunk of :func:`fp8_encode`'s distance matrix (chunk x 128 float64)
+ENCODE_CHUNK = 8192
+
+
 def fp8_encode(x: torch.Tensor, flavour: str) -> torch.Tensor:
-    vals = x.to(torch.float32).to(torch.float64).flatten().tolist()
-    cache: dict = {}
-    out = []
-    for v in vals:
-        key = ("nan",) if math.isnan(v) else (v, math.copysign(1.0, v))  # keep -0.0 apart from 0.0
-        if key not in cache:
-            cache[key] = fp8_encode_scalar(v, flavour)
-        out.append(cache[key])
-    return torch.tensor(out, dtype=torch.int64).to(torch.uint8).reshape(x.shape)
+    """:func:`fp8_encode_scalar` of every element at once, by the same brute force: the distance of each fp32 value
+    (as float64) to every representable magnitude, the nearest taken, ties to the even code (the two nearest of a
+    tie are neighbouring codes, so exactly one is even), saturating at max; NaN -> the NaN code; a negative input
+    (-0.0 included) takes the sign bit, except that FNUZ has no -0."""
+    _, vmax = _fp8_params(flavour)
+    table = _positive_table(flavour)
+    vals = torch.tensor([v for v, _ in table], dtype=torch.float64)
+    codes = torch.tensor([c for _, c in table], dtype=torch.int64)
+    odd = (codes % 2)[None, :]
+    xd = x.to(torch.float32).to(torch.float64).flatten()
+    nan = torch.isnan(xd)
+    a = torch.where(nan, torch.zeros_like(xd), xd.abs()).clamp(max=vmax)
+    best = torch.empty(xd.numel(), dtype=torch.int64)
+    for lo in range(0, xd.numel(), ENCODE_CHUNK):
+        d = (vals[None, :] - a[lo:lo + ENCODE_CHUNK, None]).abs()  # [n, K]
+        nearest = d == d.min(dim=1, keepdim=True).values
+        best[lo:lo + ENCODE_CHUNK] = codes[torch.where(nearest, odd, 2).argmin(dim=1)]  # 0 even, 1 odd, 2 farther
+    neg = torch.signbit(xd)
+    if flavour == "fnuz":
+        signed = torch.where(neg & (best != 0), best | 0x80, best)
+    else:
+        signed = torch.where(neg, best | 0x80, best)
+    signed = torch.where(nan, torch.full_like(best, 0x80 if flavour == "fnuz" else 0x7F), signed)
+    return signed.to(torch.uint8).reshape(x.shape)
 
 
 def ue8m0_value(code: int, *, reader: bool) -> float:
@@ -94,8 +130,10 @@ def ue8m0_value(code: int, *, reader: bool) -> float:
 
 
 def ue8m0_decode(codes: torch.Tensor, *, reader: bool = False) -> torch.Tensor:
-    table = torch.tensor([ue8m0_value(c, reader=reader) for c in range(256)], dtype=torch.float64)
-    return table[codes.to(torch.int64)]
+    """:func:`ue8m0_value` of every code of a tensor at once (float64, same shape)."""
+    c = _codes(codes, "ue8m0_decode")
+    val = torch.ldexp(torch.ones_like(c, dtype=torch.float64), c - 127)
+    return torch.where(c == 255, torch.full_like(val, math.inf if reader else math.nan), val)
 
 
 def ue8m0_encode_scalar(scale: float, cap: int) -> int:
@@ -127,6 +165,44 @@ def fp8_ds_mla_token_spans(slot: int, block_size: int, block_stride: int) -> dic
     scales = base + block_size * 576 + pos * 8
     return {"nope": (data, data + 448), "rope": (data + 448, data + 576),
             "scale": (scales, scales + 7), "pad": (scales + 7, scales + 8)}
+
+
+def fp8_ds_mla_token_offsets(slots: torch.Tensor, block_size: int, block_stride: int) -> dict[str, torch.Tensor]:
+    """:func:`fp8_ds_mla_token_spans` for many slots at once: int64 [n, width] byte offsets (relative to the view's
+    first byte) of each slot's ``nope`` (448), ``rope`` (128) and ``scale`` (7) bytes."""
+    s = torch.as_tensor(slots, dtype=torch.int64).reshape(-1)
+    block, pos = torch.div(s, block_size, rounding_mode="floor"), torch.remainder(s, block_size)
+    data = block * block_stride + pos * 576
+    scales = block * block_stride + block_size * 576 + pos * 8
+    return {"nope": data[:, None] + torch.arange(448), "rope": data[:, None] + 448 + torch.arange(128),
+            "scale": scales[:, None] + torch.arange(7)}
+
+
+def indexer_k_token_offsets(slots: torch.Tensor, block_size: int, block_stride: int, layout: str
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`indexer_k_token_spans` for many slots at once: int64 [n, 128] offsets of the fp8 bytes and int64
+    [n] offsets of the scales' first bytes."""
+    s = torch.as_tensor(slots, dtype=torch.int64).reshape(-1)
+    block, t = torch.div(s, block_size, rounding_mode="floor"), torch.remainder(s, block_size)
+    base = (block * block_stride)[:, None]
+    d = torch.arange(128)[None, :]
+    t2 = t[:, None]
+    if layout == "normal":
+        offs = base + t2 * 128 + d
+    elif layout == "shuffle":
+        offs = base + torch.div(t2, 16, rounding_mode="floor") * 16 * 128 + torch.div(d, 16, rounding_mode="floor") \
+            * 256 + torch.remainder(t2, 16) * 16 + torch.remainder(d, 16)
+    else:
+        raise ValueError(f"layout: expected 'normal' or 'shuffle', got {layout!r}")
+    return offs, block * block_stride + block_size * 128 + 4 * t
+
+
+def fp32_from_le_bytes(b: torch.Tensor) -> torch.Tensor:
+    """float32 [...] from its 4 little-endian bytes [..., 4] (uint8 or int64; every bit pattern kept)."""
+    w = b.to(torch.int64)
+    word = w[..., 0] | (w[..., 1] << 8) | (w[..., 2] << 16) | (w[..., 3] << 24)
+    word = torch.where(word >= 2 ** 31, word - 2 ** 32, word)
+    return word.to(torch.int32).view(torch.float32)
 
 
 def indexer_k_token_spans(slot: int, block_size: int, block_stride: int, layout: str) -> tuple[list[int], int]:

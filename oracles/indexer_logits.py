@@ -2,9 +2,10 @@
 
 logit[t, s] = kscale[s] * sum_h w[t, h] * relu(q[t, h] . k[s]); the relu keeps NaN (a NaN score stays NaN, as
 torch.relu does); masked positions are -inf. Keys are read byte by byte at the absolute offsets SPEC 1.3 gives
-(:func:`oracles.formats.indexer_k_token_spans`), the fp8 codes decoded by :func:`oracles.formats.fp8_decode`, the
-scale read as a little-endian fp32 (NaN and infinities kept). Every product of two e4m3 values and every sum of
-128 of them is exact in float64, so the reference is the exact value of the formula up to float64 rounding.
+(:func:`oracles.formats.indexer_k_token_offsets`, every slot at once), the fp8 codes decoded by
+:func:`oracles.formats.fp8_decode`, the scale read as a little-endian fp32 (NaN and infinities kept). Every product
+of two e4m3 values and every sum of 128 of them is exact in float64, so the reference is the exact value of the
+formula up to float64 rounding.
 
 Besides the logits the references return what a tolerance needs: the head sum before the scale, its absolute
 counterpart sum_h |w[t, h]| * sum_d |q[t, h, d] * k[s, d]| and the scale, on every visible position, and the
@@ -16,15 +17,9 @@ value, larger first, equal values (-0.0 == +0.0) the lower column first; a row h
 from __future__ import annotations
 
 import math
-import struct
-
 import torch
 
-from oracles.formats import fp8_decode, indexer_k_token_spans, storage_bytes
-
-
-def _scale_from_bytes(four: list[int]) -> float:
-    return struct.unpack("<f", bytes(four))[0]
+from oracles.formats import fp8_decode, fp32_from_le_bytes, indexer_k_token_offsets, storage_bytes
 
 
 #: readings of a cache block: SPEC 1.3's two layouts, and one that is not SPEC's (a diagnosis, for naming what a
@@ -32,10 +27,13 @@ def _scale_from_bytes(four: list[int]) -> float:
 READINGS = ("normal", "shuffle", "token-rows")
 
 
-def _token_row_spans(slot: int, block_size: int, block_stride: int) -> tuple[list[int], int]:
-    block, t = divmod(slot, block_size)
+def _token_row_offsets(slots: torch.Tensor, block_size: int, block_stride: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's 132 bytes as one row of the block (the "token-rows" reading), for many slots: int64 [n, 128]
+    byte offsets and [n] scale offsets."""
+    block, t = torch.div(slots, block_size, rounding_mode="floor"), torch.remainder(slots, block_size)
     row = block * block_stride + t * 132
-    return [row + d for d in range(128)], row + 128
+    return row[:, None] + torch.arange(128), row + 128
 
 
 def _read_keys(cache: torch.Tensor, slots: list[int], layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,15 +44,13 @@ def _read_keys(cache: torch.Tensor, slots: list[int], layout: str) -> tuple[torc
     flat = flat.cpu()
     bs = int(cache.shape[1])
     stride = int(cache.stride(0))
-    codes = torch.empty(len(slots), 128, dtype=torch.uint8)
-    scales = torch.empty(len(slots), dtype=torch.float64)
-    for i, slot in enumerate(slots):
-        if layout == "token-rows":
-            offs, soff = _token_row_spans(slot, bs, stride)
-        else:
-            offs, soff = indexer_k_token_spans(slot, bs, stride, layout)
-        codes[i] = flat[torch.tensor(offs, dtype=torch.int64) + base]
-        scales[i] = _scale_from_bytes(flat[base + soff: base + soff + 4].tolist())
+    s = torch.as_tensor(slots, dtype=torch.int64).reshape(-1)
+    if layout == "token-rows":
+        offs, soff = _token_row_offsets(s, bs, stride)
+    else:
+        offs, soff = indexer_k_token_offsets(s, bs, stride, layout)
+    codes = flat[offs + base]  # [n, 128] uint8, every slot's bytes at once
+    scales = fp32_from_le_bytes(flat[(base + soff)[:, None] + torch.arange(4)]).to(torch.float64)
     return codes, scales
 
 

@@ -77,10 +77,12 @@ def ref_sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, *, softmax_scale:
     lmax = torch.zeros(sq, h, dtype=torch.float64)
     vsum = torch.zeros(sq, out_width, dtype=torch.float64)
     tokens, max_abs_v = [], []
+    idx_all = torch.as_tensor(list(indices), dtype=torch.int64)
+    ptr = list(indptr)
     for r in range(sq):
-        rows = [int(s) for s in indices[indptr[r]:indptr[r + 1]] if 0 <= int(s) < skv]
-        g = kv64[rows] if rows else torch.zeros(0, d, dtype=torch.float64)  # [n, d]
-        n = len(rows)
+        seg = idx_all[ptr[r]:ptr[r + 1]]  # the row's entries (a Python slice's rules), then the valid ones
+        g = kv64[seg[(seg >= 0) & (seg < skv)]]  # [n, d]
+        n = g.shape[0]
         tokens.append(n)
         fin = g[torch.isfinite(g)]
         max_abs_v.append(float(fin.abs().max()) if fin.numel() else 0.0)
@@ -94,19 +96,17 @@ def ref_sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, *, softmax_scale:
         m = torch.maximum(s.amax(-1), sink) if n else sink.clone()
         v = g[:, :out_width]
         vsum[r] = v.abs().sum(0) if n else 0.0
-        for hh in range(h):
-            mh = float(m[hh])
-            if mh == -math.inf:
-                continue  # no finite logit and no sink: l == 0, the row is 0
-            if math.isnan(mh):
-                out[r, hh] = math.nan
-                wabs[r, hh] = math.nan
-                continue
-            e = torch.exp(s[hh] - mh)
-            l_sum = float(e.sum()) + math.exp(float(sink[hh]) - mh)
-            p = e / l_sum
-            out[r, hh] = (p[:, None] * v).sum(0) if n else 0.0
-            wabs[r, hh] = (p[:, None] * v.abs()).sum(0) if n else 0.0
+        # every head at once: 0 where m == -inf (no finite logit and no sink), NaN where m is NaN, else
+        # p = e^(s - m) / (sum e^(s - m) + e^(sink - m)), out = sum p v, wabs = sum p |v| (0 without tokens)
+        e = torch.exp(s - m[:, None])
+        l_sum = e.sum(-1) + torch.exp(sink - m)
+        p = e / l_sum[:, None]
+        o = (p[:, :, None] * v[None, :, :]).sum(1)
+        w = (p[:, :, None] * v.abs()[None, :, :]).sum(1)
+        dead = (m == -math.inf)[:, None]
+        nan = torch.isnan(m)[:, None]
+        out[r] = torch.where(dead, 0.0, torch.where(nan, math.nan, o))
+        wabs[r] = torch.where(dead, 0.0, torch.where(nan, math.nan, w))
     return PrefillReference(out, wabs, labs, lmax, tokens, max_abs_v, ragged, vsum)
 
 
