@@ -42,6 +42,11 @@ TARGETS = ("generic", "gfx942", "gfx950")
 ALLOWED_UNEXERCISED: dict[str, str] = {
     "graph_capture.GraphReplayError": "an exception class with no code of its own (a trace sees no raise); "
                                       "graph-replay-agreement catches it (contracts/graph_capture.py)",
+    "decode.current_variant": "benchmark configuration (which DecodeVariant a family launches with), never what a "
+                              "decode computes; tests/test_decode.py::test_build_variants_compute_what_the_default_"
+                              "computes runs it, and the contracts judge a variant through SMV_DECODE_VARIANT",
+    "decode.decode_variant": "benchmark configuration, see decode.current_variant; tests/test_decode.py runs it",
+    "decode.set_decode_variant": "benchmark configuration, see decode.current_variant; tests/test_decode.py runs it",
     "graph_capture.describe_launch_diff": "words GraphReplayError's message; runs only when a replay's launch differs "
                                           "from the capture's, which correct code never does",
     "runtime.configure_triton_mode": "runs once at `import impl` (impl/__init__.py), before any contract, and every "
