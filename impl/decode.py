@@ -245,7 +245,9 @@ def _sparse_decode_generic_kernel(
     Grid (b, ceil(h / BLOCK_H)). Program (b, hb) walks row b's main segment then its extra segment in BLOCK_K-token
     tiles with a natural-exp online softmax, folds in the sink, normalises and writes bf16 ``out[b, heads, 512]``.
     Invariant: tiles never cross segments; masked tokens get logit -inf and value 0; with no valid token and no
-    sink l == 0 and the row is written as 0."""
+    sink l == 0 and the row is written as 0. fp8 codes decode through ``fp8_decode``: the device's conversion where ``HW_FP8_MAIN`` / ``HW_FP8_EXTRA`` say the
+    device has the cache's flavour (``hw_fp8_decode``: OCP on NVIDIA sm_89+ and gfx950, FNUZ on gfx942), the bit-level
+    decode otherwise (FNUZ on NVIDIA, the interpreter); the same values either way."""
     b = tl.program_id(0)
     hb = tl.program_id(1)
     heads = hb * BLOCK_H_ + tl.arange(0, BLOCK_H_)
@@ -291,7 +293,10 @@ def _sparse_decode_gfx942_partial_kernel(
     Grid (b, S, ceil(h / BLOCK_H)). Program (b, s, hb) takes slice [s*ceil(len/S), ...) of row b's main segment,
     then the same slice of its extra segment (no tile crosses segments), and stores un-normalised fp32 partials:
     ``part_m[b, s, h]`` (running max, natural log; -FLT_MAX when nothing was valid), ``part_l`` (sum of exp),
-    ``part_acc[b, s, h, 512]`` (sum of p*v). No sink here. Every (b, s, h < num_heads) entry is written."""
+    ``part_acc[b, s, h, 512]`` (sum of p*v). No sink here. Every (b, s, h < num_heads) entry is written.
+    fp8 codes decode through ``fp8_decode``: the device's conversion where ``HW_FP8_MAIN`` / ``HW_FP8_EXTRA`` say the
+    device has the cache's flavour (``hw_fp8_decode``: OCP on NVIDIA sm_89+ and gfx950, FNUZ on gfx942), the bit-level
+    decode otherwise (FNUZ on NVIDIA, the interpreter); the same values either way."""
     b = tl.program_id(0)
     split = tl.program_id(1)
     hb = tl.program_id(2)
@@ -391,7 +396,10 @@ def _sparse_decode_gfx950_partial_kernel(
     ``part_acc`` untouched (the reduce must skip them). Otherwise A = S. Split s takes slice [s*ceil(len/A), ...)
     of the main segment (guarded MAIN_TILE tiles), then of the extra segment (EXTRA_TILE tiles, then at most two
     TAIL_TILE tails). Partials are un-normalised: ``part_m`` = running max converted back to natural log (m2 * ln2),
-    or -FLT_MAX when l == 0; ``part_l``; ``part_acc[b, s, h, 512]``. No sink here."""
+    or -FLT_MAX when l == 0; ``part_l``; ``part_acc[b, s, h, 512]``. No sink here.
+    fp8 codes decode through ``fp8_decode``: the device's conversion where ``HW_FP8_MAIN`` / ``HW_FP8_EXTRA`` say the
+    device has the cache's flavour (``hw_fp8_decode``: OCP on NVIDIA sm_89+ and gfx950, FNUZ on gfx942), the bit-level
+    decode otherwise (FNUZ on NVIDIA, the interpreter); the same values either way."""
     b = tl.program_id(0)
     split = tl.program_id(1)
     hb = tl.program_id(2)
