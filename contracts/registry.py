@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 from contracts.core import CONTRACTS, Contract
 
@@ -29,7 +30,15 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.dequant",
 )
 
+#: more modules to import after the suite's own, comma-separated (a team's own contracts, a test's planted ones):
+#: every process of a campaign imports them too, since its workers inherit the environment
+EXTRA_MODULES_ENV = "SMV_CONTRACT_MODULES"
+
 _loaded = False
+
+
+def extra_modules() -> list[str]:
+    return [m.strip() for m in os.environ.get(EXTRA_MODULES_ENV, "").split(",") if m.strip()]
 
 
 def load_all() -> dict[str, Contract]:
@@ -37,6 +46,11 @@ def load_all() -> dict[str, Contract]:
     if not _loaded:
         for mod in CONTRACT_MODULES:
             importlib.import_module(mod)
+        for mod in extra_modules():
+            try:
+                importlib.import_module(mod)
+            except ImportError as exc:
+                raise ValueError(f"{EXTRA_MODULES_ENV}: cannot import contract module {mod!r}: {exc}") from None
         _loaded = True
     return CONTRACTS
 

@@ -24,8 +24,10 @@ from impl.targets import Target, get_target
 #: 2: a typed case is stored as its ``Case.to_json()`` (with its own ``kind`` and ``schema_version``);
 #: 3: ``subject`` (the label of the subject the case ran under) and ``subject_spec`` (the spec it was named by);
 #: a version-2 file still replays, as subject ``ours``
-REPRO_SCHEMA_VERSION = 3
-REPRO_READS = (2, 3)
+#: 4: ``outcome`` {"kind": "crash"|"hang", "how", "timeout"} and ``log_tail`` in the reproducer of a case that killed
+#: or hung its campaign worker (``smv repro`` replays those in a subprocess); the other fields are as in 3
+REPRO_SCHEMA_VERSION = 4
+REPRO_READS = (2, 3, 4)
 STOPPED_BY = ("budget", "max_cases", "exhausted")
 
 
@@ -147,6 +149,23 @@ def _trace(path: str | None, contract_id: str, target: str, state: dict, skip: i
     os.replace(tmp, path)
 
 
+#: a file that the runner rewrites with the whole case before every check it makes (pinned, generated or a
+#: shrink's replay): ``{"contract", "target", "subject", "subject_spec", "phase", "case", "started"}``. A campaign's
+#: supervisor reads it when its worker dies or hangs, and keeps the case as the reproducer of that crash or hang
+CASE_FILE_ENV = "SMV_CASE_FILE"
+
+
+def _announce(path: str | None, contract_id: str, target: str, sub: "Subject", case, phase: str) -> None:
+    if not path:
+        return
+    doc = {"contract": contract_id, "target": target, "subject": sub.label, "subject_spec": subject_spec(sub),
+           "phase": phase, "case": case_to_json(case), "started": time.time()}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, default=repr)
+    os.replace(tmp, path)
+
+
 def case_to_json(case):
     """What a reproducer stores for a case: a typed case's ``to_json()``, a plain (legacy) dict as it is."""
     return case.to_json() if isinstance(case, Case) else case
@@ -197,6 +216,11 @@ def write_repro(path: str, contract: Contract, target: Target, case, violations:
         json.dump(doc, fh, indent=1, default=repr)
     os.replace(tmp, path)
     return path
+
+
+def database_key(contract_id: str, target: str, subject: "Subject | None" = None) -> bytes:
+    """What distinguishes one row's entries in the example database: contract, target and subject label."""
+    return f"smv-row:{contract_id}:{target}:{(subject or ours()).label}".encode()
 
 
 def run_contract(contract: Contract, target: "Target | str", *, profile: str = "ci", budget: float = 60.0,
@@ -256,6 +280,7 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
              known_repro) -> RowResult:
     start = time.monotonic()
     trace = os.environ.get(CASE_TRACE_ENV) or None
+    case_file = os.environ.get(CASE_FILE_ENV) or None
     started_wall = time.time()
     deadline = start + budget
     base = profile_settings(profile)
@@ -309,6 +334,7 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                 state["stop"] = "budget"
                 break
             _trace(trace, contract.id, t.name, state, skip, started_wall)
+            _announce(case_file, contract.id, t.name, sub, case, "pinned")
             v, m = _checked(contract, case, t)
             state["pinned"] += 1
             if progress:
@@ -324,8 +350,6 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
             note_margin(m)
         if state["failing"] is None and state["stop"] is None and n > skip:
 
-            @settings(base, max_examples=n)
-            @given(contract.cases(t))
             def _property(case):
                 if state["failing"] is None:
                     if time.monotonic() > deadline:
@@ -349,6 +373,8 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                     case = family.force(case, state["combo"], t)
                 if state["failing"] is None:
                     _trace(trace, contract.id, t.name, state, skip, started_wall)
+                _announce(case_file, contract.id, t.name, sub, case,
+                          "generated" if state["failing"] is None else "shrink")
                 try:
                     v, m = _checked(contract, case, t)
                 except CaseError as exc:  # a generator bug: no shrinking, no database entry
@@ -382,10 +408,14 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                 if state["failing"] is None:
                     state["combo"] = None
 
+            _property = settings(base, max_examples=n)(given(contract.cases(t))(_property))
+            # the example database's key for this row: Hypothesis would key it by this inner function's source,
+            # the same for every row, and replay a failure one contract saved into all the others
+            _property._hypothesis_internal_database_key = database_key(contract.id, t.name, sub)
             if seed is not None:
-                from hypothesis import seed as hseed
-
-                _property = hseed(seed)(_property)
+                # what ``@hypothesis.seed`` sets, without the rest of it: that decorator also turns the example
+                # database off, so a seeded nightly row would neither replay earlier failures nor save its own
+                _property._hypothesis_internal_use_seed = seed
             from hypothesis.reporting import current_reporter, with_reporter
 
             outer = current_reporter()

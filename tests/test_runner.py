@@ -146,7 +146,7 @@ def test_typed_case_reproducer_round_trip(register, tmp_path):
     case = PairCase(a=3, b=1)
     p = write_repro(str(tmp_path / "r.json"), c, t, case, _pair_check(case, t))
     doc = json.loads(open(p).read())
-    assert doc["schema_version"] == REPRO_SCHEMA_VERSION == 3
+    assert doc["schema_version"] == REPRO_SCHEMA_VERSION == 4
     assert doc["case"] == case.to_json()
     c2, t2, case2, violations = replay(p)
     assert c2 is c and t2.name == "gfx950" and case2 == case and violations and "a > b" in violations[0].message
