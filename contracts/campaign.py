@@ -1,23 +1,56 @@
-"""``smv fuzz``: a long fuzz campaign (the nightly job) over every contract and target.
+"""``smv fuzz``: the nightly campaign over every contract and target, on every GPU and core of a host.
 
-The campaign runs rounds of the audit under the ``nightly`` Hypothesis profile, whose example database persists under
-``.smv/hypothesis`` (failures found on earlier nights are replayed first), each round with a fresh seed, until the
-budget is spent. Every distinct failure is kept as a replayable reproducer in ``DIR/repro/`` and listed in
-``DIR/campaign.json``, which is rewritten after every round so a killed campaign loses nothing.
+The campaign is a sequence of work items: round ``r`` checks every row (subject x contract x target that applies)
+once under the ``nightly`` profile with seed ``base_seed + r``, each row with the per-row share of ``--round``.
+Item ``g`` is row ``g % R`` of round ``g // R``; ``--shard K/N`` keeps the items :func:`shard_of` gives to shard
+``K``, so the shards of a CI matrix or a Slurm array split the space without talking to each other, together run
+exactly what one host would, and each meets every row as the rounds go on.
+
+A small supervisor (this module) runs the items on ``--jobs`` worker processes (``contracts.campaign_worker``),
+each pinned to one device by ``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` (round-robin when there are more
+workers than GPUs). Items go, in order, to whichever worker is idle. Every worker shares one Hypothesis example
+database (a folder, or ``redis://`` through Hypothesis' Redis database), so a failure found anywhere is replayed
+first wherever its row runs next.
+
+A worker writes every case before checking it (``SMV_CASE_FILE``); when a worker dies (a signal, an abort in a
+kernel) the supervisor records a ``crash`` failure whose reproducer is that case, and when a case overruns its
+time limit it records a ``hang`` and kills the worker. Either way a new worker takes the next item.
+
+Nothing is lost when any process is killed: every finished item is appended to ``DIR/journal.jsonl`` (flushed and
+synced) before it counts, ``DIR/campaign.json`` is rewritten atomically after it, and running ``smv fuzz`` again
+on the same directory resumes: the items the journal holds are not run again, the failures it holds are kept, the
+budget given counts from the resume. A directory has one live owner at a time (``DIR/.lock``, an advisory lock the
+kernel releases when its process dies).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import selectors
 import shutil
+import signal
+import subprocess
 import sys
 import time
 
 #: 2: ``round_log`` (each round's seed, budget, seconds and cases) and ``seed`` on every failure
 #: 3: ``subjects`` (the labels audited) and ``subject`` on every failure; ``cases`` keys gain ``@<subject>`` for a
 #: subject other than ours
-CAMPAIGN_SCHEMA_VERSION = 3
+#: 4: the campaign runs on worker processes: ``workers`` [{"id", "device", "status", "cases", "items", "seconds",
+#: "cases_per_second", "pid"}], ``jobs``, ``shard``, ``database``, ``sessions`` (one per start or resume),
+#: ``throughput`` (cases per second per row and per worker), ``items``; failures gain ``signature``, ``worker``,
+#: ``first_violation`` and the statuses ``crash`` and ``hang``; ``round_log`` rounds count items, not one audit
+CAMPAIGN_SCHEMA_VERSION = 4
+#: a case that runs longer than this is a hang (seconds; the interpreter's limit is INTERPRETER_SCALE times it);
+#: a contract may set its own with ``extra={"case_timeout": S}``
+DEFAULT_CASE_TIMEOUT = 300.0
+INTERPRETER_SCALE = 2.0
+#: a row that fails the same way this many times in a row is retired (see Campaign.retired)
+RETIRE_AFTER = 3
+#: a worker's time to start (import torch, Triton, every contract) before it is a crash
+WORKER_START_TIMEOUT = 300.0
 
 
 def parse_duration(text: "str | float | int") -> float:
@@ -39,87 +72,794 @@ def parse_duration(text: "str | float | int") -> float:
     return seconds
 
 
+def parse_shard(text: "str | None") -> "tuple[int, int] | None":
+    """'K/N' (1 <= K <= N) as (K, N); None stays None."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ValueError(f"shard: expected K/N with 1 <= K <= N (e.g. 2/8), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+_NUMBER = re.compile(r"0x[0-9a-fA-F]+|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|\b(?:nan|inf)\b")
+
+
+def mask_numbers(message: str) -> str:
+    """The message with every number replaced by ``#``: two failures that differ only in their values match."""
+    return _NUMBER.sub("#", message)
+
+
+def failure_signature(f: dict) -> str:
+    """What makes two failures the same one: subject, contract, target, status and the first violation's message
+    with its numbers masked."""
+    first = f["violations"][0]["message"] if f.get("violations") else f.get("reason", "")
+    return " | ".join([f.get("subject", "ours"), f["contract"], f["target"], f["status"], mask_numbers(first)])
+
+
+# --- devices ---------------------------------------------------------------------------------------------------
+
+
+def visible_devices() -> tuple[str, list[str]]:
+    """The kind of GPU this process sees ('cuda', 'rocm' or 'cpu') and the ids a worker can be pinned to (as the
+    visibility variable names them)."""
+    from impl.runtime import triton_mode
+
+    if triton_mode() == "interpreter":
+        return "cpu", []
+    try:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        kind = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+    except Exception:  # noqa: BLE001 - no usable torch GPU build: the CPU
+        return "cpu", []
+    if not count:
+        return "cpu", []
+    var = "HIP_VISIBLE_DEVICES" if kind == "rocm" else "CUDA_VISIBLE_DEVICES"
+    named = [x.strip() for x in os.environ.get(var, "").split(",") if x.strip()]
+    return kind, (named[:count] if len(named) >= count else [str(i) for i in range(count)])
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def default_jobs() -> int:
+    """One worker per visible GPU, else one per core."""
+    kind, ids = visible_devices()
+    return len(ids) if ids else cpu_count()
+
+
+# --- the directory: lock, journal, document --------------------------------------------------------------------
+
+
+class WorkerStartError(RuntimeError):
+    """Workers die before they can take a row (a broken install, a contract module that does not import)."""
+
+
+class CampaignBusy(RuntimeError):
+    """Another live process owns the report directory."""
+
+
+class DirLock:
+    """An exclusive advisory lock on ``DIR/.lock``; the kernel drops it when the holder dies, however it dies."""
+
+    def __init__(self, report_dir: str):
+        self.path = os.path.join(report_dir, ".lock")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "another process"
+            os.close(self.fd)
+            raise CampaignBusy(f"{report_dir} is in use by a running campaign (pid {holder}); wait for it, stop "
+                               f"it, or give another --report") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Journal:
+    """``DIR/journal.jsonl``: the campaign's config, then one line per finished item. Each line is flushed and
+    synced before it counts; a line torn by a kill is ignored on reading (its item runs again)."""
+
+    def __init__(self, report_dir: str):
+        self.path = os.path.join(report_dir, "journal.jsonl")
+
+    def read(self) -> list[dict]:
+        if not os.path.exists(self.path):
+            return []
+        out = []
+        with open(self.path) as fh:
+            for line in fh:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # the torn tail of a killed write; nothing after it was acknowledged
+        return out
+
+    def append(self, doc: dict) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(doc, default=repr) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def _atomic_json(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, indent=1, default=repr)
+    os.replace(tmp, path)
+
+
+def _row_key(row: tuple) -> str:
+    label, cid, target = row
+    return f"{cid}/{target}" + ("" if label == "ours" else f"@{label}")
+
+
+def _rate(cases: int, seconds: float) -> float | None:
+    return round(cases / seconds, 3) if seconds > 0 else None
+
+
+class Campaign:
+    """The state a campaign directory holds, rebuilt from its journal on resume."""
+
+    def __init__(self, report_dir: str, config: dict, stream):
+        self.dir = report_dir
+        self.config = config
+        self.stream = stream
+        self.journal = Journal(report_dir)
+        self.done: set[int] = set()
+        self.failures: list[dict] = []
+        self.by_sig: dict[str, dict] = {}
+        self.cases: dict[str, int] = {}
+        self.row_seconds: dict[str, float] = {}
+        self.rounds: dict[int, dict] = {}
+        self.streak: dict[str, tuple] = {}
+        self.workers: list[dict] = []
+        self.sessions: list[dict] = []
+
+    # journal -> state
+    def load(self) -> bool:
+        """Read an earlier session's journal; False when there is none. A journal of other parameters is a
+        ValueError (resuming it would not be the same campaign)."""
+        lines = self.journal.read()
+        if not lines:
+            return False
+        head = lines[0].get("config")
+        if head is None:
+            raise ValueError(f"{self.journal.path}: not a campaign journal (its first line holds no config)")
+        for k in ("contracts", "targets", "subjects", "profile", "round_seconds", "shard", "rows"):
+            if head.get(k) != self.config.get(k):
+                raise ValueError(f"{self.dir} holds a campaign with another {k} ({head.get(k)!r}, not "
+                                 f"{self.config.get(k)!r}); resume it with the same selection, or give another "
+                                 f"--report")
+        self.config["base_seed"] = head["base_seed"]
+        for doc in lines[1:]:
+            if "session" in doc:
+                self.sessions.append(doc["session"])
+            elif "item" in doc:
+                self._apply(doc["item"])
+            elif "worker" in doc:
+                self.workers.append(doc["worker"])
+        return True
+
+    def start_journal(self) -> None:
+        self.journal.append({"config": self.config})
+
+    def _apply(self, it: dict) -> None:
+        self.done.add(it["g"])
+        key = it["key"]
+        self.cases[key] = self.cases.get(key, 0) + it["cases"]
+        self.row_seconds[key] = self.row_seconds.get(key, 0.0) + it["seconds"]
+        r = self.rounds.setdefault(it["round"], {"round": it["round"], "seed": it["seed"], "items": 0, "cases": 0,
+                                                 "seconds": 0.0})
+        r["items"] += 1
+        r["cases"] += it["cases"]
+        r["seconds"] = round(r["seconds"] + it["seconds"], 3)
+        sig = it.get("signature")
+        if sig is not None:
+            if sig in self.by_sig:
+                self.by_sig[sig]["occurrences"] += 1
+            elif it.get("failure") is not None:
+                f = dict(it["failure"], occurrences=1)
+                self.by_sig[sig] = f
+                self.failures.append(f)
+            last, n = self.streak.get(key, (None, 0))
+            self.streak[key] = (sig, n + 1 if last == sig else 1)
+        else:
+            self.streak[key] = (None, 0)
+
+    def retired(self, key: str) -> bool:
+        """A row whose last RETIRE_AFTER items failed the same way: each later one would replay the saved case
+        and stop at it again, so the row is left alone for the rest of the campaign."""
+        sig, n = self.streak.get(key, (None, 0))
+        return sig is not None and n >= RETIRE_AFTER
+
+    def record(self, it: dict) -> "dict | None":
+        """Journal a finished item, then count it; returns its failure when that failure is new. A failure seen
+        before is journaled by its signature alone."""
+        sig = it.get("signature")
+        new = sig is not None and sig not in self.by_sig
+        if not new:
+            it = dict(it, failure=None)
+        self.journal.append({"item": it})
+        self._apply(it)
+        return self.by_sig[sig] if new else None
+
+    def document(self, *, finished: bool, session: dict, live_workers: list[dict]) -> dict:
+        R = len(self.config["rows"])
+        rows_tp = {k: {"cases": n, "seconds": round(self.row_seconds.get(k, 0.0), 3),
+                       "cases_per_second": _rate(n, self.row_seconds.get(k, 0.0))} for k, n in self.cases.items()}
+        workers = [dict(w) for w in self.workers] + [dict(w) for w in live_workers]
+        for w in workers:
+            w["cases_per_second"] = _rate(w["cases"], w["seconds"])
+        sessions = self.sessions + [session]
+        seconds = round(sum(s["seconds"] for s in sessions), 1)
+        total = sum(self.cases.values())
+        return {"schema_version": CAMPAIGN_SCHEMA_VERSION, "budget": session["budget"],
+                "profile": self.config["profile"], "base_seed": self.config["base_seed"],
+                "shard": self.config["shard"], "jobs": session["jobs"], "database": self.config["database"],
+                "subjects": self.config["subjects"], "rows": R, "items": len(self.done),
+                "rounds": len(self.rounds), "seconds": seconds, "cases": dict(self.cases),
+                "round_log": [self.rounds[k] for k in sorted(self.rounds)],
+                "failures": self.failures, "workers": workers, "sessions": sessions,
+                "retired": sorted(k for k in self.cases if self.retired(k)),
+                "throughput": {"cases_per_second": _rate(total, seconds), "rows": rows_tp},
+                "finished": finished}
+
+
+# --- workers ---------------------------------------------------------------------------------------------------
+
+
+class Worker:
+    """One worker process and what the supervisor knows of it."""
+
+    def __init__(self, wid: str, device: tuple[str, str | None], report_dir: str, env_extra: dict):
+        self.id = wid
+        self.device = device
+        self.dir = os.path.join(report_dir, "workers", wid)
+        os.makedirs(os.path.join(self.dir, "repro"), exist_ok=True)
+        self.case_file = os.path.join(self.dir, "case.json")
+        self.trace_file = os.path.join(self.dir, "trace.json")
+        env = dict(os.environ, **env_extra, SMV_CASE_FILE=self.case_file, SMV_CASE_TRACE=self.trace_file,
+                   PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        kind, dev = device
+        if kind == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = dev
+        elif kind == "rocm":
+            env["HIP_VISIBLE_DEVICES"] = dev
+        self.proc = subprocess.Popen([sys.executable, "-m", "contracts.campaign_worker", "--dir", self.dir,
+                                      "--parent", str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=env, start_new_session=True, text=True, bufsize=1)
+        self.started = time.monotonic()
+        self.ready = False
+        self.item: dict | None = None
+        self.item_started = 0.0
+        self.buf = ""
+        self.stats = {"id": wid, "device": self.device_name, "status": "starting", "pid": self.proc.pid,
+                      "cases": 0, "items": 0, "seconds": 0.0}
+
+    @property
+    def device_name(self) -> str:
+        kind, dev = self.device
+        return "cpu" if kind == "cpu" else f"{kind}:{dev}"
+
+    def send(self, msg: dict) -> None:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def last_case(self) -> dict | None:
+        try:
+            with open(self.case_file) as fh:
+                return json.load(fh)
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def last_activity(self) -> float:
+        """When the current case (or, before the first, the item) started, on the monotonic clock."""
+        try:
+            age = time.time() - os.stat(self.case_file).st_mtime
+            return max(self.item_started, time.monotonic() - age)
+        except OSError:
+            return self.item_started
+
+    def counts(self) -> int:
+        """Cases the current item had finished (from the runner's trace)."""
+        try:
+            with open(self.trace_file) as fh:
+                t = json.load(fh)
+            return int(t.get("pinned", 0)) + int(t.get("generated", 0))
+        except (OSError, ValueError, json.JSONDecodeError):
+            return 0
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            with open(os.path.join(self.dir, "worker.log"), "rb") as fh:
+                fh.seek(0, 2)
+                size = fh.tell()
+                fh.seek(max(0, size - n))
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+
+def _signal_name(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+# --- the supervisor --------------------------------------------------------------------------------------------
+
+
+def _case_limit(contract, override: float | None) -> float:
+    from impl.runtime import triton_mode
+
+    if override is not None:
+        return override
+    base = float(contract.extra.get("case_timeout", DEFAULT_CASE_TIMEOUT))
+    return base * (INTERPRETER_SCALE if triton_mode() == "interpreter" else 1.0)
+
+
+def _default_seed(shard) -> int:
+    # the shards of one night must agree on the seed without talking: the day's number; a lone campaign: the clock
+    return int(time.time() // 86400) if shard else int(time.time()) % (2 ** 31)
+
+
 def run_campaign(budget: float, report_dir: str, *, contract_ids=None, target_names=None, round_seconds: float = 600,
-                 seed: int | None = None, profile: str = "nightly", stream=None, subjects=None) -> tuple[dict, int]:
-    """Audit rounds of ``round_seconds`` (the last one shorter) until ``budget`` seconds are spent; round ``i`` uses
-    seed ``base_seed + i``. A round ends within one case of its share and never past the campaign's end: the
-    shrinking of a failure is cut off there too. ``subjects`` (default ours) share each round's budget equally.
-    A known row (every violation a recorded finding) is no failure."""
-    from contracts.audit import run_audit
-    from contracts.registry import load_all
+                 seed: int | None = None, profile: str = "nightly", stream=None, subjects=None,
+                 jobs: int | None = None, shard: "str | tuple | None" = None, database: str | None = None,
+                 case_timeout: float | None = None) -> tuple[dict, int]:
+    """Run (or resume) the campaign in ``report_dir`` for ``budget`` seconds on ``jobs`` workers; returns the
+    campaign document and the exit code (1 when any failure was found, in this session or an earlier one)."""
+    from contracts.registry import get_contract, load_all
+    from contracts.runner import resolve_subject, subject_spec
+    from fuzz.profiles import DATABASE_ENV, check_database_spec, database_spec
+    from impl.targets import TARGET_NAMES, get_target
 
     if not budget > 0 or not round_seconds > 0:
         raise ValueError(f"budget / round: expected positive durations, got {budget!r} / {round_seconds!r}")
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"jobs: expected 1 or more, got {jobs!r}")
+    if case_timeout is not None and not case_timeout > 0:
+        raise ValueError(f"case timeout: expected a positive number of seconds, got {case_timeout!r}")
+    shard_t = parse_shard(shard) if isinstance(shard, str) or shard is None else tuple(shard)
+    db = check_database_spec(database) if database else database_spec()
     stream = stream or sys.stderr
-    os.makedirs(os.path.join(report_dir, "repro"), exist_ok=True)
-    from contracts.runner import resolve_subject
-
-    load_all()  # importing every contract module is set-up, not a round's time
+    contracts = load_all()
+    ids = list(contract_ids) if contract_ids else sorted(contracts)
+    for cid in ids:
+        get_contract(cid)
+    targets = [get_target(t).name for t in (target_names or TARGET_NAMES)]
     subs = [resolve_subject(x) for x in (subjects or [None])]
+    rows = [(subject_spec(s), cid, t) for s in subs for cid in ids for t in targets
+            if contracts[cid].applies_to(get_target(t))]
+    labels = {subject_spec(s): s.label for s in subs}
+    if not rows:
+        raise ValueError("no contract of the selection applies to the selected targets")
+    os.makedirs(os.path.join(report_dir, "repro"), exist_ok=True)
+    lock = DirLock(report_dir)
+    try:
+        config = {"contracts": ids, "targets": targets, "subjects": [s.label for s in subs], "profile": profile,
+                  "round_seconds": round_seconds, "shard": None if shard_t is None else f"{shard_t[0]}/{shard_t[1]}",
+                  "rows": [list(r) for r in rows], "database": db,
+                  "base_seed": seed if seed is not None else _default_seed(shard_t)}
+        camp = Campaign(report_dir, config, stream)
+        resumed = camp.load()
+        if resumed:
+            if seed is not None and seed != camp.config["base_seed"]:
+                raise ValueError(f"{report_dir} holds a campaign with base seed {camp.config['base_seed']}, not "
+                                 f"{seed}; resume it without --seed, or give another --report")
+            stream.write(f"smv fuzz: resuming {report_dir}: {len(camp.done)} items done, {len(camp.failures)} "
+                         f"distinct failures kept\n")
+        else:
+            for stale in ("journal.jsonl", "campaign.json"):
+                if os.path.exists(os.path.join(report_dir, stale)):
+                    os.unlink(os.path.join(report_dir, stale))
+            camp.start_journal()
+        env_extra = {DATABASE_ENV: db}
+        return _supervise(camp, budget, jobs, shard_t, case_timeout, env_extra, labels, lock)
+    finally:
+        lock.release()
+
+
+def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, labels, lock) -> tuple[dict, int]:
+    from contracts.registry import get_contract
+
+    stream = camp.stream
+    rows = [tuple(r) for r in camp.config["rows"]]
+    R = len(rows)
+    per_row = camp.config["round_seconds"] / R
+    base_seed = camp.config["base_seed"]
+    kind, ids = visible_devices()
+    n_jobs = jobs or (len(ids) if ids else cpu_count())
     t0 = time.monotonic()
     end = t0 + budget
-    base_seed = seed if seed is not None else int(time.time()) % (2 ** 31)
-    doc = {"schema_version": CAMPAIGN_SCHEMA_VERSION, "budget": budget, "profile": profile, "base_seed": base_seed,
-           "rounds": 0, "seconds": 0.0, "cases": {}, "round_log": [], "failures": [], "finished": False,
-           "subjects": [x.label for x in subs]}
-    seen: dict[tuple, dict] = {}
+    session = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget": budget, "jobs": n_jobs,
+               "seconds": 0.0, "ended": None}
+    k, n = shard_t or (1, 1)
+    limits = {cid: _case_limit(get_contract(cid), case_timeout) for _, cid, _ in rows}
 
-    def save():
-        doc["seconds"] = round(time.monotonic() - t0, 1)
-        tmp = os.path.join(report_dir, "campaign.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh, indent=1)
-        os.replace(tmp, os.path.join(report_dir, "campaign.json"))
+    keys = [_row_key((labels.get(spec, spec), cid, target)) for spec, cid, target in rows]
 
-    round_dir = os.path.join(report_dir, "last-round")
-    try:
-        while True:
-            left = end - time.monotonic()
-            if left < min(1.0, round_seconds):
-                break
-            r = doc["rounds"]
-            r_start = time.monotonic()
-            rdoc, _ = run_audit(contract_ids, target_names, budget=min(round_seconds, left) / len(subs),
-                                profile=profile, seed=base_seed + r, report_dir=round_dir, progress=False,
-                                shrink_until=end, subjects=subs)
-            doc["rounds"] = r + 1
-            doc["round_log"].append({"round": r, "seed": base_seed + r, "budget": round(min(round_seconds, left), 3),
-                                     "seconds": round(time.monotonic() - r_start, 3),
-                                     "cases": sum(row["cases"] for row in rdoc["results"]),
-                                     "counts": rdoc["run"]["counts"]})
-            for row in rdoc["results"]:
-                s = row.get("subject") or {"name": "ours"}
-                label = "ours" if s["name"] == "ours" else f"{s['name']}=={s['version']}"
-                key = f"{row['contract']}/{row['target']}" + ("" if label == "ours" else f"@{label}")
-                doc["cases"][key] = doc["cases"].get(key, 0) + row["cases"]
-                if row["status"] not in ("fail", "error"):
-                    continue
-                first = row["violations"][0]["message"] if row["violations"] else row["reason"]
-                sig = (label, row["contract"], row["target"], row["status"], first)
-                if sig in seen:
-                    seen[sig]["occurrences"] += 1
-                    continue
-                repro = None
+    def items():
+        """The undone items of this shard, lowest first: those a killed session left, then new ones; none of a
+        retired row. Ends when every row is retired."""
+        g = 0
+        while not all(camp.retired(key) for key in keys):
+            if shard_of(g, R, n) == k and g not in camp.done and not camp.retired(keys[g % R]):
+                yield g
+            g += 1
+
+    pending = items()
+    workers: list[Worker] = []
+    # worker ids stay unique over every session of the directory, so no session's worker log is overwritten
+    seen = [int(m.group(1)) for m in (re.fullmatch(r"w(\d+)", x) for x in
+                                      os.listdir(os.path.join(camp.dir, "workers"))) if m] \
+        if os.path.isdir(os.path.join(camp.dir, "workers")) else []
+    serial = [max(seen, default=-1) + 1]
+    interrupted = {"why": None}
+    start_failures = [0]
+    exhausted = [False]
+
+    def spawn(slot: int) -> Worker:
+        dev = (kind, ids[slot % len(ids)]) if ids else ("cpu", None)
+        w = Worker(f"w{serial[0]}", dev, camp.dir, env_extra)
+        serial[0] += 1
+        return w
+
+    def retire(w: Worker, status: str) -> None:
+        w.stats["status"] = status
+        w.stats["seconds"] = round(w.stats["seconds"], 3)
+        camp.workers.append(w.stats)
+        camp.journal.append({"worker": w.stats})
+
+    def save(finished=False):
+        session["seconds"] = round(time.monotonic() - t0, 1)
+        live = [dict(w.stats, seconds=round(w.stats["seconds"], 3)) for w in workers]
+        _atomic_json(os.path.join(camp.dir, "campaign.json"),
+                     camp.document(finished=finished, session=session, live_workers=live))
+
+    def item_of(g: int) -> dict:
+        r, j = divmod(g, R)
+        spec, cid, target = rows[j]
+        left = end - time.monotonic()
+        return {"g": g, "round": r, "seed": base_seed + r, "subject": spec, "contract": cid, "target": target,
+                "profile": camp.config["profile"], "budget": round(max(0.5, min(per_row, left)), 3),
+                "grace": round(max(1.0, min(10.0, left - min(per_row, left))), 3)}
+
+    def finish_item(w: Worker, status_out: dict) -> None:
+        it = w.item
+        spec, cid, target = rows[it["g"] % R]
+        label = labels.get(spec, spec)
+        rec = {"g": it["g"], "round": it["round"], "seed": it["seed"], "key": _row_key((label, cid, target)),
+               "worker": w.id, "cases": 0, "seconds": round(time.monotonic() - w.item_started, 3), "status": None,
+               "started": round(w.item_wall, 3), "signature": None, "failure": None}
+        failure = None
+        if "row" in status_out:
+            row = status_out["row"]
+            rec["cases"], rec["status"] = row["cases"], row["status"]
+            rec["first_violation"] = row.get("first_violation")
+            if row["status"] in ("fail", "error"):
+                failure = {"contract": cid, "target": target, "subject": label, "status": row["status"],
+                           "reason": row["reason"], "violations": row["violations"][:5],
+                           "first_violation": row.get("first_violation")}
                 if row.get("repro") and os.path.exists(row["repro"]):
-                    repro = os.path.join(report_dir, "repro", f"{row['contract']}-{row['target']}"
-                                         + ("" if label == "ours" else "-" + re.sub(r"[^A-Za-z0-9.]+", "-", label))
-                                         + f"-round{r}.json")
-                    shutil.copyfile(row["repro"], repro)
-                entry = {"contract": row["contract"], "target": row["target"], "subject": label,
-                         "status": row["status"],
-                         "reason": row["reason"], "violations": row["violations"][:5], "repro": repro,
-                         "round": r, "seed": base_seed + r, "occurrences": 1}
-                seen[sig] = entry
-                doc["failures"].append(entry)
-                stream.write(f"NEW {row['status'].upper()}: {key}: {row['reason'][:200]}"
-                             + (f"\n    replay: smv repro {repro}" if repro else "") + "\n")
-            total = sum(doc["cases"].values())
-            stream.write(f"round {r + 1}: {total} cases so far, {len(doc['failures'])} distinct failures, "
+                    failure["repro"] = _keep_repro(camp.dir, row["repro"], cid, target, label, it["round"])
+        elif "error" in status_out:
+            rec["status"] = "error"
+            failure = {"contract": cid, "target": target, "subject": label, "status": "error",
+                       "reason": f"the worker could not run the row: {status_out['error']}", "violations": [],
+                       "detail": status_out.get("traceback", "")}
+        else:  # crash or hang: recorded by the supervisor
+            rec["status"] = status_out["status"]
+            rec["cases"] = status_out.get("cases", 0)
+            failure = status_out["failure"]
+        if failure is not None:
+            failure.setdefault("repro", None)
+            failure.update(round=it["round"], seed=it["seed"], worker=w.id)
+            failure["signature"] = rec["signature"] = failure_signature(failure)
+            rec["failure"] = failure
+        new = camp.record(rec)
+        w.stats["cases"] += rec["cases"]
+        w.stats["items"] += 1
+        w.stats["seconds"] += rec["seconds"]
+        w.item = None
+        if new is not None:
+            stream.write(f"NEW {new['status'].upper()}: {rec['key']} (worker {w.id}, round {it['round']}): "
+                         f"{new['reason'][:200]}" + (f"\n    replay: smv repro {new['repro']}" if new['repro']
+                                                    else "") + "\n")
+        done_round = it["round"]
+        if all((done_round * R + j) in camp.done for j in range(R) if (done_round * R + j) % n == k - 1):
+            total = sum(camp.cases.values())
+            stream.write(f"round {done_round + 1}: {total} cases so far, {len(camp.failures)} distinct failures, "
                          f"{max(0.0, end - time.monotonic()):.0f}s left\n")
-            stream.flush()
-            save()
+        stream.flush()
+        save()
+
+    def crash_or_hang(w: Worker, what: str) -> dict:
+        case = w.last_case()
+        it = w.item
+        spec, cid, target = rows[it["g"] % R]
+        label = labels.get(spec, spec)
+        if what == "hang":
+            limit = limits[cid]
+            reason = (f"hang: a case ran past its time limit of {limit:g}s; worker {w.id} on {w.device_name} was "
+                      f"killed")
+            outcome = {"kind": "hang", "timeout": limit}
+        else:
+            how = _signal_name(w.proc.returncode)
+            reason = f"crash: worker {w.id} on {w.device_name} died ({how}) while checking a case"
+            outcome = {"kind": "crash", "how": how, "returncode": w.proc.returncode, "timeout": limits[cid]}
+        if case is None:
+            reason += " (before its first case: no reproducer)"
+        else:
+            reason += f" ({case.get('phase')} case)"
+        repro = None
+        if case is not None:
+            repro = os.path.join(camp.dir, "repro", f"{cid}-{target}" + _label_suffix(label)
+                                 + f"-{what}-item{it['g']}.json")
+            _atomic_json(repro, {"schema_version": 4, "contract": cid, "target": target,
+                                 "subject": case.get("subject", label), "subject_spec": case.get("subject_spec", spec),
+                                 "case": case["case"], "violations": [], "outcome": outcome,
+                                 "log_tail": w.log_tail()})
+        failure = {"contract": cid, "target": target, "subject": label, "status": what, "reason": reason,
+                   "violations": [{"message": reason, "where": "", "expected": "a verdict", "got": what}],
+                   "repro": repro, "log_tail": w.log_tail(800)}
+        return {"status": what, "cases": w.counts(), "failure": failure}
+
+    def on_signal(signum, frame):
+        interrupted["why"] = signal.Signals(signum).name
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    sel = selectors.DefaultSelector()
+    last_beat = time.monotonic()
+    try:
+        for slot in range(n_jobs):
+            w = spawn(slot)
+            w.slot = slot
+            workers.append(w)
+            sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+        save()
+        while True:
+            now = time.monotonic()
+            accepting = end - now >= 0.5 and not exhausted[0]
+            if not accepting and not any(w.item for w in workers):
+                break
+            # hand items to idle, ready workers
+            for w in workers:
+                if w.ready and w.item is None and accepting and end - time.monotonic() >= 0.5:
+                    g = next(pending, None)
+                    if g is None:
+                        accepting = False
+                        if not exhausted[0]:
+                            exhausted[0] = True
+                            stream.write("smv fuzz: every row fails the same way again and again (retired after "
+                                         f"{RETIRE_AFTER} in a row): nothing more to learn, ending early\n")
+                        break
+                    w.item = item_of(g)
+                    w.item_started, w.item_wall = time.monotonic(), time.time()
+                    w.stats["status"] = "running"
+                    for f in (w.case_file, w.trace_file):
+                        if os.path.exists(f):
+                            os.unlink(f)
+                    try:
+                        w.send({"item": w.item})
+                    except (BrokenPipeError, OSError):
+                        pass  # it died; the poll below records the crash
+            for key, _ in sel.select(timeout=0.2):
+                w = key.data
+                chunk = os.read(w.proc.stdout.fileno(), 65536).decode(errors="replace")
+                if not chunk:
+                    sel.unregister(w.proc.stdout)
+                    continue
+                w.buf += chunk
+                while "\n" in w.buf:
+                    line, w.buf = w.buf.split("\n", 1)
+                    try:
+                        msg = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    if "ready" in msg:
+                        w.ready = True
+                        start_failures[0] = 0
+                        w.stats["status"] = "idle"
+                    elif "done" in msg and w.item is not None and msg["done"] == w.item["g"]:
+                        finish_item(w, msg)
+                        w.stats["status"] = "idle"
+            # deaths and hangs
+            for i, w in enumerate(list(workers)):
+                dead = w.proc.poll() is not None
+                hung = False
+                if not dead and w.item is not None:
+                    cid = rows[w.item["g"] % R][1]
+                    hung = time.monotonic() - w.last_activity() > limits[cid] + (
+                        w.item["budget"] + w.item["grace"] if w.last_case() is None else 0.0)
+                if not dead and not w.ready and time.monotonic() - w.started > WORKER_START_TIMEOUT:
+                    hung = True
+                if not (dead or hung):
+                    continue
+                if hung:
+                    w.kill()
+                if w.item is not None:
+                    what = "hang" if hung else "crash"
+                    finish_item(w, crash_or_hang(w, what))
+                    retire(w, "hung" if hung else "crashed")
+                else:
+                    how = _signal_name(w.proc.returncode) if w.proc.returncode is not None else "no answer"
+                    stream.write(f"smv fuzz: worker {w.id} died before taking a row ({how}); log: "
+                                 f"{os.path.join(w.dir, 'worker.log')}\n")
+                    retire(w, "crashed")
+                    if not w.ready:
+                        start_failures[0] += 1
+                        if start_failures[0] >= 3:
+                            raise WorkerStartError(f"3 workers in a row died before they could take a row; the last "
+                                                   f"one's log ({os.path.join(w.dir, 'worker.log')}) ends: "
+                                                   f"{w.log_tail(600).strip()[-600:]}")
+                try:
+                    sel.unregister(w.proc.stdout)
+                except (KeyError, ValueError):
+                    pass
+                w.kill()
+                workers.remove(w)
+                if end - time.monotonic() >= 0.5:
+                    nw = spawn(w.slot)
+                    nw.slot = w.slot
+                    workers.append(nw)
+                    sel.register(nw.proc.stdout, selectors.EVENT_READ, nw)
+                    stream.write(f"smv fuzz: started worker {nw.id} on {nw.device_name} in place of {w.id}\n")
+                save()
+            if time.monotonic() - last_beat > 60:
+                last_beat = time.monotonic()
+                busy = sum(1 for w in workers if w.item)
+                stream.write(f"smv fuzz: {time.monotonic() - t0:.0f}s of {budget:.0f}s: {sum(camp.cases.values())} "
+                             f"cases, {len(camp.failures)} distinct failures, {busy} of {len(workers)} workers "
+                             f"busy\n")
+                stream.flush()
+        session["ended"] = "retired" if exhausted[0] else "budget"
     except KeyboardInterrupt:
-        stream.write("smv fuzz: interrupted; the campaign so far is saved\n")
-    doc["finished"] = True
-    save()
+        session["ended"] = interrupted["why"] or "SIGINT"
+        stream.write(f"smv fuzz: interrupted ({session['ended']}); the campaign so far is saved, run the same "
+                     f"command again to resume it\n")
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        for w in workers:
+            if w.item is None and w.proc.poll() is None:
+                try:
+                    w.send({"exit": True})
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 5
+        for w in workers:
+            if w.item is None:
+                try:
+                    w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            w.kill()
+            w.stats["status"] = "interrupted" if w.item is not None else "exited"
+            retire(w, w.stats["status"])
+        workers.clear()
+        camp.sessions.append(dict(session, seconds=round(time.monotonic() - t0, 1)))
+        camp.journal.append({"session": camp.sessions[-1]})
+        doc = camp.document(finished=session["ended"] in ("budget", "retired"), session=camp.sessions.pop(),
+                            live_workers=[])
+        _atomic_json(os.path.join(camp.dir, "campaign.json"), doc)
     return doc, (1 if doc["failures"] else 0)
+
+
+def shard_of(g: int, rows: int, shards: int) -> int:
+    """The shard (1-based) that runs item ``g``: row ``j = g % rows`` of round ``r = g // rows`` goes to shard
+    ``(r + j) % shards + 1``. The shards split every round evenly, and every row visits every shard as the rounds
+    go on, so a failure one shard saved in the shared database is replayed by the others when the row reaches
+    them."""
+    return (g // rows + g % rows) % shards + 1
+
+
+def _label_suffix(label: str) -> str:
+    return "" if label == "ours" else "-" + re.sub(r"[^A-Za-z0-9.]+", "-", label).strip("-")
+
+
+def _keep_repro(report_dir: str, src: str, cid: str, target: str, label: str, rnd: int) -> str:
+    dst = os.path.join(report_dir, "repro", f"{cid}-{target}{_label_suffix(label)}-round{rnd}.json")
+    shutil.copyfile(src, dst)
+    return dst
+
+
+# --- merge -----------------------------------------------------------------------------------------------------
+
+
+def merge_campaigns(dirs: list[str], out_dir: str) -> dict:
+    """One ``OUT/campaign.json`` from the shards' report directories: cases and throughput summed, workers listed
+    under their shard, failures deduplicated by :func:`failure_signature` (occurrences summed, ``found_in`` naming
+    each directory), every kept reproducer copied into ``OUT/repro/``."""
+    if not dirs:
+        raise ValueError("merge: expected one or more campaign report directories")
+    docs = []
+    for d in dirs:
+        path = os.path.join(d, "campaign.json")
+        try:
+            with open(path) as fh:
+                doc = json.load(fh)
+        except OSError as exc:
+            raise ValueError(f"merge: {path}: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"merge: {path}: not valid JSON: {exc.msg}") from None
+        if not isinstance(doc, dict) or doc.get("schema_version") not in (3, CAMPAIGN_SCHEMA_VERSION):
+            raise ValueError(f"merge: {path}: not a campaign.json of schema 3 or {CAMPAIGN_SCHEMA_VERSION}")
+        docs.append((d, doc))
+    os.makedirs(os.path.join(out_dir, "repro"), exist_ok=True)
+    cases: dict[str, int] = {}
+    row_seconds: dict[str, float] = {}
+    failures: list[dict] = []
+    by_sig: dict[str, dict] = {}
+    workers = []
+    for i, (d, doc) in enumerate(docs):
+        tag = doc.get("shard") or f"dir{i + 1}"
+        for key, nc in doc.get("cases", {}).items():
+            cases[key] = cases.get(key, 0) + nc
+        for key, tp in (doc.get("throughput") or {}).get("rows", {}).items():
+            row_seconds[key] = row_seconds.get(key, 0.0) + tp.get("seconds", 0.0)
+        for w in doc.get("workers", []):
+            workers.append(dict(w, id=f"{tag}:{w['id']}", shard=tag))
+        for f in doc.get("failures", []):
+            sig = f.get("signature") or failure_signature(f)
+            if sig in by_sig:
+                by_sig[sig]["occurrences"] += f.get("occurrences", 1)
+                by_sig[sig]["found_in"].append(d)
+                continue
+            g = dict(f, signature=sig, found_in=[d], occurrences=f.get("occurrences", 1), shard=tag)
+            src = f.get("repro")
+            if src and not os.path.isabs(src) and not os.path.exists(src):
+                src = os.path.join(d, "repro", os.path.basename(src))
+            if src and os.path.exists(src):
+                dst = os.path.join(out_dir, "repro", re.sub(r"[^A-Za-z0-9.]+", "-", tag).strip("-") + "-"
+                                   + os.path.basename(src))
+                shutil.copyfile(src, dst)
+                g["repro"] = dst
+            by_sig[sig] = g
+            failures.append(g)
+    seconds = max((doc.get("seconds", 0.0) for _, doc in docs), default=0.0)
+    total = sum(cases.values())
+    merged = {"schema_version": CAMPAIGN_SCHEMA_VERSION, "merged_from": [
+        {"dir": d, "shard": doc.get("shard"), "base_seed": doc.get("base_seed"), "seconds": doc.get("seconds"),
+         "cases": sum(doc.get("cases", {}).values()), "finished": doc.get("finished", False)} for d, doc in docs],
+        "profile": docs[0][1].get("profile"), "base_seed": docs[0][1].get("base_seed"), "shard": None,
+        "subjects": sorted({s for _, doc in docs for s in doc.get("subjects", [])}),
+        "rounds": max((doc.get("rounds", 0) for _, doc in docs), default=0), "seconds": seconds,
+        "cases": cases, "failures": failures, "workers": workers,
+        "throughput": {"cases_per_second": _rate(total, seconds), "rows": {
+            k: {"cases": v, "seconds": round(row_seconds.get(k, 0.0), 3),
+                "cases_per_second": _rate(v, row_seconds.get(k, 0.0))} for k, v in cases.items()}},
+        "finished": all(doc.get("finished", False) for _, doc in docs)}
+    _atomic_json(os.path.join(out_dir, "campaign.json"), merged)
+    return merged

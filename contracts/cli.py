@@ -121,6 +121,16 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
 
 
+def _shard(text: str):
+    from contracts.campaign import parse_shard
+
+    try:
+        parse_shard(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+    return text.strip()
+
+
 def _check_contract_ids(ids) -> None:
     from contracts.registry import load_all
 
@@ -454,24 +464,51 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    from contracts.campaign import run_campaign
+    from contracts.campaign import CampaignBusy, WorkerStartError, run_campaign
 
     _check_contract_ids(args.contract)
     _check_output_path("--report", args.report, folder=True)
     subjects = _subjects(args.subject)
     try:
         doc, code = run_campaign(args.budget, args.report, contract_ids=args.contract, target_names=args.target,
-                                 round_seconds=args.round, seed=args.seed, profile=args.profile, subjects=subjects)
-    except ValueError as exc:
+                                 round_seconds=args.round, seed=args.seed, profile=args.profile, subjects=subjects,
+                                 jobs=args.jobs, shard=args.shard, database=args.database,
+                                 case_timeout=args.case_timeout)
+    except (ValueError, CampaignBusy, WorkerStartError) as exc:
         print(f"smv fuzz: {_one_line(exc)}", file=sys.stderr)
         return 2
-    print(f"{doc['rounds']} rounds, {sum(doc['cases'].values())} cases, {len(doc['failures'])} distinct failures "
-          f"in {doc['seconds']:.0f}s; summary in {os.path.join(args.report, 'campaign.json')}")
+    tp = doc["throughput"]["cases_per_second"]
+    print(f"{doc['items']} rows checked over {doc['rounds']} rounds on {doc['jobs']} workers"
+          + (f" (shard {doc['shard']})" if doc["shard"] else "")
+          + f": {sum(doc['cases'].values())} cases" + (f" ({tp:g}/s)" if tp else "")
+          + f", {len(doc['failures'])} distinct failures in {doc['seconds']:.0f}s; summary in "
+          + os.path.join(args.report, "campaign.json"))
+    _print_failures(doc)
+    return code
+
+
+def _print_failures(doc: dict) -> None:
     for f in doc["failures"]:
         under = f" under {f['subject']}" if f.get("subject", "ours") != "ours" else ""
-        print(f"  {f['status'].upper()} {f['contract']} on {f['target']}{under}: {f['reason'][:160]}"
-              + (f" (replay: smv repro {f['repro']})" if f["repro"] else ""))
-    return code
+        times = f" x{f['occurrences']}" if f.get("occurrences", 1) > 1 else ""
+        print(f"  {f['status'].upper()}{times} {f['contract']} on {f['target']}{under}: {f['reason'][:160]}"
+              + (f" (replay: smv repro {f['repro']})" if f.get("repro") else ""))
+
+
+def cmd_fuzz_merge(args) -> int:
+    from contracts.campaign import merge_campaigns
+
+    _check_output_path("--report", args.report, folder=True)
+    try:
+        doc = merge_campaigns(args.dirs, args.report)
+    except ValueError as exc:
+        print(f"smv fuzz merge: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    n = sum(f.get("occurrences", 1) for f in doc["failures"])
+    print(f"merged {len(args.dirs)} campaigns: {sum(doc['cases'].values())} cases, {len(doc['failures'])} distinct "
+          f"failures ({n} occurrences); summary in {os.path.join(args.report, 'campaign.json')}")
+    _print_failures(doc)
+    return 1 if doc["failures"] else 0
 
 
 def _one_line(exc: BaseException) -> str:
@@ -488,9 +525,72 @@ def _repro_error(path: str, exc: BaseException) -> str:
     return msg if path in msg else f"{path}: {msg}"
 
 
+def _repro_outcome(path: str) -> dict | None:
+    """The ``outcome`` of a crash or hang reproducer (a case that killed or hung its campaign worker), else None."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None  # the in-process replay says what is wrong with the file
+    out = doc.get("outcome") if isinstance(doc, dict) else None
+    return out if isinstance(out, dict) and out.get("kind") in ("crash", "hang") else None
+
+
+def _replay_in_subprocess(path: str, outcome: dict, timeout: float | None) -> int:
+    """Replay a crash or hang reproducer in a child process, so the crash ends that process and a hang can be
+    stopped; report the outcome it gives now beside the one recorded."""
+    import signal
+    import subprocess
+
+    limit = timeout or float(outcome.get("timeout") or 300.0)
+    print(f"replaying a {outcome['kind']} reproducer in a subprocess (time limit {limit:g}s): recorded "
+          + (f"crash ({outcome.get('how')})" if outcome["kind"] == "crash" else
+             f"hang (no verdict within {outcome.get('timeout')}s)"))
+    import tempfile
+    import time
+
+    with tempfile.TemporaryDirectory(prefix="smv-repro-") as tmp:
+        ready = os.path.join(tmp, "ready")
+        proc = subprocess.Popen([sys.executable, "-m", "contracts.campaign_worker", "--replay", path],
+                                start_new_session=True, env=dict(os.environ, SMV_REPLAY_READY=ready))
+        started = time.monotonic()
+        since = None  # the limit counts from the end of the child's imports, as a worker's counts per case
+        while proc.poll() is None:
+            now = time.monotonic()
+            if since is None and os.path.exists(ready):
+                since = now
+            if (since is not None and now - since > limit) or now - started > limit + 300:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                print(f"HANG reproduced: no verdict within {limit:g}s (the process was killed)")
+                return 1
+            time.sleep(0.05)
+    rc = proc.returncode
+    if rc < 0:
+        try:
+            how = signal.Signals(-rc).name
+        except ValueError:
+            how = f"signal {-rc}"
+        print(f"CRASH reproduced: the replay died ({how})")
+        return 1
+    if rc == 2:
+        return 2
+    if rc == 1:
+        print(f"the case no longer {'crashes' if outcome['kind'] == 'crash' else 'hangs'}, but it fails (above)")
+        return 1
+    if rc != 0:
+        print(f"CRASH reproduced: the replay ended with exit status {rc}")
+        return 1
+    print(f"no {outcome['kind']}: the saved case passes now")
+    return 0
+
+
 def cmd_repro(args) -> int:
     from contracts.runner import replay_row
 
+    outcome = _repro_outcome(args.file)
+    if outcome is not None and not args.subject:
+        return _replay_in_subprocess(args.file, outcome, args.timeout)
     subject = _subject(args.subject) if args.subject else None
     try:
         r = replay_row(args.file, subject)
@@ -639,20 +739,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="known findings the mutants' audits use (default: the suite's findings.toml); a known row "
                         "is no kill")
     z.set_defaults(func=cmd_zoo)
-    f = sub.add_parser("fuzz", help="nightly fuzz campaign: audit rounds under the nightly profile until the budget")
+    f = sub.add_parser("fuzz", help="nightly fuzz campaign on every GPU and core; `smv fuzz merge DIR... --report "
+                       "OUT` merges shards", description="The nightly campaign: rounds of every row under the "
+                       "nightly profile on worker processes until the budget; crashes and hangs are findings; run "
+                       "it again on the same --report to resume. `smv fuzz merge DIR... --report OUT` merges the "
+                       "report directories of shards.")
     f.add_argument("--budget", type=_duration, default="8h",
                    help="duration: 8h, 30m, 90s, 1h30m or seconds (default 8h)")
     f.add_argument("--round", type=_duration, default="10m",
-                   help="one round's budget, shared by its rows (default 10m)")
+                   help="one round's budget, shared by its rows: each row runs round/rows seconds (default 10m)")
     f.add_argument("--contract", action="append", help="contract id (repeatable; default: all)")
     f.add_argument("--target", action="append", choices=TARGET_NAMES, help="target (repeatable; default: all)")
     f.add_argument("--seed", type=int, default=None, help="base seed (round i uses seed + i)")
     f.add_argument("--profile", choices=("dev", "ci", "nightly"), default="nightly")
     f.add_argument("--report", default="smv-fuzz", metavar="DIR", help="campaign.json and repro/ (default smv-fuzz)")
     f.add_argument("--subject", action="append", metavar="SPEC", help="the code under audit (repeatable; default ours)")
+    f.add_argument("--jobs", type=_int_at_least(1, "a count >= 1"), default=None,
+                   help="worker processes (default: one per visible GPU, else one per core); more than the GPUs "
+                        "share them round-robin")
+    f.add_argument("--shard", type=_shard, default=None, metavar="K/N",
+                   help="run only shard K of N of the contract x target x seed space (a CI matrix or Slurm array; "
+                        "the shards agree on the day's seed unless --seed is given)")
+    f.add_argument("--database", metavar="DIR|redis://HOST:PORT/DB", default=None,
+                   help="the shared Hypothesis example database (default .smv/hypothesis, or $SMV_HYPOTHESIS_DB)")
+    f.add_argument("--case-timeout", type=seconds, default=None, metavar="S",
+                   help="a case running longer is a hang (default: a contract's own, else 300s natively, 600s on "
+                        "the interpreter)")
     f.set_defaults(func=cmd_fuzz)
     r = sub.add_parser("repro", help="replay a saved failing case (exit 1 while it fails, 2 for a bad file)")
     r.add_argument("file")
+    r.add_argument("--timeout", type=seconds, default=None,
+                   help="a crash or hang reproducer's time limit (default: the one it records)")
     r.add_argument("--subject", metavar="SPEC", help="replay under this subject instead of the one the file records")
     r.set_defaults(func=cmd_repro)
     sj = sub.add_parser("subject", help="fetch a vLLM release's audited modules as a tree; show a subject")
@@ -670,13 +787,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def build_merge_parser() -> argparse.ArgumentParser:
+    m = _Parser(prog="smv fuzz merge", description="merge shard report directories into one campaign.json; "
+                "failures are deduplicated by contract, target, subject, status and first message (numbers masked)")
+    m.add_argument("dirs", nargs="+", metavar="DIR", help="a shard's --report directory (repeatable)")
+    m.add_argument("--report", required=True, metavar="OUT", help="write OUT/campaign.json and OUT/repro/")
+    m.set_defaults(func=cmd_fuzz_merge)
+    return m
+
+
 def main(argv=None) -> int:
     import warnings
 
     # the interpreter evaluates kernels with numpy, which warns on the NaN/inf inputs many cases exist for; a
     # finding is a violation in the report, never a stray warning on stderr (pytest's configuration does the same)
     warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["fuzz", "merge"]:
+        args = build_merge_parser().parse_args(argv[2:])
+        args.cmd = "fuzz merge"
+    else:
+        args = build_parser().parse_args(argv)
     prog = f"smv {args.cmd}"
     try:
         from impl.targets import env_override
