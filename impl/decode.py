@@ -115,12 +115,20 @@ def _load_kv(cache, slots, valid, dims, block_size, stride0,
     lanes >= 448 from the RoPE part when HAS_ROPE; a lane whose part is off is 0.
 
     fp8 decode: :func:`impl.triton_helpers.fp8_decode` with HW_FP8 as ``hw_fp8_decode`` chose it for the flavour.
-    Variants (same values, see ``DecodeVariant``): I32_OFFS forms one int64 pointer per token and adds the
-    per-lane offsets in int32 (the int64 [BK, W] offset tensor is never built); ROPE16 reads each RoPE lane as one
+    Variants (same values, see ``DecodeVariant``): I32_OFFS divides the slot by the block size in int32 (a slot is
+    an int32 index), forms one int64 pointer per token (the block's offset ``block * stride0`` stays int64) and adds
+    the per-lane offsets in int32 (the int64 [BK, W] offset tensor is never built); ROPE16 reads each RoPE lane as one
     16-bit word instead of two bytes (the host sets it only when every token row is 2-byte aligned)."""
-    blk = slots // block_size
-    pos = slots - blk * block_size
-    base = blk * stride0
+    if I32_OFFS:
+        # a slot came from an int32 index, so block and position fit int32; only the block's byte offset needs int64
+        s32 = slots.to(tl.int32)
+        blk32 = s32 // block_size
+        pos = s32 - blk32 * block_size
+        base = blk32.to(tl.int64) * stride0
+    else:
+        blk = slots // block_size
+        pos = slots - blk * block_size
+        base = blk * stride0
     row = base + pos * _TOKEN_DATA
     is_nope = dims < _NOPE
     x = tl.zeros((slots.shape[0], dims.shape[0]), tl.float32)
@@ -591,8 +599,8 @@ class DecodeVariant:
     (benchmarks/DECODE_PERF.md measures them; benchmarks/decode_variants.py times each on a GPU). Every field keeps
     the values the contracts judge; the ones that change an accumulation order say so.
 
-    - ``i32_offsets``: one int64 pointer per token, per-lane offsets in int32 (same addresses; the int64
-      addressing of blocks is unchanged).
+    - ``i32_offsets``: slot // block_size in int32 (no int64 division per token), one int64 pointer per token,
+      per-lane offsets in int32 (same addresses; ``block * stride(0)`` is still int64).
     - ``rope16``: RoPE lanes read as 16-bit words, not byte pairs; used only when both caches' rows are 2-byte
       aligned (even ``stride(0)`` and base address), else the byte reads run.
     - ``k512`` (gfx950): the K operand loaded as one [BK, 512] tile instead of four 128-lane tiles joined, PV into
