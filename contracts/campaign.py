@@ -47,6 +47,8 @@ CAMPAIGN_SCHEMA_VERSION = 4
 #: a contract may set its own with ``extra={"case_timeout": S}``
 DEFAULT_CASE_TIMEOUT = 300.0
 INTERPRETER_SCALE = 2.0
+#: a worker ended by one of these was stopped from outside (a user, the OOM killer, a scheduler), not by its case
+OUTSIDE_SIGNALS = (-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP)
 #: a row that fails the same way this many times in a row is retired (see Campaign.retired)
 RETIRE_AFTER = 3
 #: a worker's time to start (import torch, Triton, every contract) before it is a crash
@@ -527,6 +529,8 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
     serial = [max(seen, default=-1) + 1]
     interrupted = {"why": None}
     start_failures = [0]
+    retry: list[int] = []
+    requeued: set[int] = set()
     exhausted = [False]
 
     def spawn(slot: int) -> Worker:
@@ -657,7 +661,7 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
             # hand items to idle, ready workers
             for w in workers:
                 if w.ready and w.item is None and accepting and end - time.monotonic() >= 0.5:
-                    g = next(pending, None)
+                    g = retry.pop(0) if retry else next(pending, None)
                     if g is None:
                         accepting = False
                         if not exhausted[0]:
@@ -709,7 +713,19 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
                     continue
                 if hung:
                     w.kill()
-                if w.item is not None:
+                outside = (not hung and w.item is not None and w.proc.returncode in OUTSIDE_SIGNALS
+                           and w.item["g"] not in requeued)
+                if outside:
+                    # a signal a kernel bug does not raise: someone (a user, the OOM killer) stopped the worker;
+                    # its row runs again on a new worker, once, and is a crash only if that happens twice
+                    requeued.add(w.item["g"])
+                    retry.append(w.item["g"])
+                    stream.write(f"smv fuzz: worker {w.id} was killed from outside "
+                                 f"({_signal_name(w.proc.returncode)}) while checking {keys[w.item['g'] % R]}; "
+                                 f"the row runs again\n")
+                    w.item = None
+                    retire(w, "killed")
+                elif w.item is not None:
                     what = "hang" if hung else "crash"
                     finish_item(w, crash_or_hang(w, what))
                     retire(w, "hung" if hung else "crashed")

@@ -176,6 +176,33 @@ def test_sigkilled_supervisor_resumes_without_losing_or_recounting_anything(tmp_
     assert doc["sessions"][0]["budget"] == 6  # the budget counts from the resume
 
 
+def test_a_worker_killed_from_outside_is_replaced_and_its_row_runs_again(tmp_path):
+    rep = tmp_path / "camp"
+    args = ["--round", "4", "--jobs", "1", "--seed", "2", "--contract", "planted-slow", "--target", "gfx942",
+            "--database", str(tmp_path / "db")]
+    proc = subprocess.Popen(_fuzz_cmd(rep, "--budget", "40", *args), env=_env(), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        victim = None
+        while time.monotonic() < deadline and victim is None:
+            if (rep / "campaign.json").exists():
+                running = [w for w in _doc(rep)["workers"] if w["status"] == "running"]
+                victim = running[0]["pid"] if running else None
+            time.sleep(0.2)
+        assert victim, "no worker took a row within 90 s"
+        time.sleep(0.5)
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(3)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+    doc = _doc(rep)
+    assert "was killed from outside (SIGKILL)" in err and "the row runs again" in err, err
+    assert doc["failures"] == [] and "killed" in [w["status"] for w in doc["workers"]]
+    assert [i["g"] for i in _items(rep)][:1] == [0]  # the killed row ran again and finished
+
+
 def test_a_live_campaign_owns_its_directory(tmp_path):
     rep = tmp_path / "camp"
     args = ["--round", "2", "--jobs", "1", "--contract", "planted-slow", "--target", "gfx942"]
