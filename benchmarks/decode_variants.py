@@ -439,7 +439,11 @@ def precompile(jobs: list[dict], workers: int, timeout: float) -> list[dict]:
         return []
     ctx = mp.get_context("spawn")
     results = []
-    ex = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    # one job per process: a job that faults (an illegal address) leaves no broken CUDA context to the next one
+    try:
+        ex = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, max_tasks_per_child=1)
+    except TypeError:  # Python < 3.11
+        ex = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
     futs = [ex.submit(_compile_job, j) for j in jobs]
     try:
         for f in cf.as_completed(futs, timeout=timeout):
@@ -462,6 +466,18 @@ def precompile(jobs: list[dict], workers: int, timeout: float) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------------------
 # the run
 # ---------------------------------------------------------------------------------------------------------------
+
+#: a worker's error that means the call itself faulted on the device: the main process does not run that call (a
+#: fault would end its CUDA context and every row after it)
+DEVICE_FAULTS = ("illegal memory access", "illegal address", "misaligned address", "unspecified launch failure",
+                 "illegal instruction", "device-side assert")
+
+
+def faulted_jobs(results: list[dict]) -> dict:
+    """label -> the worker's error, for jobs whose call faulted on the device."""
+    return {r["job"]: r.get("error", "") for r in results
+            if not r.get("ok") and any(f in (r.get("error") or "").lower() for f in DEVICE_FAULTS)}
+
 
 def figures(batch, heads, swa, extra) -> dict:
     from contracts import bench
@@ -555,6 +571,7 @@ def main(argv=None) -> int:
                 oracles[key] = pool.submit(oracle_reference, oracle_inputs(works[b], f, ORACLE_ROWS))
 
     # 2. parallel compile
+    faulted: dict = {}
     if timing and args.workers > 0:
         jobs = []
         for f in families:
@@ -565,7 +582,11 @@ def main(argv=None) -> int:
                 jobs.append({"label": f"upstream {f}", "family": f, "upstream": spec, "batches": batches,
                              "heads": heads, "swa": swa, "extra": extra})
         t0 = time.time()
-        doc["precompile"] = precompile(jobs, args.workers, timeout=max(30.0, 0.55 * args.budget))
+        try:
+            doc["precompile"] = precompile(jobs, args.workers, timeout=max(30.0, 0.55 * args.budget))
+        except Exception as e:  # noqa: BLE001 - no workers: this process compiles on first use
+            doc["precompile"] = [{"job": "precompile", "ok": False, "error": f"{type(e).__name__}: {e}"[:300]}]
+        faulted.update(faulted_jobs(doc["precompile"]))
         bad = [r for r in doc["precompile"] if not r.get("ok")]
         note(f"precompile: {len(jobs)} jobs on {args.workers} workers in {time.time() - t0:.1f} s"
              + (f"; {len(bad)} failed (compiled here instead): " + "; ".join(f"{r['job']}: {r.get('error')}"
@@ -605,6 +626,11 @@ def main(argv=None) -> int:
                     continue
                 row = {"batch": batch, "family": family, "impl": f"ours {name}", "variant": name, "fields": fields,
                        **fig}
+                if f"{family} {name}" in faulted:
+                    row["error"] = f"not run here: it faulted in its compile worker: {faulted[f'{family} {name}']}"
+                    doc["rows"].append(row)
+                    print(_row_line(row), flush=True)
+                    continue
                 try:
                     with variant_active(family, name, fields):
                         run, plan, out, ws = work.ours(family)
@@ -652,6 +678,11 @@ def main(argv=None) -> int:
             # upstream
             if up is not None and family != "gfx942-fnuz" and time.time() < deadline - 3:
                 row = {"batch": batch, "family": family, "impl": "upstream", **fig}
+                if f"upstream {family}" in faulted:
+                    row["error"] = f"not run here: it faulted in its compile worker: {faulted[f'upstream {family}']}"
+                    doc["rows"].append(row)
+                    print(_row_line(row), flush=True)
+                    continue
                 try:
                     if family not in up_watch and native:
                         up_watch[family] = StatsWatch(up.kernels(family))

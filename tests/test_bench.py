@@ -745,3 +745,12 @@ def test_decode_variants_dry_run_checks_every_row_and_writes_its_json(tmp_path, 
         assert "compiler statistics: none" in text
     else:
         assert all(r.get("stats") is not None for r in rows) and not any(r.get("us") for r in rows)
+
+
+def test_decode_variants_skips_only_calls_that_faulted_in_their_compile_worker():
+    dv = _load_decode_variants()
+    got = dv.faulted_jobs([
+        {"job": "gfx950 k512", "ok": False, "error": "RuntimeError: CUDA error: an illegal memory access was encountered"},
+        {"job": "gfx942 w8", "ok": False, "error": "OutOfResources: out of resource: shared memory"},
+        {"job": "generic default", "ok": True}])
+    assert list(got) == ["gfx950 k512"]  # a compile failure is retried (and reported) by the main process
