@@ -57,8 +57,6 @@ VARIANTS = {
         ("k512", dict(k512=True)),
         ("x32", dict(extra_tile=32)),
         ("i32+rope16", dict(i32_offsets=True, rope16=True)),
-        ("k512+x32+i32+rope16+stages1+w8", dict(k512=True, extra_tile=32, i32_offsets=True, rope16=True,
-                                                num_stages=1, num_warps=8)),
     ],
     "gfx942": [
         ("default", {}),
@@ -75,7 +73,6 @@ VARIANTS = {
         ("stages1", dict(num_stages=1)),
         ("bits", {}),
         ("i32+rope16", dict(i32_offsets=True, rope16=True)),
-        ("i32+rope16+stages1+w4", dict(i32_offsets=True, rope16=True, num_stages=1, num_warps=4)),
     ],
     "gfx942-fnuz": [
         ("default", {}),
@@ -492,7 +489,7 @@ def main(argv=None) -> int:
     p.add_argument("--families", default=",".join(VARIANTS), help="comma-separated row families")
     p.add_argument("--batches", default=",".join(str(b) for b in BATCH_ORDER))
     p.add_argument("--variants", default=None, help="comma-separated variant names to keep (default: all)")
-    p.add_argument("--workers", type=int, default=min(12, (os.cpu_count() or 2) - 2),
+    p.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
                    help="compile worker processes (0: compile serially here)")
     p.add_argument("--rep-ms", type=int, default=60, help="do_bench rep per measurement, ms")
     p.add_argument("--no-graph", dest="graph", action="store_false",
