@@ -37,8 +37,11 @@ def dequantize_rows(cache: torch.Tensor, slots, flavour: str, scrub: bool) -> to
     nope = flat[base + off["nope"]]  # [n, 448] codes
     codes = flat[base + off["scale"]]  # [n, 7] UE8M0 codes
     rope = flat[base + off["rope"]].contiguous().view(torch.bfloat16)  # [n, 64], little-endian pairs
-    fp8 = ref_formats.fp8_decode(nope, flavour).to(torch.float32)
-    scl = ref_formats.ue8m0_decode(codes, reader=True).to(torch.float32).repeat_interleave(GROUP, dim=1)
+    # each code's value from the codecs' 256-entry tables (computed here, for this call), looked up per byte
+    fp8_table = ref_formats.fp8_decode(torch.arange(256), flavour).to(torch.float32)
+    scale_table = ref_formats.ue8m0_decode(torch.arange(256), reader=True).to(torch.float32)
+    fp8 = fp8_table[nope.to(torch.int64)]
+    scl = scale_table[codes.to(torch.int64)].repeat_interleave(GROUP, dim=1)
     rows = torch.empty(len(s), HEAD_DIM, dtype=torch.float32)
     rows[:, :NOPE_DIM] = fp8 * scl  # one float32 product, as in the kernel
     rows[:, NOPE_DIM:] = rope.to(torch.float32)
