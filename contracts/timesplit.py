@@ -14,7 +14,8 @@ around each ``contract.check`` the runner makes; a row sums its checks with :fun
   ``JITFunction.cache_hook`` / ``compiled_hook``). Any hook already installed keeps being called. The interpreter
   compiles nothing: 0.
 * ``oracle``: the time inside the public functions of the ``oracles`` modules, wrapped when the module loads
-  (:func:`install`; the oracles' source is untouched). ``oracles.compare``, the comparison's error model, is the
+  (:func:`install`; the oracles' source is untouched); inside a check they run torch on one intra-op thread
+  (:func:`timed_oracle` says why). ``oracles.compare``, the comparison's error model, is the
   harness's, as are generation, the comparison and Hypothesis (and anything outside the checks, e.g. an oracle a
   generator calls): ``harness`` is the row's seconds less the other three.
 
@@ -333,6 +334,11 @@ def _install_compile_hooks() -> None:
 # --- oracle: the oracles' public functions ------------------------------------------------------------------------
 
 def timed_oracle(fn):
+    """``fn`` timed as an oracle's when a check runs (a pass-through otherwise). Inside a check the outermost oracle
+    call also runs torch on one intra-op thread: the oracles are many small float64 ops on the CPU, and on a host
+    whose cores are busy (a loaded CI box; a GPU host's other workers) the thread pool's hand-offs cost more than
+    the ops (the fp8 encoder of one 448-value row: 17 ms on 2 threads of a loaded 2-core box, 2.2 ms on one; see
+    ``contracts.core.single_threaded``, which some checks take for their own ops)."""
     if getattr(fn, "__smv_oracle__", False):
         return fn
 
@@ -343,11 +349,17 @@ def timed_oracle(fn):
         if clock is None or _IN_ORACLE or _IN_SUBJECT:
             return fn(*args, **kwargs)
         _IN_ORACLE = True
+        torch = sys.modules.get("torch")
+        threads = torch.get_num_threads() if torch is not None else 1
+        if threads > 1:
+            torch.set_num_threads(1)
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             clock.oracle += time.perf_counter() - t0
+            if threads > 1:
+                torch.set_num_threads(threads)
             _IN_ORACLE = False
 
     call.__smv_oracle__ = True

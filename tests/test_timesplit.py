@@ -169,3 +169,19 @@ def test_schema_6_requires_each_rows_time_split(tmp_path):
     assert timesplit.format_split(row["time_split"]) in line
     md = (tmp_path / "audit.md").read_text()
     assert "compile / kernel / oracle / harness" in md
+
+
+def test_inside_a_check_an_oracle_runs_torch_on_one_thread():
+    import torch
+
+    seen = []
+    oracle = timesplit.timed_oracle(lambda: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        oracle()  # outside a check: as it is
+        with timesplit.measuring():
+            oracle()
+        assert seen == [2, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
