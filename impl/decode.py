@@ -629,8 +629,15 @@ class DecodeVariant:
                 raise ValueError(f"{nm}: expected None or a positive int, got {v!r}")
 
 
-#: the variant each family launches with (the lead switches a default here after measuring)
-DEFAULT_VARIANTS = {"generic": DecodeVariant(), "gfx942": DecodeVariant(), "gfx950": DecodeVariant()}
+#: the variant each family launches with: measured side by side on an H200 (benchmarks/decode_variants.py, CUDA-graph
+#: medians; benchmarks/DECODE_PERF.md has the table), each is faster than the plain build at batch 1, 64 and 512 and
+#: computes the same values (same operands, same accumulation order; it differs from the plain build by at most one
+#: bf16 rounding of the output, as compiler scheduling does). generic 220/464/3952 -> 212/374/3040 us, gfx942
+#: 35.4/509/4296 -> 33.1/455/3836 us, gfx950 31.0/642/4945 -> 28.6/550/4652 us. extra_tile=32 (gfx950, faster
+#: still) changes the accumulation order and is left opt-in.
+DEFAULT_VARIANTS = {"generic": DecodeVariant(i32_offsets=True, rope16=True, num_stages=1),
+                    "gfx942": DecodeVariant(i32_offsets=True, rope16=True),
+                    "gfx950": DecodeVariant(i32_offsets=True, rope16=True)}
 #: ``SMV_DECODE_VARIANT``: per-family overrides read at import, e.g.
 #: ``gfx950:k512,i32_offsets,extra_tile=32,num_stages=1;gfx942:num_warps=8`` (audits and benchmarks of a variant)
 VARIANT_ENV = "SMV_DECODE_VARIANT"

@@ -78,7 +78,8 @@ def fp8_decode_bits(codes, IS_FNUZ: tl.constexpr):
     normal = normal_bits.to(tl.float32, bitcast=True)
     sub = man.to(tl.float32) * (2.0 ** (-2 - bias))
     mag = tl.where(exp == 0, sub, normal)
-    val = tl.where(sign == 1, -mag, mag)
+    # the sign as a bit, not a negation: a GPU build turned -mag of 0x80's zero into +0 (decode_variants on an H200)
+    val = (mag.to(tl.int32, bitcast=True) | (sign << 31)).to(tl.float32, bitcast=True)
     if IS_FNUZ:
         is_nan = c == 0x80
     else:
