@@ -356,7 +356,7 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
     a failure or a harness error of the second pass wins, then a known case of either; the second pass running
     out of budget is no loss (the first already reached the minimum). A second-pass failure's ``first_violation``
     counts the first pass's cases and seconds too."""
-    from contracts.runner import known_reason
+    from contracts.runner import known_reason, with_notes
 
     margins = [m for m in (first.margin, second.margin) if m is not None]
     merged = RowResult(first.contract, first.target, first.status, first.reason, first.pinned_cases,
@@ -372,6 +372,7 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
     merged.reach_required = first.reach_required
     merged.reach_covered = set(first.reach_covered) | set(second.reach_covered)
     merged.reach_enforced = first.reach_enforced
+    merged.notes = list(first.notes) + [n for n in second.notes if n not in first.notes]
     merged.reach = reach_doc(first.reach_required, merged.reach_covered,
                              bool((first.reach or {}).get("exhaustive")))
     if second.status in ("fail", "error"):
@@ -381,11 +382,13 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
             merged.first_violation = {"cases": first.cases + second.first_violation["cases"],
                                       "seconds": first.seconds + second.first_violation["seconds"]}
     elif first.status == "known":
-        merged.reason = known_reason(merged.findings, first.violations)
+        merged.reason = with_notes(known_reason(merged.findings, first.violations), merged.notes)
     elif second.status == "known":
         merged.status = "known"
         merged.violations, merged.repro, merged.case = second.violations, second.repro, second.case
-        merged.reason = known_reason(merged.findings, second.violations)
+        merged.reason = with_notes(known_reason(merged.findings, second.violations), merged.notes)
+    elif merged.status == "pass":
+        merged.reason = with_notes("", merged.notes)
     reach_verdict(merged)
     return merged
 

@@ -142,6 +142,30 @@ def record_margin(error, tolerance=None) -> float | None:
     return ratio
 
 
+# --- notes: what a passing row did not check, said in its reason --------------------------------------------------
+
+_NOTES: contextvars.ContextVar = contextvars.ContextVar("smv_notes", default=None)
+
+
+@contextlib.contextmanager
+def collecting_notes():
+    """Collect the distinct texts :func:`record_note` reports while the block runs (the runner wraps each row)."""
+    sink: list[str] = []
+    token = _NOTES.set(sink)
+    try:
+        yield sink
+    finally:
+        _NOTES.reset(token)
+
+
+def record_note(text: str) -> None:
+    """Say that a check left part of its case unchecked for a reason that is no verdict (a path the subject does
+    not have, e.g.): a passing row's reason lists each distinct note, so a pass never hides what it skipped."""
+    sink = _NOTES.get()
+    if sink is not None and text not in sink:
+        sink.append(text)
+
+
 @contextlib.contextmanager
 def single_threaded():
     """Run torch on one intra-op thread: these checks are thousands of tiny ops, and on a shared, loaded machine

@@ -20,9 +20,9 @@ import warnings
 
 import torch
 
-from contracts.core import AMD_TARGETS, Violation, contract, fmt
-from contracts.decode import attention_violations, decode_tolerance, oracle_violations
-from contracts.subjects import bound
+from contracts.core import AMD_TARGETS, Violation, contract, fmt, record_note
+from contracts.decode import attention_violations, decode_tolerance, oracle_violations, zeroed_nan_rows
+from contracts.subjects import SubjectUnavailable, bound, current
 from fuzz import metamorphic as fm
 from impl import splits as impl_splits
 from impl.runtime import kernel_device
@@ -38,13 +38,19 @@ def generic_twin(target: Target) -> Target:
                                adaptive_splits_in_capture=False, may_trust_extra_nan_free=False)
 
 
+#: adaptive splits exist only above this split count: the host turns them on only when S > 4 (SPEC section 2,
+#: "host side"), and a row's active count is then 4, ONE_WAVE or S, never above S. Below it there is no adaptive
+#: plan to compare (a kernel may rely on S > 4: upstream's takes 4 active splits whatever S is)
+ADAPTIVE_MIN_SPLITS = 4
+
+
 def decode_paths(case: fm.MetamorphicCase, target: Target, dec) -> list[tuple[str, Target, object]]:
-    """(label, target, plan) of every path of ``case`` on ``target``."""
+    """(label, target, plan) of every path of ``case`` on ``target`` (the adaptive one only for S > 4)."""
     hb = impl_splits.head_blocks(case.decode.heads)
     fam, s = target.decode_family, case.num_splits
     paths = [("1 split", target, dec.DecodePlan(fam, 1, hb)), (f"{s} splits", target, dec.DecodePlan(fam, s, hb))]
-    if target.adaptive_splits_in_capture:
-        paths.append((f"{s} adaptive splits (one_wave {case.one_wave})", target,
+    if has_adaptive_path(case, target):
+        paths.append((_adaptive_label(case), target,
                       dec.DecodePlan(fam, s, hb, True, case.one_wave)))
     if target.decode_family == "gfx942":  # the generic twin under fnuz; gfx950 shares generic's flavours
         paths.append((f"generic kernel ({target.main_cache_fp8}/{target.extra_cache_fp8})", generic_twin(target),
@@ -52,7 +58,18 @@ def decode_paths(case: fm.MetamorphicCase, target: Target, dec) -> list[tuple[st
     return paths
 
 
-def _run(dec, inp, case: fm.MetamorphicCase, target: Target, plan) -> torch.Tensor:
+def has_adaptive_path(case: fm.MetamorphicCase, target: Target) -> bool:
+    """Whether ``case`` has an adaptive path on ``target``: adaptive splits allowed there, and S > 4."""
+    return target.adaptive_splits_in_capture and case.num_splits > ADAPTIVE_MIN_SPLITS
+
+
+def _adaptive_label(case: fm.MetamorphicCase) -> str:
+    return f"{case.num_splits} adaptive splits (one_wave {case.one_wave})"
+
+
+def _run(dec, inp, case: fm.MetamorphicCase, target: Target, plan, partials: dict | None = None,
+         key=None) -> torch.Tensor:
+    """The path's output on the CPU; with ``partials``, its workspace (on the CPU) is kept as ``partials[key]``."""
     b, h = case.decode.batch, case.decode.heads
     dev = kernel_device()
     ws = dec.DecodeWorkspace.allocate(b, plan.num_splits, h, dev, fill=math.nan)
@@ -62,6 +79,8 @@ def _run(dec, inp, case: fm.MetamorphicCase, target: Target, plan) -> torch.Tens
         dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
                                inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
                                softmax_scale=inp.softmax_scale, target=target, plan=plan, workspace=ws, out=out)
+    if partials is not None:
+        partials[key] = tuple(x.cpu().clone() for x in (ws.part_m, ws.part_l, ws.part_acc))
     return out.cpu().clone()
 
 
@@ -69,11 +88,13 @@ def _examples(target: Target) -> list[fm.MetamorphicCase]:
     from fuzz.decode import AdaptiveSplits, DecodeCase
 
     is_950 = target.decode_family == "gfx950"
+    # gfx950: S = 5 (adaptive splits need S > 4); both rows are then active on A = 4 of the 5 splits
+    s = fm.MAX_SPLITS if is_950 else 3
     dec = DecodeCase(seed=11, batch=2, heads=1, main_bs=5, extra_bs=2, main_lens=(7, 2), extra_lens=(33, 0),
                      invalid_rate=0.15, indptr_offset=3, tail_junk=1, scale=0.3, sink="ordinary", poison="none",
                      padded=True, q_transposed=False, cu_count=2, int32_extremes=False,
-                     num_splits=3 if is_950 else None, adaptive=AdaptiveSplits(2) if is_950 else None)
-    return [fm.MetamorphicCase(decode=dec, num_splits=3, one_wave=2)]
+                     num_splits=s if is_950 else None, adaptive=AdaptiveSplits(2) if is_950 else None)
+    return [fm.MetamorphicCase(decode=dec, num_splits=s, one_wave=2)]
 
 
 @contract("decode-paths-agree", targets=AMD_TARGETS, cases=fm.metamorphic_cases, examples=_examples,
@@ -84,12 +105,17 @@ def decode_paths_agree(case: fm.MetamorphicCase, target: Target) -> list[Violati
     under the target's own fp8 flavours (gfx942: fnuz SWA cache). Agreement between two paths: NaN and inf lanes
     exactly the same, finite lanes within the sum of both paths' oracle tolerances (oracles.compare, each path's
     split count); each path against the oracle as in ``decode-oracle-agreement``. A pairwise violation names both
-    paths. On gfx950, each row of the adaptive path equals bit for bit the same row of the fixed plan with the
-    row's active split count (4, ONE_WAVE or S by seed 004's rule): the oracle's tolerance cannot see a reduce
-    that rounds differently, this can. Inputs: tails of every split and tile length, per-split maxima orders of
-    magnitude apart (fuzz.metamorphic). Single-pass vs two-stage compressor and graph replay vs eager are checked
-    by ``writer-oracle-exact`` and ``graph-replay-agreement``. Source: issue 13 item 5; SPEC section 2 (split-K
-    partials and their reduce)."""
+    paths. On gfx950, where S > 4 (the only plans with adaptive splits: SPEC section 2's host rule), each row of
+    the adaptive path equals bit for bit the same row of the fixed plan with the row's active split count (4,
+    ONE_WAVE or S by seed 004's rule), its output and its active splits' fp32 partials: the oracle's tolerance
+    cannot see a reduce that rounds differently or a slicing by another count, this can. Where the oracle's row
+    is NaN, two paths must agree exactly, and a path that writes that row as zeros says so once (as
+    ``decode-oracle-agreement`` does). A path the subject does not have (upstream has no generic
+    kernel under gfx942's flavours) is left out and named in the row's reason; the others are still compared.
+    Inputs: tails of every split and tile length, per-split maxima orders of magnitude apart (fuzz.metamorphic).
+    Single-pass vs two-stage compressor and graph replay vs eager are checked by ``writer-oracle-exact`` and
+    ``graph-replay-agreement``. Source: issue 13 item 5; SPEC section 2 (split-K partials and their reduce;
+    adaptive splits' host rule)."""
     dec = bound(target).decode
     inp = fm.build_metamorphic_inputs(case, target)
     ref = ref_decode.ref_sparse_attn_decode(
@@ -98,19 +124,41 @@ def decode_paths_agree(case: fm.MetamorphicCase, target: Target) -> list[Violati
         main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=True)
     outs = []
     v: list[Violation] = []
+    missing = None
+    partials: dict = {}
     for label, t, plan in decode_paths(case, target, dec):
-        got = _run(dec, inp, case, t, plan)
-        v += oracle_violations(f"decode path {label} vs float64 oracle", got, ref, plan.num_splits)
+        try:
+            got = _run(dec, inp, case, t, plan, partials, label)
+        except SubjectUnavailable as exc:  # a path the subject does not have: no verdict about it
+            record_note(f"path {label!r} not run: {exc.reason(current().label)}")
+            missing = exc
+            continue
+        judged = got.clone()  # a row zeroed where the oracle is NaN: named once, then left out of its lanes
+        v += zeroed_nan_rows(nan_row_zeroed(label), judged, ref.out)
+        v += oracle_violations(f"decode path {label} vs float64 oracle", judged, ref, plan.num_splits)
         outs.append((label, got, decode_tolerance(ref, plan.num_splits)))
     for i, (la, a, ta) in enumerate(outs):
         for lb, b, tb in outs[i + 1:]:
-            v += attention_violations(f"decode path {lb} vs path {la}", b.clone(), a.to(torch.float64), ta + tb)
-    if target.adaptive_splits_in_capture:
-        v += _adaptive_bitwise(case, target, dec, inp, {lbl: o for lbl, o, _ in outs})
+            # where the oracle is NaN its tolerance is too: two paths must then agree exactly
+            tol = ta + tb
+            tol = torch.where(torch.isnan(tol), torch.zeros_like(tol), tol)
+            v += attention_violations(f"decode path {lb} vs path {la}", b.clone(), a.to(torch.float64), tol)
+    if len(outs) < 2 and missing is not None:
+        raise missing  # nothing left to compare
+    if any(lbl == _adaptive_label(case) for lbl, _, _ in outs):
+        v += _adaptive_bitwise(case, target, dec, inp, {lbl: o for lbl, o, _ in outs}, partials)
     return v
 
 
 ADAPTIVE_BITS = "adaptive splits differ bit for bit from the fixed plan with the row's active split count"
+ADAPTIVE_PARTIALS = ("adaptive splits' partials differ bit for bit from those of the fixed plan with the row's "
+                     "active split count")
+
+
+def nan_row_zeroed(label: str) -> str:
+    """The violation of a path that gives 0 in every lane of a row the oracle gives as NaN (a finding's signature
+    matches it: ``^decode path .+: a row the oracle gives as NaN is all zeros$``)."""
+    return f"decode path {label}: a row the oracle gives as NaN is all zeros"
 
 
 def active_splits(len_main: int, len_extra: int, num_splits: int, one_wave: int, iter_k: int) -> int:
@@ -123,20 +171,33 @@ def active_splits(len_main: int, len_extra: int, num_splits: int, one_wave: int,
     return min(a, num_splits)
 
 
-def _adaptive_bitwise(case: fm.MetamorphicCase, target: Target, dec, inp, outs: dict) -> list[Violation]:
+def _adaptive_bitwise(case: fm.MetamorphicCase, target: Target, dec, inp, outs: dict,
+                      partials: dict) -> list[Violation]:
     """Each row of the adaptive path equals, bit for bit, the same row of the fixed plan whose split count is the
     row's active count A: the same slices, the same partials in the same order, and the reduce adds exact zeros for
-    the skipped splits (NaN equals NaN)."""
+    the skipped splits (NaN equals NaN). The fp32 partials of its A active splits (m, l, acc) are compared too: a
+    bf16 output hides most of a slicing that differs (4 vs 5 splits round alike in most lanes), they do not."""
+    label = _adaptive_label(case)
     s, hb = case.num_splits, impl_splits.head_blocks(case.decode.heads)
-    ad = outs[f"{s} adaptive splits (one_wave {case.one_wave})"]
+    ad = outs[_adaptive_label(case)]
     mp = inp.main_indptr.cpu().tolist()
     ep = inp.extra_indptr.cpu().tolist() if inp.extra_indptr is not None else [0] * len(mp)
     fixed = {1: outs["1 split"], s: outs[f"{s} splits"]}
+    fixed_parts = {1: partials["1 split"], s: partials[f"{s} splits"]}
     v: list[Violation] = []
     for r in range(case.decode.batch):
         a = active_splits(mp[r + 1] - mp[r], ep[r + 1] - ep[r], s, case.one_wave, impl_splits.BLOCK_K)
         if a not in fixed:
-            fixed[a] = _run(dec, inp, case, target, dec.DecodePlan(target.decode_family, a, hb))
+            fixed[a] = _run(dec, inp, case, target, dec.DecodePlan(target.decode_family, a, hb), fixed_parts, a)
+        for name, w_all, g_all in zip(("part_m", "part_l", "part_acc"), fixed_parts[a], partials[label]):
+            w, g = w_all[r, :a], g_all[r, :a]
+            bad = (w.view(torch.int32) != g.view(torch.int32)) & ~(torch.isnan(w) & torch.isnan(g))
+            if bool(bad.any()):
+                ix = bad.nonzero()[0].tolist()
+                v.append(Violation(ADAPTIVE_PARTIALS, f"{name}[{r}, {', '.join(map(str, ix))}] (A={a} of S={s}; "
+                                                      f"{int(bad.sum())} values differ)",
+                                   fmt(float(w[tuple(ix)])), fmt(float(g[tuple(ix)]))))
+                break
         want, got = fixed[a][r], ad[r]
         differ = (want.view(torch.int16) != got.view(torch.int16)) & ~(torch.isnan(want) & torch.isnan(got))
         if bool(differ.any()):

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 
 from contracts import findings as known_findings
 from contracts import timesplit
-from contracts.core import Contract, Violation, collecting_margins
+from contracts.core import Contract, Violation, collecting_margins, collecting_notes
 from contracts.subjects import FidelityError, Subject, SubjectSkip, ours, using
 from fuzz import dimensions
 from fuzz.cases import Case, CaseError
@@ -70,6 +70,9 @@ class RowResult:
     reach_covered: set = field(default_factory=set, repr=False)
     #: a ``ci`` row with a covering array: missing a declared tuple makes it ``incomplete``
     reach_enforced: bool = field(default=False, repr=False)
+    #: what the row's checks said they left unchecked (contracts.core.record_note); a pass or known row's reason
+    #: ends with them
+    notes: list = field(default_factory=list, repr=False)
     #: where the row's seconds went, ``{"compile", "kernel", "oracle", "harness"}`` (contracts.timesplit; None: all
     #: harness, for a row that checked nothing)
     time_split: dict | None = None
@@ -237,7 +240,8 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
 
     ``subject`` is the code under audit (default: ours); the check runs inside ``contracts.subjects.using`` it.
     An entry point the subject lacks, or a row it cannot run on this host, ends the row ``skipped`` with the
-    reason, never a violation; an interpreter the subject's kernels cannot trust ends it ``error``.
+    reason, never a violation; an interpreter the subject's kernels cannot trust ends it ``error``. A pass or
+    known row's reason ends with what its checks said they left unchecked (:func:`contracts.core.record_note`).
     ``findings`` (default: the repository's findings.toml) are the known findings: a case whose every violation
     one of them explains does not stop the row (its ids are recorded, the first such case is the reproducer, and
     generation goes on); only a case with an unexplained violation fails the row and is shrunk. The row is
@@ -268,11 +272,15 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
             return None
         return known_findings.classify(violations, mine, contract.id, sub.name, sub.version, t.name)
 
-    with using(subject):
-        return _run_row(contract, t, row, sub, classify, profile=profile, budget=budget, seed=seed,
-                        repro_dir=repro_dir, progress=progress, use_examples=use_examples,
-                        max_examples=max_examples, stop_after=stop_after, skip=skip, shrink_until=shrink_until,
-                        known_repro=known_repro)
+    with using(subject), collecting_notes() as notes:
+        row = _run_row(contract, t, row, sub, classify, profile=profile, budget=budget, seed=seed,
+                       repro_dir=repro_dir, progress=progress, use_examples=use_examples,
+                       max_examples=max_examples, stop_after=stop_after, skip=skip, shrink_until=shrink_until,
+                       known_repro=known_repro)
+    row.notes = list(notes)
+    if row.status in ("pass", "known") and notes:  # what the checks left unchecked (contracts.core.record_note)
+        row.reason = with_notes(row.reason, notes)
+    return row
 
 
 def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classify, *, profile, budget, seed,
@@ -523,6 +531,11 @@ def reach_verdict(row: RowResult) -> None:
         row.status = "incomplete"
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         row.reason = f"declared pairs not reached by the generated cases: {shown}"
+
+
+def with_notes(reason: str, notes) -> str:
+    """``reason`` followed by a row's notes (what its checks left unchecked), ``; `` between them."""
+    return "; ".join([reason, *notes] if reason else notes)
 
 
 def known_reason(ids, violations) -> str:

@@ -68,7 +68,34 @@ def test_paths_and_the_generic_twin():
         ["1 split", "2 splits", "generic kernel (fnuz/ocp)"]
     twin = generic_twin(GFX942)
     assert (twin.decode_family, twin.main_cache_fp8, twin.extra_cache_fp8) == ("generic", "fnuz", "ocp")
-    assert len(decode_paths(fm.MetamorphicCase(decode=_small(adaptive=True), num_splits=2), GFX950, dec)) == 3
+    # adaptive splits exist only for S > 4 (SPEC 2's host rule): with S = 2 gfx950 has the two fixed paths alone
+    assert len(decode_paths(fm.MetamorphicCase(decode=_small(adaptive=True), num_splits=2), GFX950, dec)) == 2
+    five = fm.MetamorphicCase(decode=_small(adaptive=True).replace(num_splits=5), num_splits=5)
+    assert [lbl for lbl, _, _ in decode_paths(five, GFX950, dec)] == ["1 split", "5 splits",
+                                                                     "5 adaptive splits (one_wave 1)"]
+
+
+def test_every_pinned_adaptive_example_has_more_than_four_splits():
+    from contracts.metamorphic import _examples, has_adaptive_path
+
+    assert all(has_adaptive_path(c, GFX950) for c in _examples(GFX950) + fm.metamorphic_examples(GFX950))
+
+
+def test_a_note_ends_a_passing_rows_reason():
+    """What a check leaves unchecked (a path the subject lacks) is said in its row's reason, pass or known."""
+    from hypothesis import strategies as st
+
+    from contracts.core import Contract, record_note
+    from contracts.runner import run_contract
+
+    def check(case, target):
+        record_note("path 'x' not run: the subject has none")
+        return []
+
+    toy = Contract(id="zz-noted", doc="toy", targets=("gfx942",), cases=lambda t: st.just(1), check=check,
+                   min_cases=1, max_cases=2)
+    row = run_contract(toy, "gfx942", budget=30.0)
+    assert (row.status, row.reason) == ("pass", "path 'x' not run: the subject has none")
 
 
 def test_the_paths_agree_on_a_small_case():
@@ -82,3 +109,18 @@ def _small(adaptive: bool = False):
                       invalid_rate=0.0, indptr_offset=0, tail_junk=0, scale=0.11, sink="ordinary", poison="none",
                       padded=False, q_transposed=False, cu_count=2, int32_extremes=False,
                       num_splits=2 if adaptive else None, adaptive=AdaptiveSplits(1) if adaptive else None)
+
+
+def test_active_four_with_an_extra_segment_leaves_entries_to_a_slice_by_s():
+    """The covering array's (extra present, active 4) row: row 0 runs on 4 of S splits, and 4 slices of
+    ceil(n / S) of its extra segment leave S or more entries unread (the planted bug
+    metamorphic-adaptive-extra-sliced-by-all-splits)."""
+    from oracles.splits import ref_adaptive_active
+
+    base = fm.metamorphic_examples(GFX950)[0]
+    for extra in (base.decode.extra_lens, None):
+        case = fm.force_metamorphic(base.replace(decode=base.decode.replace(extra_lens=extra)),
+                                    {"active": "4", "extra": "present"}, GFX950)
+        d, s = case.decode, case.num_splits
+        assert ref_adaptive_active(d.main_lens[0], d.extra_lens[0], s, case.one_wave) == 4 < s
+        assert d.extra_lens[0] - 4 * -(-d.extra_lens[0] // s) >= s

@@ -143,6 +143,69 @@ def test_a_nan_row_zeroed_is_one_named_violation(vllm_subject):
     assert [x.message for x in v] == [cd.NAN_ROW_ZEROED_VS_OURS]
 
 
+# --- decode-paths-agree on upstream ------------------------------------------------------------------------------
+
+def test_upstream_has_no_generic_twin_of_gfx942(vllm_subject):
+    """Upstream picks its decode kernel from the arch flags: its gfx942 import has no generic kernel under fnuz, so
+    that path is SubjectUnavailable (no verdict); a plan of another family for the bound target stays a ValueError."""
+    from contracts.metamorphic import generic_twin
+
+    t = get_target("gfx942")
+    inp = fz.build_decode_inputs(_small_decode("gfx942"), t)
+    dec = vllm_subject.bind("gfx942").decode
+    args = (inp.q, inp.main_cache, inp.main_indices, inp.main_indptr)
+    with pytest.raises(SubjectUnavailable, match="no generic decode path on gfx942"):
+        dec.sparse_attn_decode(*args, target=generic_twin(t), plan=dec.DecodePlan("generic", 1, 1))
+    with pytest.raises(ValueError, match="family 'generic' does not match target gfx942"):
+        dec.sparse_attn_decode(*args, target=t, plan=dec.DecodePlan("generic", 1, 1))
+
+
+def test_decode_paths_agree_names_the_path_upstream_lacks(vllm_subject):
+    from contracts import metamorphic as cm
+    from contracts.core import collecting_notes
+
+    t = get_target("gfx942")
+    (case,) = cm._examples(t)
+    with using(vllm_subject), collecting_notes() as notes:
+        assert cm.decode_paths_agree(case, t) == []  # 1 vs 3 splits still compared
+    assert len(notes) == 1 and notes[0].startswith("path 'generic kernel (fnuz/ocp)' not run: subject vllm==")
+
+
+def test_upstream_adaptive_splits_need_more_than_four_splits(vllm_subject):
+    """Why decode-paths-agree compares adaptive paths only for S > 4. Upstream's host turns adaptive splits on only
+    then (a plan of 4 splits asked for adaptively comes back fixed), and its gfx950 partial takes 4 active splits
+    whatever S is: a frozen adaptive plan of 3 splits slices the row in quarters and reads only three of them
+    (row 0's split 1 sums 1 token where the fixed plan's sums 2). At S = 5 the adaptive output equals the fixed
+    plan of the row's active count (4) bit for bit."""
+    from contracts import metamorphic as cm
+    from fuzz import metamorphic as fm
+    from impl.runtime import kernel_device
+
+    t = get_target("gfx950")
+    dec = vllm_subject.bind("gfx950").decode
+    assert dec.plan_decode(t, 17, 1, 17 * 128, 17 * 32, adaptive_splits=True, cu_count=256) == \
+        dec.DecodePlan("gfx950", 4, 1)
+    (case,) = cm._examples(t)
+    inp = fm.build_metamorphic_inputs(case, t)
+
+    def run(plan):
+        ws = dec.DecodeWorkspace.allocate(2, plan.num_splits, 1, kernel_device(), fill=math.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
+                                         inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
+                                         softmax_scale=inp.softmax_scale, target=t, plan=plan, workspace=ws)
+        return out, ws
+
+    _, fixed3 = run(dec.DecodePlan("gfx950", 3, 1))
+    _, adaptive3 = run(dec.DecodePlan("gfx950", 3, 1, True, 2))
+    assert fixed3.part_l[0, 1, 0].item() == pytest.approx(2.0)
+    assert adaptive3.part_l[0, 1, 0].item() == pytest.approx(1.0)
+    fixed4, _ = run(dec.DecodePlan("gfx950", 4, 1))
+    adaptive5, _ = run(dec.DecodePlan("gfx950", 5, 1, True, 2))
+    assert torch.equal(fixed4.view(torch.int16), adaptive5.view(torch.int16))
+
+
 def test_fnuz_natively_on_nvidia_is_unavailable(vllm_subject, monkeypatch):
     monkeypatch.setattr(vdec, "triton_mode", lambda: "native")
     monkeypatch.setattr(vdec, "detect_device", lambda: DeviceInfo("cuda", "NVIDIA H200", "sm_90"))

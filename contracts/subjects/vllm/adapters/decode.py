@@ -18,6 +18,8 @@
 - ``DecodePlan`` / ``DecodeWorkspace`` are our API's data types, shared with ours.
 
 Natively on NVIDIA, FNUZ fp8 does not exist: a gfx942 decode (its main cache is FNUZ) is ``SubjectUnavailable``.
+So is a decode for a target of the bound one's name with another decode family (a twin such as the generic kernel
+under gfx942's flavours): upstream picks its kernel from the arch flags, so that path does not exist in it.
 Under the interpreter the wrapper's ``assert not q.is_cpu ...`` is the named rewrite
 ``decode-host-accepts-cpu-tensors`` (a target imported before this module registered it gets a fresh import
 that has it).
@@ -101,6 +103,20 @@ class _KernelProxy:
         return launch
 
 
+def _no_twin_path(given, bound) -> None:
+    """A target of the bound one's name with another decode family (a twin, e.g. contracts.metamorphic's generic
+    kernel under gfx942's fp8 flavours) asks for a path upstream does not have: its wrapper picks the kernel from
+    the arch flags alone (the single-kernel fallback only when neither ``_ON_GFX942`` nor ``_ON_GFX950`` is set,
+    and then with the platform's fp8 flavour), so this import can run only the bound target's own family."""
+    if given is None or not isinstance(given, type(bound)):
+        return
+    if given.decode_family != bound.decode_family:
+        raise SubjectUnavailable(
+            f"no {given.decode_family} decode path on {bound.name} ({given.main_cache_fp8}/{given.extra_cache_fp8} "
+            f"caches): upstream's rocm_sparse_attn_decode picks its kernel from the arch flags, and with "
+            f"{bound.name}'s set it runs the {bound.decode_family} family only")
+
+
 def _native_fnuz_unavailable(target) -> None:
     if target.main_cache_fp8 == "fnuz" and triton_mode() == "native" and detect_device().kind == "cuda":
         raise SubjectUnavailable(
@@ -166,6 +182,7 @@ def build(ctx) -> Family:
                            adaptive_splits=False, trust_extra_nan_free=False, cu_count=None, plan=None,
                            workspace=None, out=None, check_indptr=True):
         _check_target(target)
+        _no_twin_path(target, ctx.target)
         _native_fnuz_unavailable(ctx.target)
         batch, num_heads = int(q.shape[0]), int(q.shape[1])
         if out is None:
