@@ -55,9 +55,9 @@ import triton
 import triton.language as tl
 
 from impl.formats import INDEXER_HEAD_DIM, INDEXER_TOKEN_BYTES, IndexerKLayout, default_indexer_layout
-from impl.runtime import detect_device, kernel_device, native_without_gpu_hint, triton_mode
+from impl.runtime import kernel_device, native_without_gpu_hint
 from impl.targets import Target, get_target
-from impl.triton_helpers import INTERPRETER, dot, fp8_decode_bits
+from impl.triton_helpers import INTERPRETER, dot, fp8_decode_bits, hw_fp8_decode
 from impl.validation import dtype_name, require_tensor
 
 D = INDEXER_HEAD_DIM
@@ -74,11 +74,10 @@ def _next_pow2(n: int) -> int:
 
 
 def _hw_fp8(tgt: Target) -> bool:
-    """Whether the device converts the target's fp8 flavour itself: natively, OCP everywhere and FNUZ on AMD (Triton
-    on NVIDIA refuses FNUZ); never under the interpreter (its fp8 conversions are not trusted: DESIGN numerics)."""
-    if triton_mode() != "native":
-        return False
-    return not tgt.main_cache_is_fnuz or detect_device().kind == "rocm"
+    """Whether the device converts the target's fp8 flavour itself: the one rule the decode kernels use too
+    (:func:`impl.triton_helpers.hw_fp8_decode`: OCP on NVIDIA sm_89+ and gfx950, FNUZ on gfx942, never under the
+    interpreter)."""
+    return hw_fp8_decode(tgt.main_cache_is_fnuz)
 
 
 def _heads_pad(h: int) -> int:
@@ -101,8 +100,8 @@ def _mma_operand(x):
 
 @triton.jit
 def _fp8_operand(codes, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr):
-    """uint8 e4m3 codes -> the dot operand. With HW_FP8 (natively, where the device converts this flavour: OCP
-    everywhere, FNUZ on AMD) the hardware converts the codes to bf16; otherwise the shared decode from bits does it
+    """uint8 e4m3 codes -> the dot operand. With HW_FP8 (natively, where the device converts this flavour, as
+    :func:`impl.triton_helpers.hw_fp8_decode` says) the hardware converts the codes to bf16; otherwise the shared decode from bits does it
     (FNUZ on NVIDIA, the interpreter). Both are exact, NaN codes giving NaN."""
     if HW_FP8:
         if IS_FNUZ:
