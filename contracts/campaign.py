@@ -333,7 +333,7 @@ class Worker:
         self.case_file = os.path.join(self.dir, "case.json")
         self.trace_file = os.path.join(self.dir, "trace.json")
         env = dict(os.environ, **env_extra, SMV_CASE_FILE=self.case_file, SMV_CASE_TRACE=self.trace_file,
-                   PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+                   PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         kind, dev = device
         if kind == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = dev
