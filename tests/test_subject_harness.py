@@ -16,7 +16,7 @@ from contracts import reports
 from contracts.audit import format_table, run_audit
 from contracts.cli import main as smv
 from contracts.core import Violation
-from contracts.runner import replay_row, run_contract, write_repro
+from contracts.runner import REPRO_SCHEMA_VERSION, replay_row, run_contract, write_repro
 from contracts.subjects import (EntryMissing, Family, FidelityError, Subject, SubjectUnavailable, bound,
                                 current)
 from impl.targets import get_target
@@ -179,7 +179,7 @@ def test_known_cases_do_not_stop_the_row_and_an_unknown_one_fails_it(register, t
     assert row.status == "known" and row.findings == ["K1"] and row.generated_cases == 30
     assert row.stopped_by == "max_cases" and "K1" in row.reason and row.violations[0].message == "known defect"
     doc = json.loads(Path(row.repro).read_text())
-    assert doc["schema_version"] == 3 and doc["subject"] == "fake==1.0" and doc["findings"] == ["K1"]
+    assert doc["schema_version"] == REPRO_SCHEMA_VERSION and doc["subject"] == "fake==1.0" and doc["findings"] == ["K1"]
     assert row.as_json()["findings"] == ["K1"]
     # without the finding (or under another subject) the same cases fail
     assert run_contract(c, "gfx942", profile="dev", budget=30, max_examples=30, seed=2, findings=[],
