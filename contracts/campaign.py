@@ -130,12 +130,6 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def default_jobs() -> int:
-    """One worker per visible GPU, else one per core."""
-    kind, ids = visible_devices()
-    return len(ids) if ids else cpu_count()
-
-
 # --- the directory: lock, journal, document --------------------------------------------------------------------
 
 
