@@ -7,7 +7,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from contracts import reports
+from contracts import reports, specializations
 from contracts.registry import get_contract, load_all
 from contracts.runner import RowResult, run_contract
 from contracts.timesplit import add_splits, cases_per_second, format_split, zero_split
@@ -236,7 +236,7 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
             "run": {"started": started.isoformat(), "seconds": round(time.monotonic() - t0, 3), "budget": budget,
                     "profile": profile, "seed": seed, "commit": provenance["commit"],
                     "dirty": provenance["dirty"], "versions": provenance["versions"],
-                    "triton_mode": triton_mode(), "ok": ok, "reason": reason, "finished": final,
+                    "triton_mode": triton_mode(), "specializations_source": specializations.source(), "ok": ok, "reason": reason, "finished": final,
                     "allow_empty": allow_empty, "pinned_examples": use_examples, "max_cases": max_cases,
                     "command": " ".join(argv) if argv else None,
                     "counts": {s: sum(r.status == s for r in rows) for s in reports.STATUSES},
@@ -369,6 +369,7 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
 
     merged.time_split = add_splits(first.time_split or zero_split(first.seconds),
                                    second.time_split or zero_split(second.seconds))
+    merged.spec_keys = specializations.merge(first.spec_keys, second.spec_keys)
     merged.reach_required = first.reach_required
     merged.reach_covered = set(first.reach_covered) | set(second.reach_covered)
     merged.reach_enforced = first.reach_enforced

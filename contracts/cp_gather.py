@@ -14,7 +14,6 @@ Natively the compiled kernels Triton returns are counted as well and the two par
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,6 +21,8 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.core import ALL_TARGETS, Violation, contract, fmt
+from contracts.specializations import (  # noqa: F401 - re-exported: the tests and the adapter use them here
+    kernel_params, key_differences, specialization_key, specialize_value)
 from contracts.subjects import bound
 from fuzz import cp_gather as fg
 from fuzz.cp_gather import CompileOnceCase, CpGatherCase
@@ -125,89 +126,8 @@ def gather_oracle_exact(case: CpGatherCase, target: Target) -> list[Violation]:
 
 # --- the specialization key ---------------------------------------------------------------------------------------
 
-#: torch dtype -> Triton's type name of a pointer to it (Triton's ``*`` + canonical name)
-_TRITON_TYPE = {
-    torch.bool: "i1", torch.uint8: "u8", torch.int8: "i8", torch.int16: "i16", torch.int32: "i32",
-    torch.int64: "i64", torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64", torch.float16: "fp16",
-    torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64", torch.float8_e4m3fn: "fp8e4nv",
-    torch.float8_e4m3fnuz: "fp8e4b8", torch.float8_e5m2: "fp8e5", torch.float8_e5m2fnuz: "fp8e5b16",
-}
-
-
-def kernel_params(kernel) -> list:
-    """The kernel's parameters as Triton's own ``KernelParam`` objects: ``kernel.params`` of a ``JITFunction``; for
-    the interpreter's ``InterpretedFunction`` (which keeps only the function and the ``@triton.jit`` keywords) the
-    same objects built the way ``JITFunction.__init__`` builds them."""
-    from triton.runtime.jit import KernelParam
-
-    params = getattr(kernel, "params", None)
-    if params and all(isinstance(p, KernelParam) for p in params):
-        return list(params)
-    fn = getattr(kernel, "fn", None)
-    if fn is None:
-        raise TypeError(f"kernel: expected a Triton JITFunction or InterpretedFunction, got {type(kernel).__name__}")
-    kw = getattr(kernel, "kwargs", {}) or {}
-    dns = list(kw.get("do_not_specialize") or [])
-    dns_oa = list(kw.get("do_not_specialize_on_alignment") or [])
-    return [KernelParam(i, p, i in dns or p.name in dns, i in dns_oa or p.name in dns_oa)
-            for i, p in enumerate(inspect.signature(fn).parameters.values())]
-
-
-def _int_type(v: int) -> str:
-    if -2 ** 31 <= v < 2 ** 31:
-        return "i32"
-    if v >= 2 ** 63:
-        return "u64"
-    return "i64"
-
-
-def specialize_value(value, param) -> tuple:
-    """Triton's specialization of one argument (the rules of Triton 3.x's ``specialize_impl`` / the backend's
-    ``get_int_specialization``): a constexpr parameter is keyed by its value; None is a constexpr; a bool is
-    ``u1``; an int equal to 1 becomes the constexpr 1 unless ``do_not_specialize``; other ints are ``i32``/``i64``
-    /``u64`` with attribute "D" when divisible by 16 ("" otherwise, None when not specialized); a float is ``fp32``;
-    a tensor is a pointer to its dtype with "D" when its address is 16-byte aligned. Alignment attributes are
-    dropped under ``do_not_specialize_on_alignment``."""
-    if param.is_constexpr:
-        return ("constexpr", value)
-    spec = not param.do_not_specialize
-    align = not param.do_not_specialize_on_alignment
-    if value is None:
-        key = ("constexpr", None)
-    elif isinstance(value, bool):
-        key = ("u1", None)
-    elif isinstance(value, int):
-        if spec and value == 1:
-            key = ("constexpr", 1)
-        else:
-            key = (_int_type(value), ("D" if align and value % 16 == 0 else "") if spec else None)
-    elif isinstance(value, float):
-        key = ("fp32", None)
-    elif isinstance(value, torch.Tensor):
-        ty = ("*k" if param.is_const else "*") + _TRITON_TYPE.get(value.dtype, str(value.dtype))
-        key = (ty, ("D" if align and value.data_ptr() % 16 == 0 else "") if spec else None)
-    else:
-        raise TypeError(f"{param.name}: no specialization rule for a {type(value).__name__} argument")
-    ann = param.annotation_type
-    if ann and key[0] != "constexpr":
-        if ann == "u1" or ann[:2] in ("fp", "bf") or not spec:
-            return (ann, None)
-        return (ann,) + key[1:]
-    return key
-
-
-def specialization_key(kernel, args: tuple, kwargs: dict) -> tuple:
-    """The key a launch ``kernel[grid](*args, **kwargs)`` is compiled under: one (name, specialization) per
-    parameter, then the launch options (keywords that are not parameters, e.g. ``num_warps``)."""
-    params = kernel_params(kernel)
-    names = [p.name for p in params]
-    fn = getattr(kernel, "fn", None)
-    sig = inspect.signature(fn)
-    bound_args = sig.bind(*args, **{k: v for k, v in kwargs.items() if k in names})
-    bound_args.apply_defaults()
-    spec = tuple((p.name, specialize_value(bound_args.arguments[p.name], p)) for p in params)
-    options = tuple(sorted((k, repr(v)) for k, v in kwargs.items() if k not in names))
-    return spec + (("options", options),)
+# kernel_params, specialize_value, specialization_key and key_differences live in contracts.specializations
+# (the audit's per-row count uses them for every kernel); imported here under their old names.
 
 
 @dataclass
@@ -259,19 +179,6 @@ def native_variants(kernel) -> int | None:
 
     entry = caches.get(driver.active.get_current_device())
     return 0 if entry is None else len(entry[0])
-
-
-def key_differences(keys: list) -> str:
-    """The parameters whose specialization differs between the distinct ``keys``, with each value seen."""
-    first = dict(keys[0])
-    seen: dict = {}
-    for k in keys:
-        for name, val in k:
-            seen.setdefault(name, [])
-            if val not in seen[name]:
-                seen[name].append(val)
-    diff = [f"{name}: {' / '.join(map(str, vals))}" for name, vals in seen.items() if len(vals) > 1]
-    return "; ".join(diff) if diff else f"(keys differ outside the parameters: {sorted(first)})"
 
 
 def alignment_only(keys: list) -> bool:

@@ -15,8 +15,13 @@ import xml.etree.ElementTree as ET
 #: 6: per row ``time_split``: ``{"compile", "kernel", "oracle", "harness"}``, where the row's seconds went
 #: (contracts/timesplit.py: Triton compilation, the subject's calls less their compilation, the oracles' functions,
 #: the rest); the four add up to ``seconds``
-AUDIT_SCHEMA_VERSION = 6
+#: 7: per row ``specializations``: ``{kernel: n}``, the distinct Triton specializations (compile keys) of each
+#: kernel the row launched (contracts/specializations.py), and ``run.specializations_source``: ``"compiled"``
+#: (native: what Triton's compile hook saw the row compile, new to the process) or ``"predicted"`` (the
+#: interpreter: the keys Triton would form from the row's launch arguments)
+AUDIT_SCHEMA_VERSION = 7
 TIME_SPLIT_KEYS = ("compile", "kernel", "oracle", "harness")
+SPECIALIZATION_SOURCES = ("compiled", "predicted")
 #: 2: ``subject`` at the top level ({name, version, source}) and ``finished``
 #: 3: per entry ``time_to_kill`` (``{"cases", "seconds", "contract", "target"}``, ``"crash": true`` for a kill by
 #: crash; null for an entry not killed) and at the top level ``time_to_kill`` (``{"killed", "median_seconds",
@@ -45,6 +50,7 @@ AUDIT_JSON_SCHEMA = {
                 "properties": {"name": {"type": "string"}, "version": {"type": "string"},
                                "source": {"type": "string"}, "modules": {"type": "object"},
                                "rewrites": {"type": "array"}}}},
+            "specializations_source": {"enum": list(SPECIALIZATION_SOURCES)},
             "findings": {"type": "object", "required": ["file", "ids"],
                          "properties": {"file": {"type": ["string", "null"]},
                                         "ids": {"type": "array", "items": {"type": "string"}}}}}},
@@ -67,6 +73,7 @@ AUDIT_JSON_SCHEMA = {
                 "findings": {"type": "array", "items": {"type": "string"}},
                 "first_violation": {"type": ["object", "null"], "required": ["cases", "seconds"],
                                     "properties": {"cases": {"type": "integer"}, "seconds": {"type": "number"}}},
+                "specializations": {"type": "object"},
                 "time_split": {"type": "object", "required": list(TIME_SPLIT_KEYS),
                                "properties": {k: {"type": "number"} for k in TIME_SPLIT_KEYS}},
                 "reach": {"type": "object", "required": ["pairs_declared", "pairs_covered", "missing", "exhaustive"],
@@ -92,6 +99,9 @@ def audit_schema(version: int = AUDIT_SCHEMA_VERSION) -> dict:
         schema["properties"]["results"]["items"]["required"] += ["first_violation"]
     if version >= 6:
         schema["properties"]["results"]["items"]["required"] += ["time_split"]
+    if version >= 7:
+        schema["properties"]["run"]["required"] += ["specializations_source"]
+        schema["properties"]["results"]["items"]["required"] += ["specializations"]
     return schema
 
 

@@ -12,7 +12,7 @@ from hypothesis import event as hyp_event
 from hypothesis import given, settings
 
 from contracts import findings as known_findings
-from contracts import timesplit
+from contracts import specializations, timesplit
 from contracts.core import Contract, Violation, collecting_margins, collecting_notes
 from contracts.subjects import FidelityError, Subject, SubjectSkip, ours, using
 from fuzz import dimensions
@@ -76,6 +76,9 @@ class RowResult:
     #: where the row's seconds went, ``{"compile", "kernel", "oracle", "harness"}`` (contracts.timesplit; None: all
     #: harness, for a row that checked nothing)
     time_split: dict | None = None
+    #: ``{kernel: {repr(key): key}}``: the distinct Triton specializations the row's checks compiled (natively) or
+    #: would compile (predicted under the interpreter; contracts.specializations); audit.json counts them per kernel
+    spec_keys: dict | None = field(default=None, repr=False)
 
     @property
     def cases(self) -> int:
@@ -90,7 +93,8 @@ class RowResult:
                 "first_violation": None if self.first_violation is None else {
                     "cases": self.first_violation["cases"], "seconds": round(self.first_violation["seconds"], 3)},
                 "reach": dict(self.reach) if self.reach is not None else reach_doc(None, set()),
-                "time_split": timesplit.rounded(self.time_split, self.seconds)}
+                "time_split": timesplit.rounded(self.time_split, self.seconds),
+                "specializations": specializations.counts(self.spec_keys)}
 
 
 def _ours_row() -> dict:
@@ -547,6 +551,7 @@ def known_reason(ids, violations) -> str:
 def _fill(row: RowResult, state: dict, start: float) -> None:
     row.seconds = time.monotonic() - start
     row.time_split = timesplit.drain(start, row.seconds)  # the checks this row ran since it started
+    row.spec_keys = specializations.drain(start)
     row.pinned_cases = state["pinned"]
     row.generated_cases = state["generated"]
     row.stopped_by = state["stop"]

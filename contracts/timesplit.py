@@ -31,6 +31,8 @@ import inspect
 import sys
 import time
 
+from contracts import specializations
+
 KEYS = ("compile", "kernel", "oracle", "harness")
 #: oracle modules whose time is the harness's: the comparison helpers (DESIGN "Tolerances")
 NOT_ORACLE = ("oracles.compare",)
@@ -86,6 +88,7 @@ class measuring:
             _install_compile_hooks()
             _ACTIVE = Clock()
             self.start = time.monotonic()
+            specializations.begin()
         return _ACTIVE
 
     def __exit__(self, *exc) -> None:
@@ -93,6 +96,7 @@ class measuring:
         if self.outer:
             return
         c, _ACTIVE = _ACTIVE, None
+        specializations.end(self.start)
         _CHECKS.append((self.start, c.compile, max(0.0, c.kernel - c.compile_in_kernel), c.oracle))
 
 
@@ -287,6 +291,7 @@ def _compile_ended() -> None:
 def _chain_pre(previous):
     def pre(*args, **kwargs):
         _compile_started()
+        specializations.compiled(kwargs)  # the row's count of distinct specializations (audit.json)
         skipped = previous(*args, **kwargs) if previous is not None else False
         if skipped and _ACTIVE is not None and _ACTIVE.pending:  # that hook compiles nothing: no post hook comes
             _ACTIVE.pending.pop()
