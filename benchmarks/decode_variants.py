@@ -44,39 +44,42 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-#: (name, DecodeVariant fields) per row family, most telling first (a run cut by its budget keeps those); "bits" is
-#: the default with the hardware fp8 conversion off. The first is the default.
+#: (name, DecodeVariant fields) per row family, most telling first (a run cut by its budget keeps those). "default"
+#: is the family's ``DEFAULT_VARIANTS`` entry, "bits" the same with the hardware fp8 conversion off, "plain" the
+#: kernels with no variant field set.
 VARIANTS = {
     "gfx950": [
         ("default", {}),
-        ("k512+x32+i32+rope16+stages1", dict(k512=True, extra_tile=32, i32_offsets=True, rope16=True,
-                                             num_stages=1)),
-        ("stages1", dict(num_stages=1)),
-        ("k512+x32+stages1", dict(k512=True, extra_tile=32, num_stages=1)),
+        ("bf16", dict(bf16_tiles=True, rope16=True)),
+        ("bf16+stages1", dict(bf16_tiles=True, rope16=True, num_stages=1)),
+        ("bf16+x32", dict(bf16_tiles=True, rope16=True, extra_tile=32)),
+        ("bf16+h64+w8", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=8)),
+        ("bf16+h64+w4", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=4)),
+        ("bf16+h32+w8", dict(bf16_tiles=True, rope16=True, block_h=32, num_warps=8)),
+        ("bf16+h64+w8+x32", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=8, extra_tile=32)),
+        ("x32", dict(i32_offsets=True, rope16=True, extra_tile=32)),
+        ("plain", dict()),
         ("bits", {}),
-        ("k512", dict(k512=True)),
-        ("x32", dict(extra_tile=32)),
-        ("i32+rope16", dict(i32_offsets=True, rope16=True)),
     ],
     "gfx942": [
         ("default", {}),
-        ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
-        ("stages1", dict(num_stages=1)),
+        ("bf16", dict(bf16_tiles=True, rope16=True)),
+        ("bf16+stages1", dict(bf16_tiles=True, rope16=True, num_stages=1)),
+        ("bf16+h64+w8", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=8)),
+        ("bf16+h64+w4", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=4)),
+        ("bf16+h32+w8", dict(bf16_tiles=True, rope16=True, block_h=32, num_warps=8)),
+        ("plain", dict()),
         ("bits", {}),
-        ("i32+rope16", dict(i32_offsets=True, rope16=True)),
-        ("w8", dict(num_warps=8)),
-        ("i32+rope16+stages1+w8", dict(i32_offsets=True, rope16=True, num_stages=1, num_warps=8)),
     ],
     "generic": [
         ("default", {}),
-        ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
-        ("stages1", dict(num_stages=1)),
-        ("bits", {}),
-        ("i32+rope16", dict(i32_offsets=True, rope16=True)),
+        ("bf16+stages1", dict(bf16_tiles=True, rope16=True, num_stages=1)),
+        ("bf16+h64+w8", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=8, num_stages=1)),
+        ("plain", dict()),
     ],
     "gfx942-fnuz": [
         ("default", {}),
-        ("i32+rope16+stages1", dict(i32_offsets=True, rope16=True, num_stages=1)),
+        ("bf16", dict(bf16_tiles=True, rope16=True)),
     ],
 }
 #: the kernel family (impl.decode's) each row family launches
@@ -107,7 +110,8 @@ def variant_active(family: str, name: str, fields: dict):
     from impl import decode as D
 
     kf = KERNEL_FAMILY[family]
-    with D.decode_variant(kf, D.DecodeVariant(**fields)):
+    chosen = D.DEFAULT_VARIANTS[kf] if name in ("default", "bits") else D.DecodeVariant(**fields)
+    with D.decode_variant(kf, chosen):
         if name == "bits":
             saved = D.hw_fp8_decode
             D.hw_fp8_decode = lambda *a, **k: False

@@ -169,18 +169,75 @@ def _load_kv(cache, slots, valid, dims, block_size, stride0,
 
 
 @triton.jit
+def _kv_tile(cache, slots, valid, block_size, stride0, START: tl.constexpr, W: tl.constexpr,
+             IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HAS_NOPE: tl.constexpr, HAS_ROPE: tl.constexpr,
+             HW_FP8: tl.constexpr, ROPE16: tl.constexpr):
+    """The ``bf16_tiles`` loader: lanes [START, START + W) (constexpr, START and W multiples of 64) of the tokens at
+    ``slots`` as a bf16 [BK, W] tile, the values :func:`_load_kv` gives rounded to bf16 (the same numbers: an fp8
+    code times 2^k and a bf16 RoPE lane are bf16 values; below bf16's range both round the same fp32 product).
+
+    What differs is the work: one UE8M0 code per 64-lane group is loaded ([BK, W/64]) and broadcast to its lanes,
+    where :func:`_load_kv` gathers a scale byte per lane; the slot is split into block and position in int32 (a slot
+    is an int32 index; the block's byte offset stays int64); the NoPE and RoPE parts are only built where the window
+    has them; the tile leaves in bf16, so no fp32 [BK, W] tile outlives the dequantization. NaN lanes are scrubbed
+    in fp32, before the cast (the interpreter compares bf16 NaN equal to itself)."""
+    s32 = slots.to(tl.int32)
+    blk = s32 // block_size
+    pos = s32 - blk * block_size
+    base = cache + blk.to(tl.int64) * stride0
+    row = base + pos * _TOKEN_DATA
+    d = START + tl.arange(0, W)
+    is_nope = d < _NOPE
+    x = tl.zeros((slots.shape[0], W), tl.bfloat16)
+    if HAS_NOPE:
+        G: tl.constexpr = W // _GROUP
+        codes = tl.load(row[:, None] + tl.where(is_nope, d, 0)[None, :], mask=valid[:, None] & is_nope[None, :],
+                        other=0)
+        g = START // _GROUP + tl.arange(0, G)
+        srow = base + block_size * _TOKEN_DATA + pos * _TOKEN_SCALE
+        sc = tl.load(srow[:, None] + g[None, :], mask=valid[:, None] & (g < _NOPE // _GROUP)[None, :], other=0)
+        scale = tl.reshape(tl.broadcast_to(ue8m0_decode_reader(sc)[:, :, None], (slots.shape[0], G, _GROUP)),
+                           (slots.shape[0], W))
+        nope = fp8_decode(codes, IS_FNUZ, HW_FP8) * scale
+        if SCRUB:
+            nope = tl.where(nope == nope, nope, 0.0)
+        x = tl.where(is_nope[None, :], nope.to(tl.bfloat16), x)
+    if HAS_ROPE:
+        lane = tl.where(is_nope, 0, d - _NOPE)
+        m_rope = valid[:, None] & (d >= _NOPE)[None, :]
+        if ROPE16:
+            w16 = tl.load((row + _NOPE).to(tl.pointer_type(tl.int16))[:, None] + lane[None, :], mask=m_rope,
+                          other=0).to(tl.int32)
+            rope = (w16 << 16).to(tl.float32, bitcast=True)
+        else:
+            rp = (row + _NOPE)[:, None] + (2 * lane)[None, :]
+            lo = tl.load(rp, mask=m_rope, other=0).to(tl.int32)
+            hi = tl.load(rp + 1, mask=m_rope, other=0).to(tl.int32)
+            rope = ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        if SCRUB:
+            rope = tl.where(rope == rope, rope, 0.0)
+        x = tl.where(is_nope[None, :], x, rope.to(tl.bfloat16))
+    return x
+
+
+@triton.jit
 def _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, cache, idx_ptr, offs, seg_hi, num_slots, block_size,
                   stride0, scale, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HW_FP8: tl.constexpr,
-                  I32_OFFS: tl.constexpr, ROPE16: tl.constexpr):
+                  I32_OFFS: tl.constexpr, ROPE16: tl.constexpr, BF16_TILES: tl.constexpr):
     """One online-softmax step (natural exp) over the tokens at ragged positions ``offs``: separate NoPE
     ([BK, 512] with lanes >= 448 zero) and RoPE ([BK, 64]) dots for QK and for PV."""
     slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
-    d512 = tl.arange(0, 512)
-    d64 = tl.arange(0, 64) + _NOPE
-    kn = _load_kv(cache, slots, valid, d512, block_size, stride0, IS_FNUZ, SCRUB, True, False,
-                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
-    kr = _load_kv(cache, slots, valid, d64, block_size, stride0, IS_FNUZ, SCRUB, False, True,
-                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+    if BF16_TILES:
+        kn = _kv_tile(cache, slots, valid, block_size, stride0, 0, 512, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+        kr = _kv_tile(cache, slots, valid, block_size, stride0, _NOPE, 64, IS_FNUZ, SCRUB, False, True, HW_FP8,
+                      ROPE16)
+    else:
+        d512 = tl.arange(0, 512)
+        d64 = tl.arange(0, 64) + _NOPE
+        kn = _load_kv(cache, slots, valid, d512, block_size, stride0, IS_FNUZ, SCRUB, True, False,
+                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+        kr = _load_kv(cache, slots, valid, d64, block_size, stride0, IS_FNUZ, SCRUB, False, True,
+                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
     s = dot(q_nope, tl.trans(kn), tl.zeros((q_nope.shape[0], kn.shape[0]), tl.float32))
     s = dot(q_rope, tl.trans(kr), s)
     s = s * scale
@@ -212,7 +269,8 @@ def _accumulate_segments(
         extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
         HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
         SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr,
-        HW_FP8_MAIN: tl.constexpr, HW_FP8_EXTRA: tl.constexpr, I32_OFFS: tl.constexpr, ROPE16: tl.constexpr):
+        HW_FP8_MAIN: tl.constexpr, HW_FP8_EXTRA: tl.constexpr, I32_OFFS: tl.constexpr, ROPE16: tl.constexpr,
+        BF16_TILES: tl.constexpr):
     """Natural-exp online softmax of row ``b`` for ``heads`` over split ``split`` of ``num_splits`` of its main
     segment, then the same split of its extra segment, in BLOCK_K-token tiles that never cross segments.
     Returns un-normalised (m, l, acc over the 512 lanes, acc over the 64 RoPE lanes). The single-kernel fallback
@@ -228,14 +286,16 @@ def _accumulate_segments(
     for t0 in range(lo, hi, BLOCK_K):
         m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, main_cache, main_idx,
                                                t0 + tk, hi, main_num_slots, main_bs, main_stride0, scale,
-                                               IS_FNUZ_MAIN, True, HW_FP8_MAIN, I32_OFFS, ROPE16)
+                                               IS_FNUZ_MAIN, True, HW_FP8_MAIN, I32_OFFS, ROPE16,
+                                               BF16_TILES)
     if HAS_EXTRA:
         lo, hi = _split_slice(tl.load(extra_indptr + b).to(tl.int64), tl.load(extra_indptr + b + 1).to(tl.int64),
                               split, num_splits)
         for t0 in range(lo, hi, BLOCK_K):
             m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, extra_cache, extra_idx,
                                                    t0 + tk, hi, extra_num_slots, extra_bs, extra_stride0, scale,
-                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, I32_OFFS, ROPE16)
+                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, I32_OFFS, ROPE16,
+                                                   BF16_TILES)
     return m_i, l_i, acc_n, acc_r
 
 
@@ -247,7 +307,8 @@ def _sparse_decode_generic_kernel(
         sink, out, stride_ob, stride_oh, num_heads, scale,
         HAS_EXTRA: tl.constexpr, HAS_SINK: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
         SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
-        HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False):
+        HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False,
+        BF16_TILES: tl.constexpr = False):
     """Fallback single kernel (targets with neither split-K family).
 
     Grid (b, ceil(h / BLOCK_H)). Program (b, hb) walks row b's main segment then its extra segment in BLOCK_K-token
@@ -265,7 +326,7 @@ def _sparse_decode_generic_kernel(
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
         extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
         HAS_EXTRA, IS_FNUZ_MAIN, IS_FNUZ_EXTRA, SCRUB_EXTRA, BLOCK_H_, BLOCK_K,
-        HW_FP8_MAIN, HW_FP8_EXTRA, I32_OFFS, ROPE16)
+        HW_FP8_MAIN, HW_FP8_EXTRA, I32_OFFS, ROPE16, BF16_TILES)
     if HAS_SINK:
         sink_val = tl.load(sink + heads, mask=hmask, other=float("-inf"))
         m_f = tl.maximum(m_i, sink_val)
@@ -295,7 +356,8 @@ def _sparse_decode_gfx942_partial_kernel(
         num_heads, num_splits, scale,
         HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
         SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
-        HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False):
+        HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False,
+        BF16_TILES: tl.constexpr = False):
     """gfx942 split-K partial.
 
     Grid (b, S, ceil(h / BLOCK_H)). Program (b, s, hb) takes slice [s*ceil(len/S), ...) of row b's main segment,
@@ -315,7 +377,7 @@ def _sparse_decode_gfx942_partial_kernel(
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
         extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
         HAS_EXTRA, IS_FNUZ_MAIN, IS_FNUZ_EXTRA, SCRUB_EXTRA, BLOCK_H_, BLOCK_K,
-        HW_FP8_MAIN, HW_FP8_EXTRA, I32_OFFS, ROPE16)
+        HW_FP8_MAIN, HW_FP8_EXTRA, I32_OFFS, ROPE16, BF16_TILES)
     ml = b.to(tl.int64) * stride_mb + split.to(tl.int64) * stride_ms + heads
     tl.store(part_m + ml, m_i, mask=hmask)
     tl.store(part_l + ml, l_i, mask=hmask)
@@ -330,7 +392,7 @@ def _sparse_decode_gfx942_partial_kernel(
 @triton.jit
 def _tile_base2(q512, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num_slots, block_size, stride0,
                 qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HW_FP8: tl.constexpr,
-                I32_OFFS: tl.constexpr, ROPE16: tl.constexpr, K512: tl.constexpr):
+                I32_OFFS: tl.constexpr, ROPE16: tl.constexpr, K512: tl.constexpr, BF16_TILES: tl.constexpr):
     """One base-2 online-softmax step over the tokens at ragged positions ``offs``: four 128-lane tiles (the last
     is 64 NoPE + 64 RoPE lanes) joined into one [BK, 512] operand for a single QK dot; PV into four 128-lane
     accumulators. Logits are in log2 units (scale * log2(e) folded into ``qk_scale2``).
@@ -351,15 +413,24 @@ def _tile_base2(q512, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num
         l_i = l_i * alpha + tl.sum(p, axis=1)
         a0 = dot(p.to(tl.bfloat16), kk, a0 * alpha[:, None])
         return m_new, l_i, a0, a1, a2, a3
-    d128 = tl.arange(0, 128)
-    k0 = _load_kv(cache, slots, valid, d128, block_size, stride0, IS_FNUZ, SCRUB, True, False,
-                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
-    k1 = _load_kv(cache, slots, valid, d128 + 128, block_size, stride0, IS_FNUZ, SCRUB, True, False,
-                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
-    k2 = _load_kv(cache, slots, valid, d128 + 256, block_size, stride0, IS_FNUZ, SCRUB, True, False,
-                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
-    k3 = _load_kv(cache, slots, valid, d128 + 384, block_size, stride0, IS_FNUZ, SCRUB, True, True,
-                  HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+    if BF16_TILES:
+        k0 = _kv_tile(cache, slots, valid, block_size, stride0, 0, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+        k1 = _kv_tile(cache, slots, valid, block_size, stride0, 128, 128, IS_FNUZ, SCRUB, True, False, HW_FP8,
+                      ROPE16)
+        k2 = _kv_tile(cache, slots, valid, block_size, stride0, 256, 128, IS_FNUZ, SCRUB, True, False, HW_FP8,
+                      ROPE16)
+        k3 = _kv_tile(cache, slots, valid, block_size, stride0, 384, 128, IS_FNUZ, SCRUB, True, True, HW_FP8,
+                      ROPE16)
+    else:
+        d128 = tl.arange(0, 128)
+        k0 = _load_kv(cache, slots, valid, d128, block_size, stride0, IS_FNUZ, SCRUB, True, False,
+                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+        k1 = _load_kv(cache, slots, valid, d128 + 128, block_size, stride0, IS_FNUZ, SCRUB, True, False,
+                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+        k2 = _load_kv(cache, slots, valid, d128 + 256, block_size, stride0, IS_FNUZ, SCRUB, True, False,
+                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+        k3 = _load_kv(cache, slots, valid, d128 + 384, block_size, stride0, IS_FNUZ, SCRUB, True, True,
+                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
     # [BK, 128, i, o] holds tile 2*o + i; reorder to [BK, o, i, 128] so the flat lane is tile*128 + d
     kk = tl.join(tl.join(k0, k1), tl.join(k2, k3))
     kk = tl.reshape(tl.permute(kk, (0, 3, 2, 1)), (k0.shape[0], 512))
@@ -395,7 +466,7 @@ def _sparse_decode_gfx950_partial_kernel(
         SCRUB_EXTRA: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_H_: tl.constexpr, MAIN_TILE: tl.constexpr,
         EXTRA_TILE: tl.constexpr, TAIL_TILE: tl.constexpr, ITER_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
         HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False,
-        K512: tl.constexpr = False):
+        K512: tl.constexpr = False, BF16_TILES: tl.constexpr = False):
     """gfx950 split-K partial.
 
     Grid (b, S, ceil(h / BLOCK_H)), S frozen by the caller (graph capture keeps it). With ADAPTIVE, each row first
@@ -450,7 +521,7 @@ def _sparse_decode_gfx950_partial_kernel(
     for t0 in range(lo, hi, MAIN_TILE):
         m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, main_cache, main_idx, t0 + tm, hi,
                                               main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True,
-                                              HW_FP8_MAIN, I32_OFFS, ROPE16, K512)
+                                              HW_FP8_MAIN, I32_OFFS, ROPE16, K512, BF16_TILES)
     if HAS_EXTRA:
         lo, hi = _split_slice(e_lo, e_hi, split, active)
         te = tl.arange(0, EXTRA_TILE).to(tl.int64)
@@ -459,12 +530,12 @@ def _sparse_decode_gfx950_partial_kernel(
             m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx,
                                                   lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
                                                   extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA,
-                                                  HW_FP8_EXTRA, I32_OFFS, ROPE16, K512)
+                                                  HW_FP8_EXTRA, I32_OFFS, ROPE16, K512, BF16_TILES)
         tt = tl.arange(0, TAIL_TILE).to(tl.int64)
         for t0 in range(lo + n_full * EXTRA_TILE, hi, TAIL_TILE):
             m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx, t0 + tt,
                                                   hi, extra_num_slots, extra_bs, extra_stride0, qk_scale2,
-                                                  IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, I32_OFFS, ROPE16, K512)
+                                                  IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, I32_OFFS, ROPE16, K512, BF16_TILES)
     tl.store(part_m + ml, tl.where(l_i == 0, -_FLT_MAX, m2 * _LN2), mask=hmask)
     tl.store(part_l + ml, l_i, mask=hmask)
     arow = (part_acc + b.to(tl.int64) * stride_ab + split.to(tl.int64) * stride_as
@@ -609,6 +680,14 @@ class DecodeVariant:
       kernel takes (it loads 64 and runs two 32-token steps), 64 (the default, SPEC 2) in one 64-token step. This
       changes the online-softmax step boundaries on rows with 64 or more extra tokens per split, within the error
       model (the split count and tile count already bound it).
+    - ``bf16_tiles``: the K/V tiles are built by :func:`_kv_tile`: one scale code per 64-lane group broadcast to
+      its lanes (not a scale byte gathered per lane), int32 slot arithmetic, and the tile made in bf16 straight
+      from the decode (same values as the default's fp32 tile rounded to bf16).
+    - ``block_h``: heads per program (16, the default, as upstream; 32; 64). The split count and the plan are
+      unchanged (the selector still counts 16-head blocks); the grid's head dimension becomes ceil(h / block_h), so
+      with 64 every KV row is read once for all heads of a query instead of once per 16-head block. Per head the
+      same tiles and the same online-softmax steps; the dots are wider (M = block_h), which on a GPU may change the
+      order of the fp32 sums inside an MMA, within the error model (one dot's accumulation).
     - ``num_warps`` / ``num_stages``: launch options (None: the family's default; ``num_stages`` None leaves
       Triton's own default, which on NVIDIA pipelines the token loops through shared memory).
     """
@@ -616,11 +695,15 @@ class DecodeVariant:
     i32_offsets: bool = False
     rope16: bool = False
     k512: bool = False
+    bf16_tiles: bool = False
+    block_h: int | None = None
     extra_tile: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
 
     def __post_init__(self):
+        if self.block_h not in (None, 16, 32, 64):
+            raise ValueError(f"block_h: expected None, 16, 32 or 64, got {self.block_h!r}")
         if self.extra_tile not in (None, 32, 64):
             raise ValueError(f"extra_tile: expected None, 32 or 64, got {self.extra_tile!r}")
         for nm in ("num_warps", "num_stages"):
@@ -663,7 +746,7 @@ def parse_variants(spec: str) -> dict:
                 raise ValueError(f"{VARIANT_ENV}: unknown field {key!r} in {part!r} (expected one of {sorted(fields)})")
             if not eq:
                 kw[key] = True
-            elif key in ("i32_offsets", "rope16", "k512"):
+            elif key in ("i32_offsets", "rope16", "k512", "bf16_tiles"):
                 if val.strip() not in ("0", "1", "true", "false", "True", "False"):
                     raise ValueError(f"{VARIANT_ENV}: {key}={val!r}: expected 0/1/true/false")
                 kw[key] = val.strip() in ("1", "true", "True")
@@ -710,7 +793,7 @@ def _rows_2byte_aligned(*caches) -> bool:
 def _variant_meta(v: DecodeVariant, family: str, num_warps: int, caches) -> dict:
     """The constexprs and launch options a variant adds to a decode launch."""
     meta = {"I32_OFFS": v.i32_offsets, "ROPE16": v.rope16 and _rows_2byte_aligned(*caches),
-            "num_warps": v.num_warps or num_warps}
+            "BF16_TILES": v.bf16_tiles, "num_warps": v.num_warps or num_warps}
     if v.num_stages is not None:
         meta["num_stages"] = v.num_stages
     if family == "gfx950":
@@ -902,6 +985,10 @@ def sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: 
     # the one place the fp8 path is chosen: the Target gives the flavour, the device whether it converts it
     hw_fp8 = dict(HW_FP8_MAIN=hw_fp8_decode(is_fnuz_main), HW_FP8_EXTRA=hw_fp8_decode(is_fnuz_extra))
     variant = _variants[plan.family]
+    # heads per program: the plan's head blocks are BLOCK_H wide (the split selector counts them); a block_h
+    # variant covers them with fewer, wider programs (64: every KV row read once for all heads of a query)
+    bh = variant.block_h or BLOCK_H
+    head_progs = -(-num_heads // bh)
     scrub_extra = not trust_extra_nan_free
     ec, ei, ep = (extra_cache, extra_indices, extra_indptr) if has_extra else (main_cache, main_indices, main_indptr)
     main_args = (main_cache, main_indices, main_indptr, int(main_cache.shape[1]), int(main_cache.stride(0)),
@@ -910,27 +997,27 @@ def sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: 
     q_args = (q, q.stride(0), q.stride(1), q.stride(2))
     sink = attn_sink if attn_sink is not None else q
     if plan.family == "generic":
-        _launch(_sparse_decode_generic_kernel, (batch, plan.head_blocks),
+        _launch(_sparse_decode_generic_kernel, (batch, head_progs),
                 *q_args, *main_args, *extra_args, sink, out, out.stride(0), out.stride(1), num_heads, float(scale),
                 HAS_EXTRA=has_extra, HAS_SINK=attn_sink is not None, IS_FNUZ_MAIN=is_fnuz_main,
-                IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra, BLOCK_H_=BLOCK_H, BLOCK_K=GENERIC_BLOCK_K,
+                IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra, BLOCK_H_=bh, BLOCK_K=GENERIC_BLOCK_K,
                 **hw_fp8, **_variant_meta(variant, "generic", 8, (main_cache, ec)))
         return out
     ws = workspace
     part_args = (ws.part_m, ws.part_l, ws.part_acc, ws.part_m.stride(0), ws.part_m.stride(1),
                  ws.part_acc.stride(0), ws.part_acc.stride(1), ws.part_acc.stride(2))
-    grid = (batch, S, plan.head_blocks)
+    grid = (batch, S, head_progs)
     if plan.family == "gfx942":
         _launch(_sparse_decode_gfx942_partial_kernel, grid,
                 *q_args, *main_args, *extra_args, *part_args, num_heads, S, float(scale),
                 HAS_EXTRA=has_extra, IS_FNUZ_MAIN=is_fnuz_main, IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra,
-                BLOCK_H_=BLOCK_H, BLOCK_K=GFX942_BLOCK_K, **hw_fp8,
+                BLOCK_H_=bh, BLOCK_K=GFX942_BLOCK_K, **hw_fp8,
                 **_variant_meta(variant, "gfx942", 4, (main_cache, ec)))
     elif plan.family == "gfx950":
         _launch(_sparse_decode_gfx950_partial_kernel, grid,
                 *q_args, *main_args, *extra_args, *part_args, num_heads, S, plan.one_wave, float(scale * LOG2E),
                 HAS_EXTRA=has_extra, IS_FNUZ_MAIN=is_fnuz_main, IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra,
-                ADAPTIVE=plan.adaptive, BLOCK_H_=BLOCK_H, MAIN_TILE=GFX950_MAIN_TILE,
+                ADAPTIVE=plan.adaptive, BLOCK_H_=bh, MAIN_TILE=GFX950_MAIN_TILE,
                 EXTRA_TILE=variant.extra_tile or GFX950_EXTRA_TILE, TAIL_TILE=GFX950_TAIL_TILE, ITER_K=_splits.BLOCK_K,
                 **hw_fp8, **_variant_meta(variant, "gfx950", 4, (main_cache, ec)))
     else:

@@ -220,11 +220,19 @@ _VARIANT_CASE = _case(seed=5, batch=2, heads=17, main_bs=16, extra_bs=16, main_l
     ("gfx942", dec.DecodeVariant(i32_offsets=True, rope16=True, num_warps=8, num_stages=1)),
     ("gfx950", dec.DecodeVariant(i32_offsets=True, rope16=True, k512=True, num_stages=1)),
     ("gfx950", dec.DecodeVariant(extra_tile=32)),
-], ids=["generic", "gfx942", "gfx950-k512", "gfx950-x32"])
+    ("generic", dec.DecodeVariant(bf16_tiles=True, rope16=True)),
+    ("gfx942", dec.DecodeVariant(bf16_tiles=True)),
+    ("gfx950", dec.DecodeVariant(bf16_tiles=True, rope16=True)),
+    ("gfx942", dec.DecodeVariant(bf16_tiles=True, block_h=64, num_warps=8)),
+    ("gfx950", dec.DecodeVariant(bf16_tiles=True, rope16=True, block_h=32)),
+    ("generic", dec.DecodeVariant(block_h=64)),
+], ids=["generic", "gfx942", "gfx950-k512", "gfx950-x32", "generic-bf16", "gfx942-bf16", "gfx950-bf16",
+        "gfx942-h64", "gfx950-h32", "generic-h64"])
 def test_build_variants_compute_what_the_default_computes(target, variant):
-    """Every variant but ``extra_tile`` keeps the operands and the sums: the same bits as the default. The 32-wide
-    extra tile moves online-softmax step boundaries (rows with >= 64 extra tokens per split), so it agrees
-    within rounding and keeps NaN positions exactly."""
+    """Every variant but ``extra_tile`` and ``block_h`` keeps the operands and the sums: the same bits as the
+    default. The 32-wide extra tile moves online-softmax step boundaries (rows with >= 64 extra tokens per split),
+    and a wider head block makes each dot M = block_h rows (the matrix product may sum in another order), so those
+    agree within rounding and keep NaN positions exactly."""
     fam = get_target(target).decode_family
     plan = dec.plan_decode(target, 2, 17, 47, 220, cu_count=2)
     plan = dataclasses.replace(plan, num_splits=1) if fam != "generic" else plan
@@ -234,7 +242,7 @@ def test_build_variants_compute_what_the_default_computes(target, variant):
         _, got = _run(_VARIANT_CASE, target, plan=plan)
     assert dec.current_variant(fam) == dec.DEFAULT_VARIANTS[fam]
     assert torch.equal(got.isnan(), ref.isnan())
-    if variant.extra_tile is None:
+    if variant.extra_tile is None and variant.block_h is None:
         assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
     else:
         fin = ref.isfinite()
