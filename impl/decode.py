@@ -29,8 +29,8 @@ is open. Inf is never scrubbed.
 Dot operands are bf16 (exact for fp8 x 2^k products and bf16 RoPE; p is rounded to bf16 for the PV dot),
 accumulation fp32; every dot goes through ``impl.triton_helpers.dot``.
 
-How each family's kernel is built (int32 lane offsets, 16-bit RoPE reads, gfx950's K operand as one tile, its
-extra tile width, warps and pipeline stages) is a ``DecodeVariant`` (``DEFAULT_VARIANTS``, ``decode_variant``); the
+How each family's kernel is built (int32 lane offsets, 16-bit RoPE reads, bf16 tiles with group scales, heads per
+program, gfx950's extra tile width, warps and pipeline stages) is a ``DecodeVariant`` (``DEFAULT_VARIANTS``, ``decode_variant``); the
 defaults keep the structure SPEC 2 restates from upstream.
 
 Every launch goes through ``_launch``, which reports it to an optional launch observer (``set_launch_observer``,
@@ -191,8 +191,9 @@ def _kv_tile(cache, slots, valid, block_size, stride0, START: tl.constexpr, W: t
     x = tl.zeros((slots.shape[0], W), tl.bfloat16)
     if HAS_NOPE:
         G: tl.constexpr = W // _GROUP
-        codes = tl.load(row[:, None] + tl.where(is_nope, d, 0)[None, :], mask=valid[:, None] & is_nope[None, :],
-                        other=0)
+        # plain lane offsets under a mask (never clamped with a where): the compiler sees them contiguous and
+        # issues wide loads; a clamped offset vector made it load byte by byte (20x the L1 sectors, ncu)
+        codes = tl.load(row[:, None] + d[None, :], mask=valid[:, None] & is_nope[None, :], other=0)
         g = START // _GROUP + tl.arange(0, G)
         srow = base + block_size * _TOKEN_DATA + pos * _TOKEN_SCALE
         sc = tl.load(srow[:, None] + g[None, :], mask=valid[:, None] & (g < _NOPE // _GROUP)[None, :], other=0)
@@ -203,7 +204,7 @@ def _kv_tile(cache, slots, valid, block_size, stride0, START: tl.constexpr, W: t
             nope = tl.where(nope == nope, nope, 0.0)
         x = tl.where(is_nope[None, :], nope.to(tl.bfloat16), x)
     if HAS_ROPE:
-        lane = tl.where(is_nope, 0, d - _NOPE)
+        lane = d - _NOPE  # negative on NoPE lanes, which the mask keeps unread
         m_rope = valid[:, None] & (d >= _NOPE)[None, :]
         if ROPE16:
             w16 = tl.load((row + _NOPE).to(tl.pointer_type(tl.int16))[:, None] + lane[None, :], mask=m_rope,
@@ -392,27 +393,11 @@ def _sparse_decode_gfx942_partial_kernel(
 @triton.jit
 def _tile_base2(q512, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num_slots, block_size, stride0,
                 qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HW_FP8: tl.constexpr,
-                I32_OFFS: tl.constexpr, ROPE16: tl.constexpr, K512: tl.constexpr, BF16_TILES: tl.constexpr):
+                I32_OFFS: tl.constexpr, ROPE16: tl.constexpr, BF16_TILES: tl.constexpr):
     """One base-2 online-softmax step over the tokens at ragged positions ``offs``: four 128-lane tiles (the last
     is 64 NoPE + 64 RoPE lanes) joined into one [BK, 512] operand for a single QK dot; PV into four 128-lane
-    accumulators. Logits are in log2 units (scale * log2(e) folded into ``qk_scale2``).
-
-    K512 (a variant): the [BK, 512] operand is loaded as one tile (no join), and PV goes into one [BH, 512]
-    accumulator carried in ``a0`` (``a1``..``a3`` pass through untouched). Same operands, same dots per output
-    lane (each PV output lane still reduces over the same BK tokens)."""
+    accumulators. Logits are in log2 units (scale * log2(e) folded into ``qk_scale2``)."""
     slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
-    if K512:
-        kk = _load_kv(cache, slots, valid, tl.arange(0, 512), block_size, stride0, IS_FNUZ, SCRUB, True, True,
-                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
-        s = dot(q512, tl.trans(kk), tl.zeros((q512.shape[0], kk.shape[0]), tl.float32))
-        s = s * qk_scale2
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m2, tl.max(s, axis=1))
-        alpha = tl.exp2(m2 - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        a0 = dot(p.to(tl.bfloat16), kk, a0 * alpha[:, None])
-        return m_new, l_i, a0, a1, a2, a3
     if BF16_TILES:
         k0 = _kv_tile(cache, slots, valid, block_size, stride0, 0, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
         k1 = _kv_tile(cache, slots, valid, block_size, stride0, 128, 128, IS_FNUZ, SCRUB, True, False, HW_FP8,
@@ -466,7 +451,7 @@ def _sparse_decode_gfx950_partial_kernel(
         SCRUB_EXTRA: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_H_: tl.constexpr, MAIN_TILE: tl.constexpr,
         EXTRA_TILE: tl.constexpr, TAIL_TILE: tl.constexpr, ITER_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
         HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False,
-        K512: tl.constexpr = False, BF16_TILES: tl.constexpr = False):
+        BF16_TILES: tl.constexpr = False):
     """gfx950 split-K partial.
 
     Grid (b, S, ceil(h / BLOCK_H)), S frozen by the caller (graph capture keeps it). With ADAPTIVE, each row first
@@ -509,10 +494,7 @@ def _sparse_decode_gfx950_partial_kernel(
     q512 = tl.load(qrow + d512[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
     m2 = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
     l_i = tl.zeros((BLOCK_H_,), tl.float32)
-    if K512:
-        a0 = tl.zeros((BLOCK_H_, 512), tl.float32)
-    else:
-        a0 = tl.zeros((BLOCK_H_, 128), tl.float32)
+    a0 = tl.zeros((BLOCK_H_, 128), tl.float32)
     a1 = tl.zeros((BLOCK_H_, 128), tl.float32)
     a2 = tl.zeros((BLOCK_H_, 128), tl.float32)
     a3 = tl.zeros((BLOCK_H_, 128), tl.float32)
@@ -521,7 +503,7 @@ def _sparse_decode_gfx950_partial_kernel(
     for t0 in range(lo, hi, MAIN_TILE):
         m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, main_cache, main_idx, t0 + tm, hi,
                                               main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True,
-                                              HW_FP8_MAIN, I32_OFFS, ROPE16, K512, BF16_TILES)
+                                              HW_FP8_MAIN, I32_OFFS, ROPE16, BF16_TILES)
     if HAS_EXTRA:
         lo, hi = _split_slice(e_lo, e_hi, split, active)
         te = tl.arange(0, EXTRA_TILE).to(tl.int64)
@@ -530,24 +512,21 @@ def _sparse_decode_gfx950_partial_kernel(
             m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx,
                                                   lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
                                                   extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA,
-                                                  HW_FP8_EXTRA, I32_OFFS, ROPE16, K512, BF16_TILES)
+                                                  HW_FP8_EXTRA, I32_OFFS, ROPE16, BF16_TILES)
         tt = tl.arange(0, TAIL_TILE).to(tl.int64)
         for t0 in range(lo + n_full * EXTRA_TILE, hi, TAIL_TILE):
             m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx, t0 + tt,
                                                   hi, extra_num_slots, extra_bs, extra_stride0, qk_scale2,
-                                                  IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, I32_OFFS, ROPE16, K512, BF16_TILES)
+                                                  IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, I32_OFFS, ROPE16, BF16_TILES)
     tl.store(part_m + ml, tl.where(l_i == 0, -_FLT_MAX, m2 * _LN2), mask=hmask)
     tl.store(part_l + ml, l_i, mask=hmask)
     arow = (part_acc + b.to(tl.int64) * stride_ab + split.to(tl.int64) * stride_as
             + heads[:, None].to(tl.int64) * stride_ah)
-    if K512:
-        tl.store(arow + tl.arange(0, 512)[None, :], a0, mask=hmask[:, None])
-    else:
-        d128 = tl.arange(0, 128)
-        tl.store(arow + d128[None, :], a0, mask=hmask[:, None])
-        tl.store(arow + 128 + d128[None, :], a1, mask=hmask[:, None])
-        tl.store(arow + 256 + d128[None, :], a2, mask=hmask[:, None])
-        tl.store(arow + 384 + d128[None, :], a3, mask=hmask[:, None])
+    d128 = tl.arange(0, 128)
+    tl.store(arow + d128[None, :], a0, mask=hmask[:, None])
+    tl.store(arow + 128 + d128[None, :], a1, mask=hmask[:, None])
+    tl.store(arow + 256 + d128[None, :], a2, mask=hmask[:, None])
+    tl.store(arow + 384 + d128[None, :], a3, mask=hmask[:, None])
 
 
 #: the split count is a plain int to the compiler: one binary serves every S (a batch's S varies)
@@ -674,8 +653,6 @@ class DecodeVariant:
       per-lane offsets in int32 (same addresses; ``block * stride(0)`` is still int64).
     - ``rope16``: RoPE lanes read as 16-bit words, not byte pairs; used only when both caches' rows are 2-byte
       aligned (even ``stride(0)`` and base address), else the byte reads run.
-    - ``k512`` (gfx950): the K operand loaded as one [BK, 512] tile instead of four 128-lane tiles joined, PV into
-      one [BH, 512] accumulator (same operands and per-lane sums).
     - ``extra_tile`` (gfx950): the extra segment's full-tile width; 32 walks it in the 32-token steps upstream's
       kernel takes (it loads 64 and runs two 32-token steps), 64 (the default, SPEC 2) in one 64-token step. This
       changes the online-softmax step boundaries on rows with 64 or more extra tokens per split, within the error
@@ -694,7 +671,6 @@ class DecodeVariant:
 
     i32_offsets: bool = False
     rope16: bool = False
-    k512: bool = False
     bf16_tiles: bool = False
     block_h: int | None = None
     extra_tile: int | None = None
@@ -722,7 +698,7 @@ DEFAULT_VARIANTS = {"generic": DecodeVariant(i32_offsets=True, rope16=True, num_
                     "gfx942": DecodeVariant(i32_offsets=True, rope16=True),
                     "gfx950": DecodeVariant(i32_offsets=True, rope16=True)}
 #: ``SMV_DECODE_VARIANT``: per-family overrides read at import, e.g.
-#: ``gfx950:k512,i32_offsets,extra_tile=32,num_stages=1;gfx942:num_warps=8`` (audits and benchmarks of a variant)
+#: ``gfx950:bf16_tiles,block_h=64,num_warps=8;gfx942:num_warps=8`` (audits and benchmarks of a variant)
 VARIANT_ENV = "SMV_DECODE_VARIANT"
 
 
@@ -746,7 +722,7 @@ def parse_variants(spec: str) -> dict:
                 raise ValueError(f"{VARIANT_ENV}: unknown field {key!r} in {part!r} (expected one of {sorted(fields)})")
             if not eq:
                 kw[key] = True
-            elif key in ("i32_offsets", "rope16", "k512", "bf16_tiles"):
+            elif key in ("i32_offsets", "rope16", "bf16_tiles"):
                 if val.strip() not in ("0", "1", "true", "false", "True", "False"):
                     raise ValueError(f"{VARIANT_ENV}: {key}={val!r}: expected 0/1/true/false")
                 kw[key] = val.strip() in ("1", "true", "True")
@@ -778,7 +754,7 @@ def current_variant(family: str) -> DecodeVariant:
 
 @contextmanager
 def decode_variant(family: str, variant: "DecodeVariant | None"):
-    """``with decode_variant("gfx950", DecodeVariant(k512=True)): ...`` for the block, then the previous one."""
+    """``with decode_variant("gfx950", DecodeVariant(block_h=64)): ...`` for the block, then the previous one."""
     previous = set_decode_variant(family, variant)
     try:
         yield _variants[family]
@@ -796,8 +772,6 @@ def _variant_meta(v: DecodeVariant, family: str, num_warps: int, caches) -> dict
             "BF16_TILES": v.bf16_tiles, "num_warps": v.num_warps or num_warps}
     if v.num_stages is not None:
         meta["num_stages"] = v.num_stages
-    if family == "gfx950":
-        meta["K512"] = v.k512
     return meta
 
 

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 
 import impl  # noqa: F401
+from impl.runtime import triton_mode
 from contracts import decode as _decode_contracts  # noqa: F401  (registers the contracts)
 from contracts.core import CONTRACTS
 from fuzz.cases import CaseError
@@ -218,7 +219,7 @@ _VARIANT_CASE = _case(seed=5, batch=2, heads=17, main_bs=16, extra_bs=16, main_l
 @pytest.mark.parametrize("target,variant", [
     ("generic", dec.DecodeVariant(i32_offsets=True, rope16=True, num_warps=4, num_stages=1)),
     ("gfx942", dec.DecodeVariant(i32_offsets=True, rope16=True, num_warps=8, num_stages=1)),
-    ("gfx950", dec.DecodeVariant(i32_offsets=True, rope16=True, k512=True, num_stages=1)),
+    ("gfx950", dec.DecodeVariant(i32_offsets=True, rope16=True, num_stages=1)),
     ("gfx950", dec.DecodeVariant(extra_tile=32)),
     ("generic", dec.DecodeVariant(bf16_tiles=True, rope16=True)),
     ("gfx942", dec.DecodeVariant(bf16_tiles=True)),
@@ -226,13 +227,15 @@ _VARIANT_CASE = _case(seed=5, batch=2, heads=17, main_bs=16, extra_bs=16, main_l
     ("gfx942", dec.DecodeVariant(bf16_tiles=True, block_h=64, num_warps=8)),
     ("gfx950", dec.DecodeVariant(bf16_tiles=True, rope16=True, block_h=32)),
     ("generic", dec.DecodeVariant(block_h=64)),
-], ids=["generic", "gfx942", "gfx950-k512", "gfx950-x32", "generic-bf16", "gfx942-bf16", "gfx950-bf16",
+], ids=["generic", "gfx942", "gfx950", "gfx950-x32", "generic-bf16", "gfx942-bf16", "gfx950-bf16",
         "gfx942-h64", "gfx950-h32", "generic-h64"])
 def test_build_variants_compute_what_the_default_computes(target, variant):
     """Every variant but ``extra_tile`` and ``block_h`` keeps the operands and the sums: the same bits as the
     default. The 32-wide extra tile moves online-softmax step boundaries (rows with >= 64 extra tokens per split),
     and a wider head block makes each dot M = block_h rows (the matrix product may sum in another order), so those
-    agree within rounding and keep NaN positions exactly."""
+    agree within rounding and keep NaN positions exactly. Natively the compiler schedules each build's fp32 work
+    on its own (which products fuse, how an MMA orders its sums), so there every variant is held to the
+    rounding bound and the NaN positions, and bit identity is the interpreter's check."""
     fam = get_target(target).decode_family
     plan = dec.plan_decode(target, 2, 17, 47, 220, cu_count=2)
     plan = dataclasses.replace(plan, num_splits=1) if fam != "generic" else plan
@@ -242,7 +245,7 @@ def test_build_variants_compute_what_the_default_computes(target, variant):
         _, got = _run(_VARIANT_CASE, target, plan=plan)
     assert dec.current_variant(fam) == dec.DEFAULT_VARIANTS[fam]
     assert torch.equal(got.isnan(), ref.isnan())
-    if variant.extra_tile is None and variant.block_h is None:
+    if variant.extra_tile is None and variant.block_h is None and triton_mode() == "interpreter":
         assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
     else:
         fin = ref.isfinite()
@@ -254,10 +257,12 @@ def test_variant_launch_meta_and_the_rope16_alignment_guard():
     seen = []
     case = _VARIANT_CASE.replace(padded=False)
     with dec.launch_observer(lambda r: seen.append(dict(r.meta))):
-        with dec.decode_variant("gfx950", dec.DecodeVariant(rope16=True, k512=True, num_stages=1, num_warps=8)):
+        with dec.decode_variant("gfx950", dec.DecodeVariant(rope16=True, bf16_tiles=True, block_h=32, num_stages=1,
+                                                            num_warps=8)):
             _run(case, "gfx950")
     part = seen[0]
-    assert part["K512"] is True and part["num_stages"] == 1 and part["num_warps"] == 8
+    assert part["BF16_TILES"] is True and part["num_stages"] == 1 and part["num_warps"] == 8
+    assert part["BLOCK_H_"] == 32
     # the interpreter decodes fp8 from bits; the flags say so
     assert part["HW_FP8_MAIN"] is False and part["HW_FP8_EXTRA"] is False
     inp = fz.build_decode_inputs(case, get_target("gfx950"))
