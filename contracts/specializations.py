@@ -112,7 +112,7 @@ def specialize_value(value, param) -> tuple:
     align = not param.do_not_specialize_on_alignment
     key = _specialize(value, spec, align, param.is_const, param.name)
     ann = param.annotation_type
-    if ann and key[0] != "constexpr":
+    if ann:  # an annotated parameter keeps its type; an int 1 under it is (ann, 1), as Triton's binder writes it
         if ann == "u1" or ann[:2] in ("fp", "bf") or not spec:
             return (ann, None)
         return (ann,) + key[1:]

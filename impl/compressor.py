@@ -191,7 +191,9 @@ def _norm_rope_quant_store(c, t, pos, slot, w_ptr, cs_ptr, cs_row_stride, cache_
     store_bf16_bytes(data + 450 + 4 * pair, od_b)
 
 
-@triton.jit
+# do_not_specialize: state_block_size and block_size only split a position / slot into block and row (bs*576 is a multiple of 16
+# whatever bs is): nothing gains from their specialization; the strides keep theirs
+@triton.jit(do_not_specialize=["state_block_size", "block_size"])
 def _compress_single_pass_kernel(
         state_ptr, st_block_stride, st_row_stride, bt_ptr, bt_row_stride, state_block_size, req_ptr, pos_ptr,
         slot_ptr, w_ptr, cs_ptr, cs_row_stride, cache_ptr, cache_block_stride, block_size, eps, inter_ptr,
@@ -212,7 +214,8 @@ def _compress_single_pass_kernel(
                                block_size, eps, inter_ptr, STORE_INTER, RATIO, CAP, SANITIZE)
 
 
-@triton.jit
+# do_not_specialize: state_block_size only splits a position into state block and row
+@triton.jit(do_not_specialize=["state_block_size"])
 def _compress_partial_kernel(
         state_ptr, st_block_stride, st_row_stride, bt_ptr, bt_row_stride, state_block_size, req_ptr, pos_ptr,
         slot_ptr, ws_ptr, RATIO: tl.constexpr, R: tl.constexpr, COFF: tl.constexpr, ROWS: tl.constexpr,
@@ -235,7 +238,8 @@ def _compress_partial_kernel(
         tl.store(out + 1024, acc)
 
 
-@triton.jit
+# do_not_specialize: block_size only splits a slot into block and position (bs*576 is a multiple of 16 whatever bs is)
+@triton.jit(do_not_specialize=["block_size"])
 def _compress_finalize_kernel(
         pos_ptr, slot_ptr, ws_ptr, w_ptr, cs_ptr, cs_row_stride, cache_ptr, cache_block_stride, block_size, eps,
         inter_ptr, STORE_INTER: tl.constexpr, RATIO: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr,

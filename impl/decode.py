@@ -300,7 +300,7 @@ def _accumulate_segments(
     return m_i, l_i, acc_n, acc_r
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["main_bs", "main_num_slots", "extra_bs", "extra_num_slots", "num_heads"])
 def _sparse_decode_generic_kernel(
         q, stride_qb, stride_qh, stride_qd,
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
@@ -348,7 +348,7 @@ def _sparse_decode_generic_kernel(
 
 
 #: the split count is a plain int to the compiler: one binary serves every S (a batch's S varies)
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "main_bs", "main_num_slots", "extra_bs", "extra_num_slots", "num_heads"])
 def _sparse_decode_gfx942_partial_kernel(
         q, stride_qb, stride_qh, stride_qd,
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
@@ -440,7 +440,8 @@ def _row_iters(len_m, len_e, s, K: tl.constexpr):
 
 
 #: the split count is a plain int to the compiler: one binary serves every S (a batch's S varies)
-@triton.jit(do_not_specialize=["num_splits", "one_wave"])
+@triton.jit(do_not_specialize=["num_splits", "one_wave", "main_bs", "main_num_slots", "extra_bs", "extra_num_slots",
+                               "num_heads"])
 def _sparse_decode_gfx950_partial_kernel(
         q, stride_qb, stride_qh, stride_qd,
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,

@@ -199,7 +199,8 @@ def _pow2_bits(e):
     return ((e + 127) << 23).to(tl.float32, bitcast=True)
 
 
-@triton.jit
+# do_not_specialize: num_groups only masks the group lanes (g < num_groups): nothing gains from its specialization
+@triton.jit(do_not_specialize=["num_groups"])
 def _mxfp8_quantize_kernel(x, stride_xr, codes, stride_cr, scales, stride_sr, num_groups,
                            CAP: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr,
                            LOW_AMAX: tl.constexpr, LOW_SHIFT: tl.constexpr, IN_BF16: tl.constexpr):

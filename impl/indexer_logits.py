@@ -136,7 +136,9 @@ def _load_q_heads(q_row, stride_qh, NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr
     return _fp8_operand(codes, IS_FNUZ, HW_FP8), h_ok
 
 
-@triton.jit
+# do_not_specialize: block_size only splits a position into page (n // bs) and in-page row (n % bs), and bs*128 is a multiple of 16
+# whatever bs is; max_model_len only masks columns: neither gains from specialization (the strides keep theirs)
+@triton.jit(do_not_specialize=["block_size", "max_model_len"])
 def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
                              cache_ptr, stride_cache_blk, block_size,
                              w_ptr, stride_w,
@@ -200,7 +202,8 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
             tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
 
 
-@triton.jit
+# do_not_specialize: num_keys only masks columns (pos < num_keys): nothing gains from its specialization
+@triton.jit(do_not_specialize=["num_keys"])
 def _mqa_logits_kernel(q_ptr, stride_qt, stride_qh,
                        k_ptr, stride_k, ks_scale_ptr, stride_kscale,
                        w_ptr, stride_w,

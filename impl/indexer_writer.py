@@ -178,7 +178,8 @@ def quantize_mxfp4_blocks(x):
     return nib, codes
 
 
-@triton.jit
+# do_not_specialize: block_size only splits a slot into block and position (bs*128 is a multiple of 16 whatever bs is)
+@triton.jit(do_not_specialize=["block_size"])
 def _indexer_k_quant_kernel(k_ptr, k_row_stride, slot_ptr, cache_ptr, cache_block_stride, block_size,
                             IN_BF16: tl.constexpr, DIV: tl.constexpr, IS_FNUZ: tl.constexpr, POW2: tl.constexpr,
                             SHUFFLE: tl.constexpr):
@@ -202,7 +203,9 @@ def _indexer_k_quant_kernel(k_ptr, k_row_stride, slot_ptr, cache_ptr, cache_bloc
         store_u32_bytes(base + block_size * 128 + 4 * pos, scale.to(tl.int32, bitcast=True))
 
 
-@triton.jit
+# do_not_specialize: state_block_size and block_size only split a position / slot into block and row: nothing gains from their
+# specialization; the strides keep theirs
+@triton.jit(do_not_specialize=["state_block_size", "block_size"])
 def _indexer_compress_kernel(
         state_ptr, st_block_stride, st_row_stride, bt_ptr, bt_row_stride, state_block_size, req_ptr, pos_ptr,
         slot_ptr, w_ptr, cs_ptr, cs_row_stride, cache_ptr, cache_block_stride, block_size, eps, inter_ptr,
