@@ -39,6 +39,10 @@ ROPE_OVERFLOW_WEIGHT_KINDS = ("huge-rope", "rope-near-max")
 #: or 0 and hide the +-inf lanes this branch is for)
 NORM_SAFE_KINDS = ("denormal", "zero-group")
 
+#: The writers take ``block_size`` under ``do_not_specialize`` (it only splits a slot into block and position), so
+#: these sizes cost no extra binaries natively; what the compiler sees is the block stride's alignment (bs * 584
+#: bytes: even sizes aligned, odd not). They are kept for the slot arithmetic they exercise (a block of one, blocks
+#: of 2..7 with partial last blocks, 16) (benchmarks/GPU_THROUGHPUT.md).
 BLOCK_SIZES = (1, 2, 3, 5, 7, 16)
 
 

@@ -23,6 +23,14 @@ from impl.targets import Target
 
 INT32_MIN = -(2 ** 31)
 INT32_MAX = 2 ** 31 - 1
+#: Block sizes and head counts are drawn from a few classes, and that also bounds what a native run compiles
+#: (benchmarks/GPU_THROUGHPUT.md). The kernels take ``num_heads`` and the block sizes under ``do_not_specialize``,
+#: so the compiler tells them apart only through what they make: a block's stride (bs * 584 bytes dense, 16-byte
+#: aligned for an even bs; the padded stride always aligned), whether a view one block into its pool is aligned,
+#: and the split-K workspace strides (H, S * H: 1, a multiple of 16 or neither). 1 (a block of one token: block =
+#: slot), 2 (even: aligned rows), 5 and 61 (odd, 61 prime: unaligned rows; partial last blocks) reach every class
+#: and every masking path; heads 1, 3 (a partial head block) and 16 (a full one, aligned strides) likewise. More
+#: values would add no code path and no binary, only slower shrinking.
 BLOCK_SIZES = (1, 2, 5, 61)
 HEADS = (1, 3, 16)
 SCALES = (0.03125, 0.0625, 0.11, 0.3)
