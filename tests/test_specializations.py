@@ -137,3 +137,27 @@ def test_generic_decode_specializations_stay_bounded_and_a_planted_one_breaks_th
     monkeypatch.setitem(kernel.kwargs, "do_not_specialize", planted)
     monkeypatch.setattr(kernel, "__smv_params__", None, raising=False)
     assert _generic_decode_keys() > GENERIC_DECODE_BOUND
+
+
+# --- audit.json 7 ---------------------------------------------------------------------------------------------------
+
+def test_schema_7_requires_each_rows_specializations(tmp_path):
+    from contracts import reports
+    from contracts.audit import run_audit
+
+    doc, code = run_audit(["indexer-writer-exact"], ["generic"], budget=60, profile="dev", max_cases=6, seed=1,
+                          progress=False, report_dir=str(tmp_path))
+    assert code == 0 and doc["schema_version"] == reports.AUDIT_SCHEMA_VERSION == 7
+    assert reports.validate(doc, reports.audit_schema(7)) == []
+    assert doc["run"]["specializations_source"] == ("predicted" if INTERPRETER else "compiled")
+    (row,) = doc["results"]
+    spec = row["specializations"]
+    if INTERPRETER:  # natively an earlier test of the process may have compiled them already
+        assert set(spec) == {"impl.indexer_writer._indexer_k_quant_kernel",
+                             "impl.indexer_writer._indexer_compress_kernel"}
+        assert all(1 <= n <= row["cases"] for n in spec.values())
+    broken = dict(doc, results=[{k: v for k, v in row.items() if k != "specializations"}])
+    assert any("specializations" in e for e in reports.validate(broken, reports.audit_schema(7)))
+    assert reports.validate(broken, reports.audit_schema(6)) == []
+    no_source = dict(doc, run={k: v for k, v in doc["run"].items() if k != "specializations_source"})
+    assert any("specializations_source" in e for e in reports.validate(no_source, reports.audit_schema(7)))
