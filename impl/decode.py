@@ -534,38 +534,43 @@ def _sparse_decode_gfx950_partial_kernel(
 @triton.jit(do_not_specialize=["num_splits"])
 def _sparse_decode_reduce_kernel(part_m, part_l, part_acc, stride_mb, stride_ms, stride_ab, stride_as, stride_ah,
                                  sink, out, stride_ob, stride_oh, num_splits,
-                                 HAS_SINK: tl.constexpr, ADAPTIVE: tl.constexpr):
+                                 HAS_SINK: tl.constexpr, ADAPTIVE: tl.constexpr, SPLITS_PAD: tl.constexpr = 1):
     """Combine split partials into the bf16 output.
 
     Grid (b, h). m = max over splits of part_m, then with the sink; w_s = e^(m_s - m);
     l = sum w_s l_s + e^(sink - m); out = sum w_s acc_s / max(l, 1e-30), or 0 when l <= 0. With ADAPTIVE, splits
-    whose m is -FLT_MAX are skipped outright: their acc may be stale or NaN (inactive splits never write it)."""
+    whose m is -FLT_MAX are skipped outright: their acc may be stale or NaN (inactive splits never write it).
+    m and l come from one vector load of every split (SPLITS_PAD: the split count rounded up to a power of two),
+    so both are tree reductions, as upstream's reduce makes them."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, 512)
     mrow = b.to(tl.int64) * stride_mb + h
     arow = part_acc + b.to(tl.int64) * stride_ab + h.to(tl.int64) * stride_ah + d
-    # loop-carried values must keep one type: fp32 scalars from the start
-    m = tl.full((), -_FLT_MAX, tl.float32)
-    for s in range(0, num_splits):
-        m = tl.maximum(m, tl.load(part_m + mrow + s * stride_ms))
+    # every split's m and l in one vector load (SPLITS_PAD = S rounded up to a power of two, padding masked), so
+    # the max and l are tree reductions with no chain of dependent loads; only the acc rows are walked
+    sp = tl.arange(0, SPLITS_PAD)
+    smask = sp < num_splits
+    m_all = tl.load(part_m + mrow + sp * stride_ms, mask=smask, other=-_FLT_MAX)
+    l_all = tl.load(part_l + mrow + sp * stride_ms, mask=smask, other=0.0)
+    m = tl.max(m_all, axis=0)
     if HAS_SINK:
         sink_val = tl.load(sink + h)
         m = tl.maximum(m, sink_val)
-    l = tl.zeros((), tl.float32)
+    w_all = tl.exp(m_all - m)
+    if ADAPTIVE:
+        # a select, not a product: 0 * NaN would still be NaN
+        l = tl.sum(tl.where(smask & (m_all != -_FLT_MAX), w_all * l_all, 0.0), axis=0)
+    else:
+        l = tl.sum(tl.where(smask, w_all * l_all, 0.0), axis=0)
     acc = tl.zeros((512,), tl.float32)
     for s in range(0, num_splits):
         m_s = tl.load(part_m + mrow + s * stride_ms)
-        l_s = tl.load(part_l + mrow + s * stride_ms)
         acc_s = tl.load(arow + s * stride_as)
         w = tl.exp(m_s - m)
         if ADAPTIVE:
-            # a select, not a product: 0 * NaN would still be NaN
-            live = m_s != -_FLT_MAX
-            l = l + tl.where(live, w * l_s, 0.0)
-            acc = acc + tl.where(live, w * acc_s, 0.0)
+            acc = acc + tl.where(m_s != -_FLT_MAX, w * acc_s, 0.0)
         else:
-            l = l + w * l_s
             acc = acc + w * acc_s
     if HAS_SINK:
         l = l + tl.exp(sink_val - m)
@@ -689,15 +694,22 @@ class DecodeVariant:
                 raise ValueError(f"{nm}: expected None or a positive int, got {v!r}")
 
 
-#: the variant each family launches with: measured side by side on an H200 (benchmarks/decode_variants.py, CUDA-graph
-#: medians; benchmarks/DECODE_PERF.md has the table), each is faster than the plain build at batch 1, 64 and 512 and
-#: computes the same values (same operands, same accumulation order; it differs from the plain build by at most one
-#: bf16 rounding of the output, as compiler scheduling does). generic 220/464/3952 -> 212/374/3040 us, gfx942
-#: 35.4/509/4296 -> 33.1/455/3836 us, gfx950 31.0/642/4945 -> 28.6/550/4652 us. extra_tile=32 (gfx950, faster
-#: still) changes the accumulation order and is left opt-in.
-DEFAULT_VARIANTS = {"generic": DecodeVariant(i32_offsets=True, rope16=True, num_stages=1),
-                    "gfx942": DecodeVariant(i32_offsets=True, rope16=True),
-                    "gfx950": DecodeVariant(i32_offsets=True, rope16=True)}
+#: the variant each family launches with, measured side by side with upstream's kernels on an H200 (Triton 3.6,
+#: benchmarks/decode_variants.py, CUDA-graph medians at batch 1 / 64 / 512, 64 heads, 128 + 512 tokens; ours vs
+#: upstream's, benchmarks/DECODE_PERF.md has the table): generic 139 / 200 / 1662 us vs 244 / 520 / 4180, gfx942
+#: 18.8 / 147 / 1230 vs 24.6 / 211 / 1745, gfx950 22.4 / 139 / 1050 vs 23.8 / 195 / 1432. bf16 tiles compute the
+#: default's operands; gfx950's extra_tile=32 walks the extra segment in the 32-token online-softmax steps upstream's
+#: kernel takes (it loads 64 tokens and runs two 32-token steps), so its step boundaries are upstream's.
+DEFAULT_VARIANTS = {"generic": DecodeVariant(bf16_tiles=True, rope16=True, num_stages=1),
+                    "gfx942": DecodeVariant(bf16_tiles=True, rope16=True, num_stages=1),
+                    "gfx950": DecodeVariant(bf16_tiles=True, rope16=True, extra_tile=32)}
+#: the opt-in single-read build per family (issue 15 item 4): one program per (query, split) holds all 64 heads,
+#: so every KV row is read once, not once per 16-head block (``decode_variant(f, SINGLE_READ_VARIANTS[f])`` or
+#: ``SMV_DECODE_VARIANT``). gfx950 needs the 32-token extra step to fit shared memory (246 KB at 64 tokens).
+SINGLE_READ_VARIANTS = {
+    "generic": DecodeVariant(bf16_tiles=True, rope16=True, block_h=64, num_warps=8, num_stages=1),
+    "gfx942": DecodeVariant(bf16_tiles=True, rope16=True, block_h=64, num_warps=8),
+    "gfx950": DecodeVariant(bf16_tiles=True, rope16=True, block_h=64, num_warps=8, extra_tile=32)}
 #: ``SMV_DECODE_VARIANT``: per-family overrides read at import, e.g.
 #: ``gfx950:bf16_tiles,block_h=64,num_warps=8;gfx942:num_warps=8`` (audits and benchmarks of a variant)
 VARIANT_ENV = "SMV_DECODE_VARIANT"
@@ -1008,7 +1020,7 @@ def _launch_reduce(ws: DecodeWorkspace, attn_sink: torch.Tensor | None, out: tor
     sink = attn_sink if attn_sink is not None else ws.part_m
     _launch(_sparse_decode_reduce_kernel, (batch, num_heads),
             *part_args, sink, out, out.stride(0), out.stride(1), S,
-            HAS_SINK=attn_sink is not None, ADAPTIVE=adaptive, num_warps=4)
+            HAS_SINK=attn_sink is not None, ADAPTIVE=adaptive, SPLITS_PAD=triton.next_power_of_2(S), num_warps=4)
 
 
 def decode_reduce(workspace: DecodeWorkspace, *, attn_sink: torch.Tensor | None = None, adaptive: bool = False,

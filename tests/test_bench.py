@@ -715,6 +715,9 @@ def test_decode_variants_names_valid_variants_and_parses_them_from_the_environme
         assert len({n for n, _ in vs}) == len(vs), family
         for _, fields in vs:
             D.DecodeVariant(**fields)
+    for family, vs in dv.VARIANTS.items():  # the benchmark times the single-read build the library names
+        if "single-read" in dict(vs):
+            assert D.DecodeVariant(**dict(vs)["single-read"]) == D.SINGLE_READ_VARIANTS[dv.KERNEL_FAMILY[family]]
     got = D.parse_variants("gfx950:bf16_tiles,block_h=64,extra_tile=32,num_stages=1; "
                            "gfx942:i32_offsets,rope16=0,num_warps=8")
     assert got == {"gfx950": D.DecodeVariant(bf16_tiles=True, block_h=64, extra_tile=32, num_stages=1),
