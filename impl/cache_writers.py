@@ -95,8 +95,9 @@ def store_bf16_bytes(dst, values):
     tl.store(dst + 1, ((bits >> 8) & 0xFF).to(tl.uint8))
 
 
-# do_not_specialize: block_size only splits a slot into block and position (and bs*576 is a multiple of 16 whatever bs is): a 1 or a
-# multiple of 16 enables nothing; cache_block_stride stays specialized (its divisibility aligns the block's rows)
+# do_not_specialize: block_size only splits a slot into block and position (and bs*576 is a multiple of 16 whatever bs
+# is): a 1 or a multiple of 16 enables nothing; cache_block_stride stays specialized (its divisibility aligns the
+# block's rows)
 @triton.jit(do_not_specialize=["block_size"])
 def _swa_insert_kernel(k_ptr, k_row_stride, slot_ptr, cache_ptr, cache_block_stride, block_size,
                        FP8_MAX: tl.constexpr, IS_FNUZ: tl.constexpr, CAP: tl.constexpr):

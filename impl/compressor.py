@@ -191,8 +191,8 @@ def _norm_rope_quant_store(c, t, pos, slot, w_ptr, cs_ptr, cs_row_stride, cache_
     store_bf16_bytes(data + 450 + 4 * pair, od_b)
 
 
-# do_not_specialize: state_block_size and block_size only split a position / slot into block and row (bs*576 is a multiple of 16
-# whatever bs is): nothing gains from their specialization; the strides keep theirs
+# do_not_specialize: state_block_size and block_size only split a position / slot into block and row (bs*576 is a
+# multiple of 16 whatever bs is): nothing gains from their specialization; the strides keep theirs
 @triton.jit(do_not_specialize=["state_block_size", "block_size"])
 def _compress_single_pass_kernel(
         state_ptr, st_block_stride, st_row_stride, bt_ptr, bt_row_stride, state_block_size, req_ptr, pos_ptr,

@@ -136,8 +136,9 @@ def _load_q_heads(q_row, stride_qh, NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr
     return _fp8_operand(codes, IS_FNUZ, HW_FP8), h_ok
 
 
-# do_not_specialize: block_size only splits a position into page (n // bs) and in-page row (n % bs), and bs*128 is a multiple of 16
-# whatever bs is; max_model_len only masks columns: neither gains from specialization (the strides keep theirs)
+# do_not_specialize: block_size only splits a position into page (n // bs) and in-page row (n % bs), and bs*128 is a
+# multiple of 16 whatever bs is; max_model_len only masks columns: neither gains from specialization (the strides keep
+# theirs)
 @triton.jit(do_not_specialize=["block_size", "max_model_len"])
 def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
                              cache_ptr, stride_cache_blk, block_size,

@@ -203,8 +203,8 @@ def _indexer_k_quant_kernel(k_ptr, k_row_stride, slot_ptr, cache_ptr, cache_bloc
         store_u32_bytes(base + block_size * 128 + 4 * pos, scale.to(tl.int32, bitcast=True))
 
 
-# do_not_specialize: state_block_size and block_size only split a position / slot into block and row: nothing gains from their
-# specialization; the strides keep theirs
+# do_not_specialize: state_block_size and block_size only split a position / slot into block and row: nothing gains
+# from their specialization; the strides keep theirs
 @triton.jit(do_not_specialize=["state_block_size", "block_size"])
 def _indexer_compress_kernel(
         state_ptr, st_block_stride, st_row_stride, bt_ptr, bt_row_stride, state_block_size, req_ptr, pos_ptr,

@@ -102,9 +102,9 @@ def _load_rows(base, rows_off, lanes, row_mask, lane_mask, stride_d, IN_BF16: tl
     return load_as_f32(ptrs, row_mask[:, None] & lane_mask[None, :], IN_BF16)
 
 
-# do_not_specialize: num_kv bounds the slot check (raw < num_kv), dense_width clamps a dense row's length and num_heads masks the
-# head block: bounds and masks only, so a 1 or a multiple of 16 enables nothing; the strides stay specialized
-# (their divisibility lets the loads vectorize)
+# do_not_specialize: num_kv bounds the slot check (raw < num_kv), dense_width clamps a dense row's length and
+# num_heads masks the head block: bounds and masks only, so a 1 or a multiple of 16 enables nothing; the strides stay
+# specialized (their divisibility lets the loads vectorize)
 @triton.jit(do_not_specialize=["num_kv", "dense_width", "num_heads"])
 def _sparse_attn_prefill_kernel(
         q, stride_qs, stride_qh, stride_qd,
