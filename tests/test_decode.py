@@ -264,8 +264,10 @@ def test_variant_launch_meta_and_the_rope16_alignment_guard():
     part = seen[0]
     assert part["BF16_TILES"] is True and part["num_stages"] == 1 and part["num_warps"] == 8
     assert part["BLOCK_H_"] == 32
-    # the interpreter decodes fp8 from bits; the flags say so
-    assert part["HW_FP8_MAIN"] is False and part["HW_FP8_EXTRA"] is False
+    # the flags are what hw_fp8_decode says for gfx950's flavours here (bits under the interpreter)
+    t = get_target("gfx950")
+    assert part["HW_FP8_MAIN"] is dec.hw_fp8_decode(t.main_cache_is_fnuz)
+    assert part["HW_FP8_EXTRA"] is dec.hw_fp8_decode(t.extra_cache_is_fnuz)
     inp = fz.build_decode_inputs(case, get_target("gfx950"))
     assert part["ROPE16"] is (inp.main_cache.stride(0) % 2 == 0 and inp.extra_cache.stride(0) % 2 == 0
                               and inp.main_cache.data_ptr() % 2 == 0 and inp.extra_cache.data_ptr() % 2 == 0)
