@@ -34,8 +34,9 @@ METRICS = [
     ("instM", "smsp__inst_executed.sum"),
     ("ldsectM", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"),
 ]
-STALL_PREFIX = "smsp__average_warp_latency_issue_stalled_"
-STALL_PREFIX2 = "smsp__pcsamp_warps_issue_stalled_"
+#: ncu's stall reasons: warps stalled per issued instruction, by reason (``..._<reason>_per_issue_active.ratio``)
+STALL_PREFIX = "smsp__average_warps_issue_stalled_"
+STALL_SUFFIX = "_per_issue_active.ratio"
 
 
 def _run(rows: list[str], batch: int) -> int:
@@ -101,7 +102,7 @@ def summarize(path: Path) -> str:
     col = {h: i for i, h in enumerate(head)}
     unit = {h: (units[i] if units else "") for h, i in col.items()}
     lines = []
-    hdr = f"{'kernel':<44} " + " ".join(f"{n:>8}" for n, _ in METRICS) + "  top stalls (cycles per issued instr)"
+    hdr = f"{'kernel':<44} " + " ".join(f"{n:>8}" for n, _ in METRICS) + "  top stalls (warps stalled per issued instruction)"
     lines.append(hdr)
     for r in data:
         name = r[col["Kernel Name"]] if "Kernel Name" in col else r[0]
@@ -120,10 +121,10 @@ def summarize(path: Path) -> str:
             vals.append("-" if v is None else (f"{v:.1f}" if abs(v) < 1e5 else f"{v:.3g}"))
         stalls = []
         for h, i in col.items():
-            if h.startswith(STALL_PREFIX) and h.endswith(".ratio"):
+            if h.startswith(STALL_PREFIX) and h.endswith(STALL_SUFFIX):
                 v = _num(r[i])
                 if v:
-                    stalls.append((v, h[len(STALL_PREFIX):-len(".ratio")]))
+                    stalls.append((v, h[len(STALL_PREFIX):-len(STALL_SUFFIX)]))
         stalls.sort(reverse=True)
         top = ", ".join(f"{k} {v:.1f}" for v, k in stalls[:4])
         lines.append(f"{name[:44]:<44} " + " ".join(f"{v:>8}" for v in vals) + "  " + top)

@@ -767,3 +767,27 @@ def test_decode_variants_skips_only_calls_that_faulted_in_their_compile_worker()
         {"job": "gfx942 w8", "ok": False, "error": "OutOfResources: out of resource: shared memory"},
         {"job": "generic default", "ok": True}])
     assert list(got) == ["gfx950 k512"]  # a compile failure is retried (and reported) by the main process
+
+
+def test_profile_decode_summarizes_an_ncu_raw_export(tmp_path):
+    """benchmarks/profile_decode.py --summarize reads ncu's ``--csv --page raw`` shape (metric names, a unit row,
+    one row per launch): durations in microseconds, shared memory in KiB, the stall reasons largest first."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("profile_decode", ROOT / "benchmarks" / "profile_decode.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    stall = mod.STALL_PREFIX + "{}" + mod.STALL_SUFFIX
+    head = ["ID", "Kernel Name", "gpu__time_duration.sum", "launch__shared_mem_per_block_dynamic",
+            stall.format("long_scoreboard"), stall.format("wait"), stall.format("lg_throttle")]
+    units = ["", "", "nsecond", "byte", "", "", ""]
+    rows = [["0", "_sparse_decode_gfx942_partial_kernel", "144,500", "88064", "1.5", "0.25", "7.75"],
+            ["1", "_sparse_attn_decode_partial_kernel", "204000", "90112", "1.0", "2.0", "0"]]
+    path = tmp_path / "raw.csv"
+    path.write_text("\n".join(",".join(f'"{c}"' for c in r) for r in [head, units, *rows]) + "\n")
+    lines = mod.summarize(path).splitlines()
+    assert lines[0].startswith("kernel") and len(lines) == 3
+    ours, up = lines[1], lines[2]
+    assert ours.startswith("_sparse_decode_gfx942_partial_kernel") and " 144.5 " in ours and " 86.0 " in ours
+    assert ours.index("lg_throttle 7.8") < ours.index("long_scoreboard 1.5") < ours.index("wait 0.2")
+    assert " 204.0 " in up and "lg_throttle" not in up  # a zero stall is not listed
