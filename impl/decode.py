@@ -13,7 +13,12 @@ An empty row without a sink gives 0. Which kernels run is decided by the ``Targe
   separate NoPE/RoPE dots, then the reduce.
 - ``gfx950``: split-K partial with four 128-wide tiles of the 512 lanes (the last one 64 NoPE + 64 RoPE) joined
   into one QK dot, four 128-wide PV accumulators, base-2 softmax, the main segment in guarded 32-token tiles, the
-  extra segment in 64-token tiles then at most two 32-token tails; optional adaptive splits. Then the reduce.
+  extra segment in 32-token online-softmax steps (upstream's: it loads 64 tokens and runs two 32-token steps;
+  ``extra_tile=64`` makes it one 64-token step, then at most two 32-token tails); optional adaptive splits. Then
+  the reduce.
+
+The grids' 16-head blocks are the defaults' (and upstream's); a ``block_h`` variant widens them (64: one program
+per query and split, every KV row read once, ``SINGLE_READ_VARIANTS``).
 
 Cache reads: a slot is valid when it lies inside its row's indptr range and 0 <= slot < num_blocks * block_size;
 anything else (-1, INT32 extremes, slots past the cache) is masked and never dereferenced. Blocks are addressed
