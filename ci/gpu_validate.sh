@@ -23,9 +23,14 @@ status=0
 for step in $steps; do
   case "$step" in
     tests)
-      python3 -m pytest -q -n 8 -p no:cacheprovider --ignore=tests/test_zoo.py --junitxml="$out/pytest.xml" \
-        >"$out/pytest.txt" 2>&1 || status=1
-      tail -5 "$out/pytest.txt" ;;
+      # one line per test (-v): a run cut by an outer time limit still names what failed; most of the suite's time
+      # on a cold host is compiling, which parallelizes over the host's cores
+      workers="${SMV_GPU_TEST_WORKERS:-$(n=$(nproc); [ "$n" -gt 4 ] && echo $((n - 2)) || echo 2)}"
+      python3 -m pytest -v -n "$workers" -p no:cacheprovider --ignore=tests/test_zoo.py -rfE \
+        --junitxml="$out/pytest.xml" >"$out/pytest.txt" 2>&1 || status=1
+      grep -E '(FAILED|ERROR) ' "$out/pytest.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //; s/ +(- .*)?$//' \
+        | sort -u | tail -20
+      tail -1 "$out/pytest.txt" ;;
     audit)
       python3 -m contracts.cli audit --profile ci --max-cases 0 --budget "${SMV_GPU_AUDIT_BUDGET:-540}" --report "$out" --no-progress \
         >"$out/audit.txt" 2>&1 || status=1
