@@ -315,7 +315,9 @@ def build_decode_inputs(case: DecodeCase, target: Target, device: str | None = N
 
 # --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
 
-#: the extra segment's tile per decode family (impl/decode.py: gfx950 64-token tiles, gfx942 BLOCK_K 32, generic 16)
+#: the extra segment's tile per decode family (impl/decode.py: gfx942 BLOCK_K 32, generic 16; gfx950 64, the tokens
+#: upstream loads per step of its extra loop, whose two 32-token softmax steps our default takes too, so lengths 63, 64
+#: and 65 cross both the 64-token load boundary and the 32-token step boundaries)
 EXTRA_TILE = {"gfx950": 64, "gfx942": 32, "generic": 16}
 EXTRA_LEN_CLASSES = ("swa-only", "0", "1", "t-1", "t", "t+1")
 INVALID_CLASSES = ("none", "in-pool", "int32")
