@@ -45,36 +45,32 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 #: (name, DecodeVariant fields) per row family, most telling first (a run cut by its budget keeps those). "default"
-#: is the family's ``DEFAULT_VARIANTS`` entry, "bits" the same with the hardware fp8 conversion off, "plain" the
-#: kernels with no variant field set.
+#: is the family's ``DEFAULT_VARIANTS`` entry, "bits" the same with the hardware fp8 conversion off.
 VARIANTS = {
     "gfx950": [
         ("default", {}),
-        ("single-read", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=8, extra_tile=32)),
-        ("single-read+w16", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=16, extra_tile=32)),
-        ("bf16+x32+stages1", dict(bf16_tiles=True, rope16=True, extra_tile=32, num_stages=1)),
-        ("bf16", dict(bf16_tiles=True, rope16=True)),
-        ("bf16+h32+w8+x32", dict(bf16_tiles=True, rope16=True, block_h=32, num_warps=8, extra_tile=32)),
-        ("plain", dict()),
+        ("single-read", dict(rope16=True, block_h=64, num_warps=8, extra_tile=32)),
+        ("single-read+w16", dict(rope16=True, block_h=64, num_warps=16, extra_tile=32)),
+        ("x32+stages1", dict(rope16=True, extra_tile=32, num_stages=1)),
+        ("x64", dict(rope16=True, extra_tile=64)),
+        ("h32+w8", dict(rope16=True, block_h=32, num_warps=8, extra_tile=32)),
         ("bits", {}),
     ],
     "gfx942": [
         ("default", {}),
-        ("single-read", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=8)),
-        ("single-read+w16", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=16)),
-        ("bf16", dict(bf16_tiles=True, rope16=True)),
-        ("bf16+h32+w8", dict(bf16_tiles=True, rope16=True, block_h=32, num_warps=8)),
-        ("plain", dict()),
+        ("single-read", dict(rope16=True, block_h=64, num_warps=8)),
+        ("single-read+w16", dict(rope16=True, block_h=64, num_warps=16)),
+        ("stages-default", dict(rope16=True)),
+        ("h32+w8", dict(rope16=True, block_h=32, num_warps=8)),
         ("bits", {}),
     ],
     "generic": [
         ("default", {}),
-        ("single-read", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=8, num_stages=1)),
-        ("plain", dict()),
+        ("single-read", dict(rope16=True, block_h=64, num_warps=8, num_stages=1)),
     ],
     "gfx942-fnuz": [
         ("default", {}),
-        ("single-read", dict(bf16_tiles=True, rope16=True, block_h=64, num_warps=8)),
+        ("single-read", dict(rope16=True, block_h=64, num_warps=8)),
     ],
 }
 #: the kernel family (impl.decode's) each row family launches

@@ -102,7 +102,8 @@ def summarize(path: Path) -> str:
     col = {h: i for i, h in enumerate(head)}
     unit = {h: (units[i] if units else "") for h, i in col.items()}
     lines = []
-    hdr = f"{'kernel':<44} " + " ".join(f"{n:>8}" for n, _ in METRICS) + "  top stalls (warps stalled per issued instruction)"
+    hdr = (f"{'kernel':<44} " + " ".join(f"{n:>8}" for n, _ in METRICS)
+           + "  top stalls (warps stalled per issued instruction)")
     lines.append(hdr)
     for r in data:
         name = r[col["Kernel Name"]] if "Kernel Name" in col else r[0]

@@ -34,9 +34,10 @@ is open. Inf is never scrubbed.
 Dot operands are bf16 (exact for fp8 x 2^k products and bf16 RoPE; p is rounded to bf16 for the PV dot),
 accumulation fp32; every dot goes through ``impl.triton_helpers.dot``.
 
-How each family's kernel is built (int32 lane offsets, 16-bit RoPE reads, bf16 tiles with group scales, heads per
-program, gfx950's extra tile width, warps and pipeline stages) is a ``DecodeVariant`` (``DEFAULT_VARIANTS``, ``decode_variant``); the
-defaults keep the structure SPEC 2 restates from upstream.
+Every K/V tile is built by ``_kv_tile`` (wide loads at plain masked offsets, one scale per 64-lane group). How
+each family's kernel is built otherwise (16-bit RoPE reads, heads per program, gfx950's extra tile width, warps
+and pipeline stages) is a ``DecodeVariant`` (``DEFAULT_VARIANTS``, ``decode_variant``); the defaults keep the
+structure SPEC 2 restates from upstream.
 
 Every launch goes through ``_launch``, which reports it to an optional launch observer (``set_launch_observer``,
 ``launch_observer``): kernel, grid, argument pointers/layouts, scalars and meta-parameters. Graph capture uses it
@@ -109,83 +110,24 @@ def _slot_tile(idx_ptr, offs, seg_hi, num_slots):
 
 
 @triton.jit
-def _load_kv(cache, slots, valid, dims, block_size, stride0,
-             IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HAS_NOPE: tl.constexpr, HAS_ROPE: tl.constexpr,
-             HW_FP8: tl.constexpr, I32_OFFS: tl.constexpr, ROPE16: tl.constexpr):
-    """Dequantized fp32 lanes ``dims`` (absolute, 0..511) of the tokens at ``slots`` -> [BK, W].
-
-    Layout (SPEC 1.2): block = slot // bs at ``block * stride0`` bytes; token data at pos*576 (448 fp8 NoPE, then
-    64 bf16 RoPE), scale codes at bs*576 + pos*8 (one UE8M0 code per 64 NoPE lanes). The token offsets are int64.
-    Masked tokens read as 0 (code 0 x 2^-127 and RoPE 0). Lanes < 448 come from the NoPE part when HAS_NOPE,
-    lanes >= 448 from the RoPE part when HAS_ROPE; a lane whose part is off is 0.
-
-    fp8 decode: :func:`impl.triton_helpers.fp8_decode` with HW_FP8 as ``hw_fp8_decode`` chose it for the flavour.
-    Variants (same values, see ``DecodeVariant``): I32_OFFS divides the slot by the block size in int32 (a slot is
-    an int32 index), forms one int64 pointer per token (the block's offset ``block * stride0`` stays int64) and adds
-    the per-lane offsets in int32 (the int64 [BK, W] offset tensor is never built); ROPE16 reads each RoPE lane as one
-    16-bit word instead of two bytes (the host sets it only when every token row is 2-byte aligned)."""
-    if I32_OFFS:
-        # a slot came from an int32 index, so block and position fit int32; only the block's byte offset needs int64
-        s32 = slots.to(tl.int32)
-        blk32 = s32 // block_size
-        pos = s32 - blk32 * block_size
-        base = blk32.to(tl.int64) * stride0
-    else:
-        blk = slots // block_size
-        pos = slots - blk * block_size
-        base = blk * stride0
-    row = base + pos * _TOKEN_DATA
-    is_nope = dims < _NOPE
-    x = tl.zeros((slots.shape[0], dims.shape[0]), tl.float32)
-    if HAS_NOPE:
-        nope_dim = tl.where(is_nope, dims, 0)
-        m_nope = valid[:, None] & is_nope[None, :]
-        scale_row = base + block_size * _TOKEN_DATA + pos * _TOKEN_SCALE
-        if I32_OFFS:
-            codes = tl.load((cache + row)[:, None] + nope_dim.to(tl.int32)[None, :], mask=m_nope, other=0)
-            sc = tl.load((cache + scale_row)[:, None] + (nope_dim // _GROUP).to(tl.int32)[None, :], mask=m_nope,
-                         other=0)
-        else:
-            codes = tl.load(cache + row[:, None] + nope_dim[None, :], mask=m_nope, other=0)
-            sc = tl.load(cache + scale_row[:, None] + (nope_dim // _GROUP)[None, :], mask=m_nope, other=0)
-        nope = fp8_decode(codes, IS_FNUZ, HW_FP8) * ue8m0_decode_reader(sc)
-        x = tl.where(is_nope[None, :], nope, x)
-    if HAS_ROPE:
-        lane = tl.where(is_nope, 0, dims - _NOPE)
-        m_rope = valid[:, None] & (dims >= _NOPE)[None, :]
-        if ROPE16:
-            rp16 = (cache + row + _NOPE).to(tl.pointer_type(tl.int16))
-            w16 = tl.load(rp16[:, None] + lane.to(tl.int32)[None, :], mask=m_rope, other=0).to(tl.int32)
-            # the sign extension of the int16 word leaves through the top of the shift
-            rope = (w16 << 16).to(tl.float32, bitcast=True)
-        else:
-            if I32_OFFS:
-                rp = (cache + row + _NOPE)[:, None] + (2 * lane).to(tl.int32)[None, :]
-            else:
-                rp = cache + row[:, None] + _NOPE + 2 * lane[None, :]
-            lo = tl.load(rp, mask=m_rope, other=0).to(tl.int32)
-            hi = tl.load(rp + 1, mask=m_rope, other=0).to(tl.int32)
-            # bf16 -> fp32 is exact: the 16 bits become the high half of the fp32 word (little-endian bytes)
-            rope = ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-        x = tl.where(is_nope[None, :], x, rope)
-    if SCRUB:
-        x = tl.where(x == x, x, 0.0)
-    return x
-
-
-@triton.jit
 def _kv_tile(cache, slots, valid, block_size, stride0, START: tl.constexpr, W: tl.constexpr,
              IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HAS_NOPE: tl.constexpr, HAS_ROPE: tl.constexpr,
              HW_FP8: tl.constexpr, ROPE16: tl.constexpr):
-    """The ``bf16_tiles`` loader: lanes [START, START + W) (constexpr, START and W multiples of 64) of the tokens at
-    ``slots`` as a bf16 [BK, W] tile, the values :func:`_load_kv` gives rounded to bf16 (the same numbers: an fp8
-    code times 2^k and a bf16 RoPE lane are bf16 values; below bf16's range both round the same fp32 product).
+    """Dequantized lanes [START, START + W) (constexpr, START and W multiples of 64) of the tokens at ``slots``
+    -> a bf16 [BK, W] tile (SPEC 1.2 layout: block = slot // bs at ``block * stride0`` bytes; token data at pos*576,
+    448 fp8 NoPE then 64 bf16 RoPE; scale codes at bs*576 + pos*8, one UE8M0 code per 64 NoPE lanes).
 
-    What differs is the work: one UE8M0 code per 64-lane group is loaded ([BK, W/64]) and broadcast to its lanes,
-    where :func:`_load_kv` gathers a scale byte per lane; the slot is split into block and position in int32 (a slot
-    is an int32 index; the block's byte offset stays int64); the NoPE and RoPE parts are only built where the window
-    has them; the tile leaves in bf16, so no fp32 [BK, W] tile outlives the dequantization. NaN lanes are scrubbed
-    in fp32, before the cast (the interpreter compares bf16 NaN equal to itself)."""
+    Lanes < 448 come from the NoPE part when HAS_NOPE, lanes >= 448 from the RoPE part when HAS_ROPE; a lane whose
+    part is off, and every lane of a masked token, is 0. fp8 codes decode through
+    :func:`impl.triton_helpers.fp8_decode` (HW_FP8 as ``hw_fp8_decode`` chose it), times the group's scale in fp32,
+    then round to bf16 (exact: an fp8 value times 2^k is a bf16 value inside bf16's range). NaN lanes are scrubbed
+    when SCRUB, in fp32 before the cast (the interpreter compares a bf16 NaN equal to itself).
+
+    How it loads: lane offsets are a plain ``arange`` under a mask, never clamped with a ``where``, so the compiler
+    sees them contiguous and issues wide loads (a clamped offset vector made it load byte by byte: 20 to 34 times
+    upstream's L1 sectors under ncu); one scale code per 64-lane group, broadcast to its lanes; slot // bs in int32
+    (a slot is an int32 index; the block's byte offset stays int64); ROPE16 reads each RoPE lane as one 16-bit word
+    (the host sets it only when every token row is 2-byte aligned), otherwise as two bytes."""
     s32 = slots.to(tl.int32)
     blk = s32 // block_size
     pos = s32 - blk * block_size
@@ -196,8 +138,6 @@ def _kv_tile(cache, slots, valid, block_size, stride0, START: tl.constexpr, W: t
     x = tl.zeros((slots.shape[0], W), tl.bfloat16)
     if HAS_NOPE:
         G: tl.constexpr = W // _GROUP
-        # plain lane offsets under a mask (never clamped with a where): the compiler sees them contiguous and
-        # issues wide loads; a clamped offset vector made it load byte by byte (20x the L1 sectors, ncu)
         codes = tl.load(row[:, None] + d[None, :], mask=valid[:, None] & is_nope[None, :], other=0)
         g = START // _GROUP + tl.arange(0, G)
         srow = base + block_size * _TOKEN_DATA + pos * _TOKEN_SCALE
@@ -229,21 +169,12 @@ def _kv_tile(cache, slots, valid, block_size, stride0, START: tl.constexpr, W: t
 @triton.jit
 def _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, cache, idx_ptr, offs, seg_hi, num_slots, block_size,
                   stride0, scale, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HW_FP8: tl.constexpr,
-                  I32_OFFS: tl.constexpr, ROPE16: tl.constexpr, BF16_TILES: tl.constexpr):
+                  ROPE16: tl.constexpr):
     """One online-softmax step (natural exp) over the tokens at ragged positions ``offs``: separate NoPE
     ([BK, 512] with lanes >= 448 zero) and RoPE ([BK, 64]) dots for QK and for PV."""
     slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
-    if BF16_TILES:
-        kn = _kv_tile(cache, slots, valid, block_size, stride0, 0, 512, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
-        kr = _kv_tile(cache, slots, valid, block_size, stride0, _NOPE, 64, IS_FNUZ, SCRUB, False, True, HW_FP8,
-                      ROPE16)
-    else:
-        d512 = tl.arange(0, 512)
-        d64 = tl.arange(0, 64) + _NOPE
-        kn = _load_kv(cache, slots, valid, d512, block_size, stride0, IS_FNUZ, SCRUB, True, False,
-                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
-        kr = _load_kv(cache, slots, valid, d64, block_size, stride0, IS_FNUZ, SCRUB, False, True,
-                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+    kn = _kv_tile(cache, slots, valid, block_size, stride0, 0, 512, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+    kr = _kv_tile(cache, slots, valid, block_size, stride0, _NOPE, 64, IS_FNUZ, SCRUB, False, True, HW_FP8, ROPE16)
     s = dot(q_nope, tl.trans(kn), tl.zeros((q_nope.shape[0], kn.shape[0]), tl.float32))
     s = dot(q_rope, tl.trans(kr), s)
     s = s * scale
@@ -275,8 +206,7 @@ def _accumulate_segments(
         extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
         HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
         SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr,
-        HW_FP8_MAIN: tl.constexpr, HW_FP8_EXTRA: tl.constexpr, I32_OFFS: tl.constexpr, ROPE16: tl.constexpr,
-        BF16_TILES: tl.constexpr):
+        HW_FP8_MAIN: tl.constexpr, HW_FP8_EXTRA: tl.constexpr, ROPE16: tl.constexpr):
     """Natural-exp online softmax of row ``b`` for ``heads`` over split ``split`` of ``num_splits`` of its main
     segment, then the same split of its extra segment, in BLOCK_K-token tiles that never cross segments.
     Returns un-normalised (m, l, acc over the 512 lanes, acc over the 64 RoPE lanes). The single-kernel fallback
@@ -292,16 +222,14 @@ def _accumulate_segments(
     for t0 in range(lo, hi, BLOCK_K):
         m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, main_cache, main_idx,
                                                t0 + tk, hi, main_num_slots, main_bs, main_stride0, scale,
-                                               IS_FNUZ_MAIN, True, HW_FP8_MAIN, I32_OFFS, ROPE16,
-                                               BF16_TILES)
+                                               IS_FNUZ_MAIN, True, HW_FP8_MAIN, ROPE16)
     if HAS_EXTRA:
         lo, hi = _split_slice(tl.load(extra_indptr + b).to(tl.int64), tl.load(extra_indptr + b + 1).to(tl.int64),
                               split, num_splits)
         for t0 in range(lo, hi, BLOCK_K):
             m_i, l_i, acc_n, acc_r = _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, extra_cache, extra_idx,
                                                    t0 + tk, hi, extra_num_slots, extra_bs, extra_stride0, scale,
-                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, I32_OFFS, ROPE16,
-                                                   BF16_TILES)
+                                                   IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, ROPE16)
     return m_i, l_i, acc_n, acc_r
 
 
@@ -313,8 +241,7 @@ def _sparse_decode_generic_kernel(
         sink, out, stride_ob, stride_oh, num_heads, scale,
         HAS_EXTRA: tl.constexpr, HAS_SINK: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
         SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
-        HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False,
-        BF16_TILES: tl.constexpr = False):
+        HW_FP8_EXTRA: tl.constexpr = False, ROPE16: tl.constexpr = False):
     """Fallback single kernel (targets with neither split-K family).
 
     Grid (b, ceil(h / BLOCK_H)). Program (b, hb) walks row b's main segment then its extra segment in BLOCK_K-token
@@ -332,7 +259,7 @@ def _sparse_decode_generic_kernel(
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
         extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
         HAS_EXTRA, IS_FNUZ_MAIN, IS_FNUZ_EXTRA, SCRUB_EXTRA, BLOCK_H_, BLOCK_K,
-        HW_FP8_MAIN, HW_FP8_EXTRA, I32_OFFS, ROPE16, BF16_TILES)
+        HW_FP8_MAIN, HW_FP8_EXTRA, ROPE16)
     if HAS_SINK:
         sink_val = tl.load(sink + heads, mask=hmask, other=float("-inf"))
         m_f = tl.maximum(m_i, sink_val)
@@ -362,8 +289,7 @@ def _sparse_decode_gfx942_partial_kernel(
         num_heads, num_splits, scale,
         HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
         SCRUB_EXTRA: tl.constexpr, BLOCK_H_: tl.constexpr, BLOCK_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
-        HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False,
-        BF16_TILES: tl.constexpr = False):
+        HW_FP8_EXTRA: tl.constexpr = False, ROPE16: tl.constexpr = False):
     """gfx942 split-K partial.
 
     Grid (b, S, ceil(h / BLOCK_H)). Program (b, s, hb) takes slice [s*ceil(len/S), ...) of row b's main segment,
@@ -383,7 +309,7 @@ def _sparse_decode_gfx942_partial_kernel(
         main_cache, main_idx, main_indptr, main_bs, main_stride0, main_num_slots,
         extra_cache, extra_idx, extra_indptr, extra_bs, extra_stride0, extra_num_slots, scale,
         HAS_EXTRA, IS_FNUZ_MAIN, IS_FNUZ_EXTRA, SCRUB_EXTRA, BLOCK_H_, BLOCK_K,
-        HW_FP8_MAIN, HW_FP8_EXTRA, I32_OFFS, ROPE16, BF16_TILES)
+        HW_FP8_MAIN, HW_FP8_EXTRA, ROPE16)
     ml = b.to(tl.int64) * stride_mb + split.to(tl.int64) * stride_ms + heads
     tl.store(part_m + ml, m_i, mask=hmask)
     tl.store(part_l + ml, l_i, mask=hmask)
@@ -398,29 +324,15 @@ def _sparse_decode_gfx942_partial_kernel(
 @triton.jit
 def _tile_base2(q512, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num_slots, block_size, stride0,
                 qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HW_FP8: tl.constexpr,
-                I32_OFFS: tl.constexpr, ROPE16: tl.constexpr, BF16_TILES: tl.constexpr):
+                ROPE16: tl.constexpr):
     """One base-2 online-softmax step over the tokens at ragged positions ``offs``: four 128-lane tiles (the last
     is 64 NoPE + 64 RoPE lanes) joined into one [BK, 512] operand for a single QK dot; PV into four 128-lane
     accumulators. Logits are in log2 units (scale * log2(e) folded into ``qk_scale2``)."""
     slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
-    if BF16_TILES:
-        k0 = _kv_tile(cache, slots, valid, block_size, stride0, 0, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
-        k1 = _kv_tile(cache, slots, valid, block_size, stride0, 128, 128, IS_FNUZ, SCRUB, True, False, HW_FP8,
-                      ROPE16)
-        k2 = _kv_tile(cache, slots, valid, block_size, stride0, 256, 128, IS_FNUZ, SCRUB, True, False, HW_FP8,
-                      ROPE16)
-        k3 = _kv_tile(cache, slots, valid, block_size, stride0, 384, 128, IS_FNUZ, SCRUB, True, True, HW_FP8,
-                      ROPE16)
-    else:
-        d128 = tl.arange(0, 128)
-        k0 = _load_kv(cache, slots, valid, d128, block_size, stride0, IS_FNUZ, SCRUB, True, False,
-                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
-        k1 = _load_kv(cache, slots, valid, d128 + 128, block_size, stride0, IS_FNUZ, SCRUB, True, False,
-                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
-        k2 = _load_kv(cache, slots, valid, d128 + 256, block_size, stride0, IS_FNUZ, SCRUB, True, False,
-                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
-        k3 = _load_kv(cache, slots, valid, d128 + 384, block_size, stride0, IS_FNUZ, SCRUB, True, True,
-                      HW_FP8, I32_OFFS, ROPE16).to(tl.bfloat16)
+    k0 = _kv_tile(cache, slots, valid, block_size, stride0, 0, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+    k1 = _kv_tile(cache, slots, valid, block_size, stride0, 128, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+    k2 = _kv_tile(cache, slots, valid, block_size, stride0, 256, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+    k3 = _kv_tile(cache, slots, valid, block_size, stride0, 384, 128, IS_FNUZ, SCRUB, True, True, HW_FP8, ROPE16)
     # [BK, 128, i, o] holds tile 2*o + i; reorder to [BK, o, i, 128] so the flat lane is tile*128 + d
     kk = tl.join(tl.join(k0, k1), tl.join(k2, k3))
     kk = tl.reshape(tl.permute(kk, (0, 3, 2, 1)), (k0.shape[0], 512))
@@ -456,8 +368,7 @@ def _sparse_decode_gfx950_partial_kernel(
         HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
         SCRUB_EXTRA: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_H_: tl.constexpr, MAIN_TILE: tl.constexpr,
         EXTRA_TILE: tl.constexpr, TAIL_TILE: tl.constexpr, ITER_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
-        HW_FP8_EXTRA: tl.constexpr = False, I32_OFFS: tl.constexpr = False, ROPE16: tl.constexpr = False,
-        BF16_TILES: tl.constexpr = False):
+        HW_FP8_EXTRA: tl.constexpr = False, ROPE16: tl.constexpr = False):
     """gfx950 split-K partial.
 
     Grid (b, S, ceil(h / BLOCK_H)), S frozen by the caller (graph capture keeps it). With ADAPTIVE, each row first
@@ -509,7 +420,7 @@ def _sparse_decode_gfx950_partial_kernel(
     for t0 in range(lo, hi, MAIN_TILE):
         m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, main_cache, main_idx, t0 + tm, hi,
                                               main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True,
-                                              HW_FP8_MAIN, I32_OFFS, ROPE16, BF16_TILES)
+                                              HW_FP8_MAIN, ROPE16)
     if HAS_EXTRA:
         lo, hi = _split_slice(e_lo, e_hi, split, active)
         te = tl.arange(0, EXTRA_TILE).to(tl.int64)
@@ -518,12 +429,12 @@ def _sparse_decode_gfx950_partial_kernel(
             m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx,
                                                   lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
                                                   extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA,
-                                                  HW_FP8_EXTRA, I32_OFFS, ROPE16, BF16_TILES)
+                                                  HW_FP8_EXTRA, ROPE16)
         tt = tl.arange(0, TAIL_TILE).to(tl.int64)
         for t0 in range(lo + n_full * EXTRA_TILE, hi, TAIL_TILE):
             m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx, t0 + tt,
                                                   hi, extra_num_slots, extra_bs, extra_stride0, qk_scale2,
-                                                  IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, I32_OFFS, ROPE16, BF16_TILES)
+                                                  IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, ROPE16)
     tl.store(part_m + ml, tl.where(l_i == 0, -_FLT_MAX, m2 * _LN2), mask=hmask)
     tl.store(part_l + ml, l_i, mask=hmask)
     arow = (part_acc + b.to(tl.int64) * stride_ab + split.to(tl.int64) * stride_as
@@ -660,17 +571,12 @@ class DecodeVariant:
     (benchmarks/DECODE_PERF.md measures them; benchmarks/decode_variants.py times each on a GPU). Every field keeps
     the values the contracts judge; the ones that change an accumulation order say so.
 
-    - ``i32_offsets``: slot // block_size in int32 (no int64 division per token), one int64 pointer per token,
-      per-lane offsets in int32 (same addresses; ``block * stride(0)`` is still int64).
     - ``rope16``: RoPE lanes read as 16-bit words, not byte pairs; used only when both caches' rows are 2-byte
       aligned (even ``stride(0)`` and base address), else the byte reads run.
     - ``extra_tile`` (gfx950): the extra segment's full-tile width; 32 walks it in the 32-token steps upstream's
-      kernel takes (it loads 64 and runs two 32-token steps), 64 (the default, SPEC 2) in one 64-token step. This
+      kernel takes (it loads 64 and runs two 32-token steps; gfx950's default), 64 in one 64-token step. This
       changes the online-softmax step boundaries on rows with 64 or more extra tokens per split, within the error
       model (the split count and tile count already bound it).
-    - ``bf16_tiles``: the K/V tiles are built by :func:`_kv_tile`: one scale code per 64-lane group broadcast to
-      its lanes (not a scale byte gathered per lane), int32 slot arithmetic, and the tile made in bf16 straight
-      from the decode (same values as the default's fp32 tile rounded to bf16).
     - ``block_h``: heads per program (16, the default, as upstream; 32; 64). The split count and the plan are
       unchanged (the selector still counts 16-head blocks); the grid's head dimension becomes ceil(h / block_h), so
       with 64 every KV row is read once for all heads of a query instead of once per 16-head block. Per head the
@@ -680,9 +586,7 @@ class DecodeVariant:
       Triton's own default, which on NVIDIA pipelines the token loops through shared memory).
     """
 
-    i32_offsets: bool = False
     rope16: bool = False
-    bf16_tiles: bool = False
     block_h: int | None = None
     extra_tile: int | None = None
     num_warps: int | None = None
@@ -701,22 +605,22 @@ class DecodeVariant:
 
 #: the variant each family launches with, measured side by side with upstream's kernels on an H200 (Triton 3.6,
 #: benchmarks/decode_variants.py, CUDA-graph medians at batch 1 / 64 / 512, 64 heads, 128 + 512 tokens; ours vs
-#: upstream's, benchmarks/DECODE_PERF.md has the table): generic 139 / 200 / 1662 us vs 244 / 520 / 4180, gfx942
-#: 18.8 / 147 / 1230 vs 24.6 / 211 / 1745, gfx950 22.4 / 139 / 1050 vs 23.8 / 195 / 1432. bf16 tiles compute the
-#: default's operands; gfx950's extra_tile=32 walks the extra segment in the 32-token online-softmax steps upstream's
-#: kernel takes (it loads 64 tokens and runs two 32-token steps), so its step boundaries are upstream's.
-DEFAULT_VARIANTS = {"generic": DecodeVariant(bf16_tiles=True, rope16=True, num_stages=1),
-                    "gfx942": DecodeVariant(bf16_tiles=True, rope16=True, num_stages=1),
-                    "gfx950": DecodeVariant(bf16_tiles=True, rope16=True, extra_tile=32)}
+#: upstream's, benchmarks/DECODE_PERF.md has the table): generic 138 / 198 / 1654 us vs 242 / 514 / 4190, gfx942
+#: 17.0 / 145 / 1211 vs 23.8 / 204 / 1730, gfx950 19.2 / 137 / 1046 vs 23.6 / 191 / 1413. gfx950's extra_tile=32
+#: walks the extra segment in the 32-token online-softmax steps upstream's kernel takes (it loads 64 tokens and
+#: runs two 32-token steps), so its step boundaries are upstream's.
+DEFAULT_VARIANTS = {"generic": DecodeVariant(rope16=True, num_stages=1),
+                    "gfx942": DecodeVariant(rope16=True, num_stages=1),
+                    "gfx950": DecodeVariant(rope16=True, extra_tile=32)}
 #: the opt-in single-read build per family (issue 15 item 4): one program per (query, split) holds all 64 heads,
 #: so every KV row is read once, not once per 16-head block (``decode_variant(f, SINGLE_READ_VARIANTS[f])`` or
 #: ``SMV_DECODE_VARIANT``). gfx950 needs the 32-token extra step to fit shared memory (246 KB at 64 tokens).
 SINGLE_READ_VARIANTS = {
-    "generic": DecodeVariant(bf16_tiles=True, rope16=True, block_h=64, num_warps=8, num_stages=1),
-    "gfx942": DecodeVariant(bf16_tiles=True, rope16=True, block_h=64, num_warps=8),
-    "gfx950": DecodeVariant(bf16_tiles=True, rope16=True, block_h=64, num_warps=8, extra_tile=32)}
+    "generic": DecodeVariant(rope16=True, block_h=64, num_warps=8, num_stages=1),
+    "gfx942": DecodeVariant(rope16=True, block_h=64, num_warps=8),
+    "gfx950": DecodeVariant(rope16=True, block_h=64, num_warps=8, extra_tile=32)}
 #: ``SMV_DECODE_VARIANT``: per-family overrides read at import, e.g.
-#: ``gfx950:bf16_tiles,block_h=64,num_warps=8;gfx942:num_warps=8`` (audits and benchmarks of a variant)
+#: ``gfx950:rope16,block_h=64,num_warps=8,extra_tile=32;gfx942:num_warps=8`` (audits and benchmarks of a variant)
 VARIANT_ENV = "SMV_DECODE_VARIANT"
 
 
@@ -740,7 +644,7 @@ def parse_variants(spec: str) -> dict:
                 raise ValueError(f"{VARIANT_ENV}: unknown field {key!r} in {part!r} (expected one of {sorted(fields)})")
             if not eq:
                 kw[key] = True
-            elif key in ("i32_offsets", "rope16", "bf16_tiles"):
+            elif key in ("rope16",):
                 if val.strip() not in ("0", "1", "true", "false", "True", "False"):
                     raise ValueError(f"{VARIANT_ENV}: {key}={val!r}: expected 0/1/true/false")
                 kw[key] = val.strip() in ("1", "true", "True")
@@ -786,8 +690,7 @@ def _rows_2byte_aligned(*caches) -> bool:
 
 def _variant_meta(v: DecodeVariant, family: str, num_warps: int, caches) -> dict:
     """The constexprs and launch options a variant adds to a decode launch."""
-    meta = {"I32_OFFS": v.i32_offsets, "ROPE16": v.rope16 and _rows_2byte_aligned(*caches),
-            "BF16_TILES": v.bf16_tiles, "num_warps": v.num_warps or num_warps}
+    meta = {"ROPE16": v.rope16 and _rows_2byte_aligned(*caches), "num_warps": v.num_warps or num_warps}
     if v.num_stages is not None:
         meta["num_stages"] = v.num_stages
     return meta

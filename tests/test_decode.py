@@ -217,18 +217,14 @@ _VARIANT_CASE = _case(seed=5, batch=2, heads=17, main_bs=16, extra_bs=16, main_l
 
 
 @pytest.mark.parametrize("target,variant", [
-    ("generic", dec.DecodeVariant(i32_offsets=True, rope16=True, num_warps=4, num_stages=1)),
-    ("gfx942", dec.DecodeVariant(i32_offsets=True, rope16=True, num_warps=8, num_stages=1)),
-    ("gfx950", dec.DecodeVariant(i32_offsets=True, rope16=True, num_stages=1)),
-    ("gfx950", dec.DecodeVariant(extra_tile=32)),
-    ("generic", dec.DecodeVariant(bf16_tiles=True, rope16=True)),
-    ("gfx942", dec.DecodeVariant(bf16_tiles=True)),
-    ("gfx950", dec.DecodeVariant(bf16_tiles=True, rope16=True)),
-    ("gfx942", dec.DecodeVariant(bf16_tiles=True, block_h=64, num_warps=8)),
-    ("gfx950", dec.DecodeVariant(bf16_tiles=True, rope16=True, block_h=32)),
+    ("generic", dec.DecodeVariant(num_warps=4)),
+    ("gfx942", dec.DecodeVariant(num_warps=8, num_stages=2)),
+    ("gfx950", dec.DecodeVariant(extra_tile=32, num_stages=1)),
+    ("gfx950", dec.DecodeVariant(rope16=True, extra_tile=64)),
+    ("gfx942", dec.DecodeVariant(block_h=64, num_warps=8)),
+    ("gfx950", dec.DecodeVariant(rope16=True, block_h=32, extra_tile=32)),
     ("generic", dec.DecodeVariant(block_h=64)),
-], ids=["generic", "gfx942", "gfx950", "gfx950-x32", "generic-bf16", "gfx942-bf16", "gfx950-bf16",
-        "gfx942-h64", "gfx950-h32", "generic-h64"])
+], ids=["generic", "gfx942", "gfx950", "gfx950-x64", "gfx942-h64", "gfx950-h32", "generic-h64"])
 def test_build_variants_compute_what_the_default_computes(target, variant):
     """Every variant with the default's extra tile and no ``block_h`` keeps the operands and the sums: the same bits
     as the default. Another extra tile moves online-softmax step boundaries (rows with >= 64 extra tokens per split),
@@ -258,11 +254,10 @@ def test_variant_launch_meta_and_the_rope16_alignment_guard():
     seen = []
     case = _VARIANT_CASE.replace(padded=False)
     with dec.launch_observer(lambda r: seen.append(dict(r.meta))):
-        with dec.decode_variant("gfx950", dec.DecodeVariant(rope16=True, bf16_tiles=True, block_h=32, num_stages=1,
-                                                            num_warps=8)):
+        with dec.decode_variant("gfx950", dec.DecodeVariant(rope16=True, block_h=32, num_stages=1, num_warps=8)):
             _run(case, "gfx950")
     part = seen[0]
-    assert part["BF16_TILES"] is True and part["num_stages"] == 1 and part["num_warps"] == 8
+    assert part["num_stages"] == 1 and part["num_warps"] == 8
     assert part["BLOCK_H_"] == 32
     # the flags are what hw_fp8_decode says for gfx950's flavours here (bits under the interpreter)
     t = get_target("gfx950")
