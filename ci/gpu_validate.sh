@@ -7,6 +7,8 @@
 #   smv subject fetch vllm==0.33.0 --to .smv-subject/vllm   (on a machine that can download), then carry that folder;
 # SMV_SUBJECT_TREE names another one. Without a tree the step says so and fails.
 # A cold machine compiles every kernel variant during the audit: give it SMV_GPU_AUDIT_BUDGET=900 or run it twice.
+# SMV_GPU_STEP_TIMEOUT=S stops any one step's command after S seconds (GNU timeout; 0 or unset: no limit), so a run
+# under an outer limit still reaches its later steps and prints what each step found before it was cut.
 set -uo pipefail
 out="${1:?usage: ci/gpu_validate.sh OUT_DIR [steps]}"; shift
 steps="${*:-tests audit subject sanitize bench}"
@@ -20,24 +22,25 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 2; }
 status=0
+lim="${SMV_GPU_STEP_TIMEOUT:-0}"
 for step in $steps; do
   case "$step" in
     tests)
       # one line per test (-v): a run cut by an outer time limit still names what failed; most of the suite's time
       # on a cold host is compiling, which parallelizes over the host's cores
       workers="${SMV_GPU_TEST_WORKERS:-$(n=$(nproc); [ "$n" -gt 4 ] && echo $((n - 2)) || echo 2)}"
-      python3 -m pytest -v -n "$workers" -p no:cacheprovider --ignore=tests/test_zoo.py -rfE \
+      timeout "$lim" python3 -m pytest -v -n "$workers" -p no:cacheprovider --ignore=tests/test_zoo.py -rfE \
         --junitxml="$out/pytest.xml" >"$out/pytest.txt" 2>&1 || status=1
       grep -E '(FAILED|ERROR) ' "$out/pytest.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //; s/ +(- .*)?$//' \
         | sort -u | tail -20
       tail -1 "$out/pytest.txt" ;;
     audit)
-      python3 -m contracts.cli audit --profile ci --max-cases 0 --budget "${SMV_GPU_AUDIT_BUDGET:-540}" --report "$out" --no-progress \
+      timeout "$lim" python3 -m contracts.cli audit --profile ci --max-cases 0 --budget "${SMV_GPU_AUDIT_BUDGET:-540}" --report "$out" --no-progress \
         >"$out/audit.txt" 2>&1 || status=1
       tail -3 "$out/audit.txt" ;;
     subject)
       if [ -d "$tree" ]; then
-        python3 -m contracts.cli audit --profile ci --subject "vllm@$tree" --max-cases 0 \
+        timeout "$lim" python3 -m contracts.cli audit --profile ci --subject "vllm@$tree" --max-cases 0 \
           --budget "${SMV_GPU_SUBJECT_BUDGET:-300}" --report "$out/subject" --no-progress \
           >"$out/subject.txt" 2>&1 || status=1
         tail -3 "$out/subject.txt"
@@ -46,7 +49,7 @@ for step in $steps; do
       fi ;;
     sanitize)
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize_decode.py \
+        timeout "$lim" compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize_decode.py \
           >"$out/sanitizer-$tool.txt" 2>&1; rc=$?
         echo "compute-sanitizer $tool: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.txt" | tail -1)"
         [ "$rc" -eq 0 ] || status=1
@@ -56,7 +59,7 @@ for step in $steps; do
       # is drawn where matplotlib is installed (the `plot` extra) and skipped with a line where it is not
       # with a vLLM tree, upstream's decode families run as columns beside ours (SMV_BENCH_SUBJECT)
       [ -d "$tree" ] && export SMV_BENCH_SUBJECT="vllm@$tree"
-      python3 -m contracts.bench --require-gpu --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || status=1
+      timeout "$lim" python3 -m contracts.bench --require-gpu --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || status=1
       [ -s "$out/bench.json" ] && python3 -m contracts.bench --plot "$out/bench.json" --out "$out/roofline.png" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
