@@ -6,7 +6,8 @@
 # The subject step audits upstream vLLM natively from a fetched tree (the GPU host may reach no registry):
 #   smv subject fetch vllm==0.33.0 --to .smv-subject/vllm   (on a machine that can download), then carry that folder;
 # SMV_SUBJECT_TREE names another one. Without a tree the step says so and fails.
-# A cold machine compiles every kernel variant during the audit: give it SMV_GPU_AUDIT_BUDGET=900 or run it twice.
+# A cold machine compiles every kernel variant during the audit; the audit and subject steps run their rows on
+# SMV_GPU_AUDIT_JOBS worker processes (default: the host's cores less 4, at least 1), which compile side by side.
 # SMV_GPU_STEP_TIMEOUT=S stops any one step's command after S seconds (GNU timeout; 0 or unset: no limit), so a run
 # under an outer limit still reaches its later steps and prints what each step found before it was cut.
 set -uo pipefail
@@ -23,6 +24,7 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 2; }
 status=0
 lim="${SMV_GPU_STEP_TIMEOUT:-0}"
+jobs="${SMV_GPU_AUDIT_JOBS:-$(n=$(nproc); [ "$n" -gt 5 ] && echo $((n - 4)) || echo 1)}"
 for step in $steps; do
   case "$step" in
     tests)
@@ -35,12 +37,12 @@ for step in $steps; do
         | sort -u | tail -20
       tail -1 "$out/pytest.txt" ;;
     audit)
-      timeout "$lim" python3 -m contracts.cli audit --profile ci --max-cases 0 --budget "${SMV_GPU_AUDIT_BUDGET:-540}" --report "$out" --no-progress \
+      timeout "$lim" python3 -m contracts.cli audit --profile ci --max-cases 0 --jobs "$jobs" --budget "${SMV_GPU_AUDIT_BUDGET:-540}" --report "$out" --no-progress \
         >"$out/audit.txt" 2>&1 || status=1
       tail -3 "$out/audit.txt" ;;
     subject)
       if [ -d "$tree" ]; then
-        timeout "$lim" python3 -m contracts.cli audit --profile ci --subject "vllm@$tree" --max-cases 0 \
+        timeout "$lim" python3 -m contracts.cli audit --profile ci --subject "vllm@$tree" --max-cases 0 --jobs "$jobs" \
           --budget "${SMV_GPU_SUBJECT_BUDGET:-300}" --report "$out/subject" --no-progress \
           >"$out/subject.txt" 2>&1 || status=1
         tail -3 "$out/subject.txt"

@@ -18,7 +18,7 @@ import sys
 #: row's reach (a ci row missing a declared pair is already `incomplete`), 5 each row's first_violation, 6 each
 #: row's time_split (where its seconds went; no verdict depends on it), 7 each row's specializations (distinct
 #: Triton binaries per kernel; no verdict depends on it either)
-SUPPORTED_SCHEMAS = (1, 2, 3, 4, 5, 6, 7)
+SUPPORTED_SCHEMAS = (1, 2, 3, 4, 5, 6, 7, 8)
 BLOCKING = ("fail", "error", "incomplete")
 #: verdicts that count as a row having checked something and held (or matched only known findings)
 ACCEPTED = ("pass", "known")

@@ -150,8 +150,8 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
               seed: int | None = None, report_dir: str | None = None, junit: str | None = None,
               progress: bool = True, stream=None, argv=None, use_examples: bool = True,
               max_cases: int | None = None, allow_empty: bool = False,
-              shrink_until: float | None = None, subjects=None, findings_path: str | None = None
-              ) -> tuple[dict, int]:
+              shrink_until: float | None = None, subjects=None, findings_path: str | None = None,
+              jobs: int = 1, case_timeout: float | None = None) -> tuple[dict, int]:
     """Run the rows and write the reports; returns the audit.json document and the exit code (0 = ok).
 
     ``max_cases``: generated cases per row in total (0 or None: the profile's count). ``allow_empty``: an audit in
@@ -160,7 +160,9 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
     ``shrink_until``: a ``time.monotonic()`` instant after which no failure is shrunk further (the campaign's end).
     ``subjects``: the code under audit, subjects or specs (default: ours); each one runs every row with the whole
     ``budget`` (default: :data:`DEFAULT_BUDGETS` of the profile), one subject after the other. ``findings_path``: the known findings (default: the repository's
-    findings.toml); a ``known`` row is accepted like a pass."""
+    findings.toml); a ``known`` row is accepted like a pass. ``jobs``: worker processes that run the rows side by
+    side (contracts.audit_pool; 1: every row in this process); with workers, a case that runs past ``case_timeout``
+    seconds (default: the contract's limit, else 300 natively and 600 on the interpreter) is a hang."""
     from contracts import findings as known_findings
     from contracts.runner import resolve_subject
 
@@ -171,6 +173,8 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
     if max_cases is not None and (isinstance(max_cases, bool) or not isinstance(max_cases, int) or max_cases < 0):
         raise ValueError(f"max_cases: expected 0 (the profile's count) or a positive integer, got {max_cases!r}")
     max_cases = max_cases or None
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs: expected a count >= 1, got {jobs!r}")
     stream = stream or sys.stderr
     contracts = load_all()
     ids = list(contract_ids) if contract_ids else sorted(contracts)
@@ -196,6 +200,8 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
     prog = Progress(stream, progress, t0 + budget)
     results: list[RowResult] = []
     sub_seconds: dict[str, float] = {}
+    #: per subject label, its description as the audit workers saw it (what they loaded, the rewrites they applied)
+    described_by_workers: dict[str, dict] = {}
     provenance = reports.provenance()
 
     def limit_of(c) -> int:
@@ -225,6 +231,10 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
         described = []
         for sub in subs:
             d = sub.describe()  # after the rows ran: the modules loaded and the rewrites applied are filled in
+            if sub.label in described_by_workers:
+                from contracts.audit_pool import merge_describe
+
+                d = merge_describe(d, described_by_workers[sub.label])
             d.update({"label": sub.label, "spec": _spec(sub), "seconds": round(sub_seconds.get(sub.label, 0.0), 3),
                       "counts": {st: sum(r.status == st for r in rows
                                          if (r.subject or {}).get("name") == sub.name
@@ -236,7 +246,8 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
             "run": {"started": started.isoformat(), "seconds": round(time.monotonic() - t0, 3), "budget": budget,
                     "profile": profile, "seed": seed, "commit": provenance["commit"],
                     "dirty": provenance["dirty"], "versions": provenance["versions"],
-                    "triton_mode": triton_mode(), "specializations_source": specializations.source(), "ok": ok,
+                    "triton_mode": triton_mode(), "specializations_source": specializations.source(),
+                    "jobs": jobs, "ok": ok,
                     "reason": reason, "finished": final,
                     "allow_empty": allow_empty, "pinned_examples": use_examples, "max_cases": max_cases,
                     "command": " ".join(argv) if argv else None,
@@ -259,6 +270,17 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
 
     try:
         for sub in subs:
+            if jobs > 1:
+                from contracts import audit_pool
+
+                audit_pool.audit_subject(
+                    sub, ids, targets, jobs=jobs, budget=budget, profile=profile, seed=seed, repro_dir=repro_dir,
+                    use_examples=use_examples, max_cases=max_cases, shrink_until=shrink_until,
+                    findings_path=findings_path, prog=prog, results=results, limit_of=limit_of,
+                    on_row=lambda: save(make_doc(final=False)), seconds=sub_seconds,
+                    described=described_by_workers,
+                    work_dir=report_dir, stream=stream, case_timeout=case_timeout)
+                continue
             _audit_subject(sub, ids, targets, budget=budget, profile=profile, seed=seed, repro_dir=repro_dir,
                            use_examples=use_examples, max_cases=max_cases, shrink_until=shrink_until,
                            known=known, prog=prog, results=results, limit_of=limit_of,
@@ -318,13 +340,9 @@ def _audit_subject(sub, ids, targets, *, budget, profile, seed, repro_dir, use_e
                 else:
                     row_budget = max(left / max(remaining + 1, 1), 0.5 * left)
                     started_row = time.monotonic()
-                    r = run_contract(c, tname, budget=row_budget, use_examples=use_examples, stop_after=first,
-                                     progress=lambda p, g, i=i, cid=cid, tname=tname, n=n, s=started_row: prog.case(
-                                         i, len(rows_todo), None, cid, tname, p, g, n, s), **common)
-                    if r.stopped_by == "stop_after":
-                        # the row met its minimum and has more to do: only the budget can keep it from that now
-                        r.stopped_by = "budget"
-                        r.resumable = True
+                    r = first_pass(c, tname, row_budget, use_examples, first, common,
+                                   progress=lambda p, g, i=i, cid=cid, tname=tname, n=n, s=started_row: prog.case(
+                                       i, len(rows_todo), None, cid, tname, p, g, n, s))
             results.append(r)
             prog.row(i, len(rows_todo), r)
             on_row()
@@ -341,15 +359,33 @@ def _audit_subject(sub, ids, targets, *, budget, profile, seed, repro_dir, use_e
             c = get_contract(r0.contract)
             started_row = time.monotonic()
             i = k - first_index + 1
-            r = run_contract(c, r0.target, budget=left / n_left, use_examples=False, skip=r0.generated_cases,
-                             known_repro=r0.status != "known",
-                             progress=lambda p, g, i=i, r0=r0, s=started_row: prog.case(
-                                 i, len(rows_todo), r0, r0.contract, r0.target, p, g, r0.limit, s), **common)
-            results[k] = _merge(r0, r)
+            results[k] = second_pass(r0, c, left / n_left, common,
+                                     progress=lambda p, g, i=i, r0=r0, s=started_row: prog.case(
+                                         i, len(rows_todo), r0, r0.contract, r0.target, p, g, r0.limit, s))
             prog.row(i, len(rows_todo), results[k])
             on_row()
     finally:
         seconds[sub.label] = time.monotonic() - t0
+
+
+def first_pass(c, tname: str, budget: float, use_examples: bool, first: int, common: dict, progress=None
+               ) -> RowResult:
+    """A row's first pass: its pinned examples and generated cases up to ``first``, within ``budget``; a row that
+    met its minimum with more to do is ``resumable`` (the serial audit and an audit worker both run rows so)."""
+    r = run_contract(c, tname, budget=budget, use_examples=use_examples, stop_after=first, progress=progress,
+                     **common)
+    if r.stopped_by == "stop_after":
+        # the row met its minimum and has more to do: only the budget can keep it from that now
+        r.stopped_by = "budget"
+        r.resumable = True
+    return r
+
+
+def second_pass(r0: RowResult, c, budget: float, common: dict, progress=None) -> RowResult:
+    """The row continued past its first pass (same seed, those cases skipped), merged with it."""
+    r = run_contract(c, r0.target, budget=budget, use_examples=False, skip=r0.generated_cases,
+                     known_repro=r0.status != "known", progress=progress, **common)
+    return _merge(r0, r)
 
 
 def _merge(first: RowResult, second: RowResult) -> RowResult:

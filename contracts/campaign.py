@@ -403,6 +403,15 @@ class Worker:
             return ""
 
 
+def write_outcome_repro(path: str, case: dict, cid: str, target: str, label: str, spec: str, outcome: dict,
+                        log_tail: str) -> None:
+    """A reproducer (schema 4) for the case a worker was checking when it crashed or hung: ``smv repro`` replays it
+    in a subprocess and says whether the crash or hang comes back."""
+    _atomic_json(path, {"schema_version": 4, "contract": cid, "target": target,
+                        "subject": case.get("subject", label), "subject_spec": case.get("subject_spec", spec),
+                        "case": case["case"], "violations": [], "outcome": outcome, "log_tail": log_tail})
+
+
 def _signal_name(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -624,10 +633,7 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
         if case is not None:
             repro = os.path.join(camp.dir, "repro", f"{cid}-{target}" + _label_suffix(label)
                                  + f"-{what}-item{it['g']}.json")
-            _atomic_json(repro, {"schema_version": 4, "contract": cid, "target": target,
-                                 "subject": case.get("subject", label), "subject_spec": case.get("subject_spec", spec),
-                                 "case": case["case"], "violations": [], "outcome": outcome,
-                                 "log_tail": w.log_tail()})
+            write_outcome_repro(repro, case, cid, target, label, spec, outcome, w.log_tail())
         failure = {"contract": cid, "target": target, "subject": label, "status": what, "reason": reason,
                    "violations": [{"message": reason, "where": "", "expected": "a verdict", "got": what}],
                    "repro": repro, "log_tail": w.log_tail(800)}

@@ -1,4 +1,5 @@
-"""One worker process of ``smv fuzz``: runs the rows its supervisor hands it, one at a time, and answers each.
+"""One worker process of ``smv fuzz`` (and of ``smv audit --jobs``, contracts.audit_pool): runs the rows its
+supervisor hands it, one at a time, and answers each.
 
 The supervisor (``contracts.campaign``) starts it as ``python -m contracts.campaign_worker --dir WDIR``, pinned to
 one device by the environment (``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES``), with ``SMV_CASE_FILE`` naming
@@ -81,6 +82,7 @@ def serve(wdir: str, parent: int) -> int:
     load_all()
     answers.write(json.dumps({"ready": os.getpid()}) + "\n")
     subjects: dict = {}
+    held: dict = {}  # an audit's first passes, for their second passes (contracts.audit_pool)
     case_file = os.environ.get("SMV_CASE_FILE")
     for line in sys.stdin:
         msg = json.loads(line)
@@ -92,7 +94,12 @@ def serve(wdir: str, parent: int) -> int:
         print(f"--- item {item['g']}: {item['contract']} on {item['target']} under {item['subject']}, "
               f"seed {item['seed']}", flush=True)
         try:
-            out = _run_item(item, wdir, subjects)
+            if "audit" in item:
+                from contracts.audit_pool import run_item
+
+                out = run_item(item, subjects, held)
+            else:
+                out = _run_item(item, wdir, subjects)
         except Exception as exc:  # noqa: BLE001 - a harness failure: the supervisor records it as an error
             out = {"done": item["g"], "error": f"{type(exc).__name__}: {exc}",
                    "traceback": traceback.format_exc()[-4000:]}

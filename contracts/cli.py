@@ -367,7 +367,8 @@ def cmd_audit(args) -> int:
                               profile=profile, seed=args.seed, report_dir=args.report,
                               junit=args.junit, progress=not args.no_progress, argv=["smv"] + sys.argv[1:],
                               use_examples=not args.generator_only, max_cases=max_cases or None,
-                              allow_empty=args.allow_empty, subjects=subjects, findings_path=args.findings)
+                              allow_empty=args.allow_empty, subjects=subjects, findings_path=args.findings,
+                              jobs=args.jobs, case_timeout=args.case_timeout)
     except ValueError as exc:
         print(f"smv audit: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -693,6 +694,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--report", metavar="DIR", help="write DIR/audit.json and DIR/audit.md")
     a.add_argument("--junit", metavar="FILE", help="write JUnit XML")
     a.add_argument("--no-progress", action="store_true", help="no per-row progress lines on stderr")
+    a.add_argument("--jobs", type=_int_at_least(1, "a count >= 1"), default=1,
+                   help="worker processes that run rows side by side (default 1: one process); a native audit "
+                        "compiles on one core per process, so a many-core GPU host gains most; workers share the "
+                        "visible GPUs round-robin and the on-disk Triton cache")
+    a.add_argument("--case-timeout", type=seconds, default=None, metavar="S",
+                   help="with --jobs above 1: a case running longer is a hang, its worker is killed and the row is "
+                        "an error (default: the contract's limit, else 300 natively, 600 on the interpreter)")
     a.add_argument("--max-cases", type=_int_at_least(0, "a count >= 0"), default=None,
                    help="generated cases per row at most (default 100, under ci the profile's count; 0 = the "
                         "profile's count); a row's covering array may exceed it, and the budget bounds each row too")

@@ -19,7 +19,8 @@ import xml.etree.ElementTree as ET
 #: kernel the row launched (contracts/specializations.py), and ``run.specializations_source``: ``"compiled"``
 #: (native: what Triton's compile hook saw the row compile, new to the process) or ``"predicted"`` (the
 #: interpreter: the keys Triton would form from the row's launch arguments)
-AUDIT_SCHEMA_VERSION = 7
+#: 8: ``run.jobs``: the worker processes that ran the rows side by side (``smv audit --jobs``; 1: one process)
+AUDIT_SCHEMA_VERSION = 8
 TIME_SPLIT_KEYS = ("compile", "kernel", "oracle", "harness")
 SPECIALIZATION_SOURCES = ("compiled", "predicted")
 #: 2: ``subject`` at the top level ({name, version, source}) and ``finished``
@@ -51,6 +52,7 @@ AUDIT_JSON_SCHEMA = {
                                "source": {"type": "string"}, "modules": {"type": "object"},
                                "rewrites": {"type": "array"}}}},
             "specializations_source": {"enum": list(SPECIALIZATION_SOURCES)},
+            "jobs": {"type": "integer"},
             "findings": {"type": "object", "required": ["file", "ids"],
                          "properties": {"file": {"type": ["string", "null"]},
                                         "ids": {"type": "array", "items": {"type": "string"}}}}}},
@@ -102,6 +104,8 @@ def audit_schema(version: int = AUDIT_SCHEMA_VERSION) -> dict:
     if version >= 7:
         schema["properties"]["run"]["required"] += ["specializations_source"]
         schema["properties"]["results"]["items"]["required"] += ["specializations"]
+    if version >= 8:
+        schema["properties"]["run"]["required"] += ["jobs"]
     return schema
 
 

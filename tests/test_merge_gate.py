@@ -74,3 +74,15 @@ def test_schema_2_reports_are_read(tmp_path):
     assert r.returncode == 1 and "b on gfx950: fail" in r.stdout and "schema_version" not in r.stdout
     doc["results"] = doc["results"][:1]
     assert _gate(tmp_path, doc).returncode == 0
+
+
+def test_schema_8_reports_are_read(tmp_path):
+    """audit.json 8 adds run.jobs (smv audit --jobs); the gate reads it as before and still refuses a later one."""
+    doc = _doc(("a", "gfx942", "pass"), ("a", "gfx950", "pass"))
+    doc["schema_version"] = 8
+    doc["run"] = {"jobs": 12}
+    r = _gate(tmp_path, doc)
+    assert r.returncode == 0 and "PASS" in r.stdout
+    doc["schema_version"] = 9
+    r = _gate(tmp_path, doc)
+    assert r.returncode == 1 and "unsupported audit.json schema_version 9" in r.stdout

@@ -1,0 +1,350 @@
+"""``smv audit --jobs N``: the audit's rows on N worker processes instead of one.
+
+A native audit on a cold GPU host is bound by Triton compilation (audit.json's ``time_split``: 94% of a cold H200
+audit's seconds), which runs on one core per process while the host has many. The rows are independent, so N
+worker processes (``contracts.campaign_worker``, the campaign's workers, pinned round-robin to the visible GPUs)
+compile N rows' kernels at once and share the on-disk Triton cache.
+
+The verdicts are the serial audit's: each row runs the same two passes (:func:`contracts.audit.first_pass`, then,
+once every row has had its first pass, :func:`contracts.audit.second_pass` over what is left of the budget) with
+the same seed, profile, case limits and known findings; a row's first-pass result stays in the worker that ran it,
+which also runs its second pass and merges the two. Only the budget's sharing differs: rows run side by side, each
+first pass may take up to half of what is left (as serially), and the second passes of one worker's rows share what
+is left of the budget between them.
+
+A worker that dies while checking a row makes the row an ``error`` naming the signal, with the case it was
+checking as a reproducer (``smv repro`` replays it in a subprocess); one that runs past the row's budget and its
+case time limit (the contract's, or ``--case-timeout``) is killed and the row is an ``error`` too (a hang). A new worker takes the next row either way.
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import tempfile
+import time
+from collections import deque
+
+from contracts.registry import get_contract
+from contracts.runner import RowResult, run_contract
+
+#: seconds between the heartbeat lines that say what the workers are doing
+HEARTBEAT_S = 30.0
+
+
+class RowDoc:
+    """A finished row as its worker answered it (audit.json's row): what the report and the progress lines read."""
+
+    def __init__(self, doc: dict, resumable: bool = False, limit: int | None = None):
+        self.doc = doc
+        self.resumable = resumable
+        self.limit = limit
+
+    def __getattr__(self, name: str):
+        try:
+            return self.__dict__["doc"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def as_json(self) -> dict:
+        return self.doc
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Worker side (called by contracts.campaign_worker for an item that carries "audit")
+# ---------------------------------------------------------------------------------------------------------------
+
+def run_item(item: dict, subjects: dict, held: dict) -> dict:
+    """One pass of one row in a worker; ``held`` keeps each row's result for its second pass."""
+    from contracts import audit
+    from contracts import findings as known_findings
+    from contracts.registry import load_all
+    from contracts.runner import resolve_subject
+
+    a = item["audit"]
+    spec = item["subject"]
+    if spec not in subjects:
+        subjects[spec] = resolve_subject(None if spec == "ours" else spec)
+    sub = subjects[spec]
+    c = get_contract(item["contract"])
+    known = known_findings.load(a["findings_path"], known_contracts=set(load_all()))
+    common = dict(profile=item["profile"], seed=item["seed"], repro_dir=a["repro_dir"],
+                  max_examples=a["max_examples"], shrink_until=a["shrink_until"], subject=sub, findings=known)
+    key = (spec, item["contract"], item["target"])
+    start = time.monotonic()
+    if a["pass"] == 1:
+        r = audit.first_pass(c, item["target"], item["budget"], a["use_examples"], a["first"], common)
+    else:
+        r = audit.second_pass(held[key], c, item["budget"], common)
+    held[key] = r
+    return {"done": item["g"], "row": r.as_json(), "resumable": bool(r.resumable), "limit": r.limit,
+            "describe": sub.describe(), "seconds": round(time.monotonic() - start, 3)}
+
+
+def merge_describe(into: dict, more: dict) -> dict:
+    """A subject's description with what a worker loaded added (its modules' hashes, the rewrites it applied)."""
+    out = dict(into)
+    out["modules"] = dict(sorted({**(into.get("modules") or {}), **(more.get("modules") or {})}.items()))
+    out["rewrites"] = list(into.get("rewrites") or []) + [x for x in more.get("rewrites") or []
+                                                         if x not in (into.get("rewrites") or [])]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Supervisor side
+# ---------------------------------------------------------------------------------------------------------------
+
+def _failed_row(c, tname: str, sub, status_reason: str, base: "RowDoc | None", seconds: float) -> RowDoc:
+    """The row a dead or hung worker leaves: an error, keeping a first pass's counts when there was one."""
+    if base is not None:
+        doc = dict(base.doc, status="error", reason=status_reason, stopped_by=None)
+        doc["seconds"] = round(base.doc["seconds"] + seconds, 3)
+    else:
+        doc = RowResult(c.id, tname, "error", reason=status_reason, seconds=seconds,
+                        subject=sub.as_row()).as_json()
+    doc["violations"] = [{"message": status_reason, "where": "", "expected": "a verdict",
+                          "got": status_reason.split(":", 1)[0]}] + list(doc.get("violations") or [])[:4]
+    return RowDoc(doc)
+
+
+def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, seed: int, repro_dir: str,
+                  use_examples: bool, max_cases, shrink_until, findings_path, prog, results: list, limit_of,
+                  on_row, seconds: dict, described: dict, work_dir: str | None, stream,
+                  case_timeout: float | None = None) -> None:
+    """Every row of one subject on ``jobs`` workers, within ``budget`` (appended to ``results`` in row order)."""
+    from contracts.campaign import WORKER_START_TIMEOUT, Worker, _case_limit, _signal_name, visible_devices, \
+        write_outcome_repro
+    from contracts.runner import subject_spec
+
+    spec = subject_spec(sub)
+    rows = [(cid, t) for cid in ids for t in targets]
+    n_rows = len(rows)
+    t0 = time.monotonic()
+    deadline = t0 + budget
+    first_index = len(results)
+    slots: list = [None] * n_rows
+    prog.start_subject(sub.label, deadline)
+    prog.start_pass(1, n_rows, f"each up to its minimum of generated cases, on {jobs} workers")
+    todo: deque = deque()
+    for i, (cid, tname) in enumerate(rows):
+        c = get_contract(cid)
+        if c.applies_to(tname):
+            todo.append(i)
+            prog.cases_left[(sub.label, cid, tname)] = limit_of(c)
+        else:
+            slots[i] = run_contract(c, tname, budget=1.0, subject=sub)  # the skipped row, with its reason
+    owner: dict[int, str] = {}  # row -> the worker holding its first pass
+    second: dict[str, deque] = {}  # worker id -> its rows' second passes still to run
+    phase = [1]
+    kind, ids_dev = visible_devices()
+    base_dir = work_dir or tempfile.mkdtemp(prefix="smv-audit-")
+    serial = [0]
+    workers: list = []
+    sel = selectors.DefaultSelector()
+
+    def publish() -> None:
+        results[first_index:] = [s for s in slots if s is not None]
+        on_row()
+
+    def spawn(slot: int):
+        dev = (kind, ids_dev[slot % len(ids_dev)]) if ids_dev else ("cpu", None)
+        w = Worker(f"a{serial[0]}", dev, base_dir, {})
+        serial[0] += 1
+        w.slot = slot
+        workers.append(w)
+        sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+        return w
+
+    def item_for(w, i: int, pass_no: int, row_budget: float) -> dict:
+        cid, tname = rows[i]
+        c = get_contract(cid)
+        n = limit_of(c)
+        return {"g": i, "subject": spec, "contract": cid, "target": tname, "profile": profile, "seed": seed,
+                "budget": round(max(0.05, row_budget), 3),
+                "audit": {"pass": pass_no, "use_examples": use_examples, "first": min(c.min_cases, n),
+                          "max_examples": max_cases, "shrink_until": shrink_until, "repro_dir": repro_dir,
+                          "findings_path": findings_path}}
+
+    def start(w, item: dict) -> None:
+        w.item = item
+        w.item_started, w.item_wall = time.monotonic(), time.time()
+        for f in (w.case_file, w.trace_file):
+            if os.path.exists(f):
+                os.unlink(f)
+        try:
+            w.send({"item": item})
+        except (BrokenPipeError, OSError):
+            pass  # it died: the poll below records it
+
+    def finish(w, msg: dict) -> None:
+        i = w.item["g"]
+        pass_no = w.item["audit"]["pass"]
+        if "row" in msg:
+            r = RowDoc(msg["row"], resumable=msg.get("resumable", False), limit=msg.get("limit"))
+            described[sub.label] = merge_describe(described.get(sub.label) or sub.describe(), msg["describe"])
+            if pass_no == 1:
+                owner[i] = w.id
+        else:  # the harness raised in the worker
+            c = get_contract(rows[i][0])
+            r = _failed_row(c, rows[i][1], sub, f"error: the worker could not run the row: {msg.get('error')}",
+                            slots[i] if pass_no == 2 else None, time.monotonic() - w.item_started)
+        slots[i] = r
+        w.item = None
+        prog.pass_no = pass_no
+        prog.row(i + 1, n_rows, r)
+        publish()
+
+    def lost(w, what: str) -> None:
+        """``w`` died or hung while checking its row."""
+        i = w.item["g"]
+        cid, tname = rows[i]
+        c = get_contract(cid)
+        if what == "hang":
+            reason = (f"hang: a case ran past its time limit of {_case_limit(c, case_timeout):g}s; worker {w.id} "
+                      f"on {w.device_name} was killed")
+            outcome = {"kind": "hang", "timeout": _case_limit(c, case_timeout)}
+        else:
+            how = _signal_name(w.proc.returncode)
+            reason = f"crash: worker {w.id} on {w.device_name} died ({how}) while checking a case"
+            outcome = {"kind": "crash", "how": how, "returncode": w.proc.returncode,
+                       "timeout": _case_limit(c, case_timeout)}
+        case = w.last_case()
+        r = _failed_row(c, tname, sub, reason, slots[i] if w.item["audit"]["pass"] == 2 else None,
+                        time.monotonic() - w.item_started)
+        if case is not None:
+            path = os.path.join(repro_dir, f"{cid}-{tname}-{what}.json")
+            write_outcome_repro(path, case, cid, tname, sub.label, spec, outcome, w.log_tail())
+            r.doc["repro"] = path
+            r.doc["reason"] += f" ({case.get('phase')} case)"
+        else:
+            r.doc["reason"] += f" (before its first case: no reproducer); log: {os.path.join(w.dir, 'worker.log')}"
+        slots[i] = r
+        w.item = None
+        prog.row(i + 1, n_rows, r)
+        publish()
+
+    def next_item(w):
+        left = deadline - time.monotonic()
+        if phase[0] == 1:
+            if not todo:
+                return None
+            if left <= 0:
+                return None
+            i = todo.popleft()
+            remaining = len(todo)
+            return item_for(w, i, 1, min(left, max(left / (remaining + 1), 0.5 * left)))
+        mine = second.get(w.id)
+        if not mine or left <= 0.05:
+            return None
+        i = mine.popleft()
+        return item_for(w, i, 2, left / (len(mine) + 1))
+
+    last_beat = time.monotonic()
+    start_failures = 0
+    try:
+        for slot in range(max(1, min(jobs, len(todo)))):
+            spawn(slot)
+        while True:
+            busy = [w for w in workers if w.item is not None]
+            if phase[0] == 1 and not todo and not busy:
+                phase[0] = 2
+                for k in range(n_rows):
+                    r = slots[k]
+                    if (isinstance(r, RowDoc) and r.resumable and r.status in ("pass", "known")
+                            and owner.get(k) in {w.id for w in workers}):
+                        second.setdefault(owner[k], deque()).append(k)
+                prog.start_pass(2, sum(len(q) for q in second.values()),
+                                "sharing what is left for more generated cases")
+            if phase[0] == 1 and todo and deadline - time.monotonic() <= 0:
+                while todo:  # the budget is spent: what was not started says so
+                    i = todo.popleft()
+                    cid, tname = rows[i]
+                    slots[i] = RowResult(cid, tname, "incomplete", stopped_by="budget", limit=limit_of(
+                        get_contract(cid)), subject=sub.as_row(),
+                        reason=f"not started: the budget of {budget:.1f}s was spent by the rows before it")
+                    prog.row(i + 1, n_rows, slots[i])
+                publish()
+            if phase[0] == 2 and not busy and (deadline - time.monotonic() <= 0.05
+                                                or not any(second.get(w.id) for w in workers)):
+                break
+            for w in workers:
+                if w.ready and w.item is None:
+                    item = next_item(w)
+                    if item is not None:
+                        start(w, item)
+            for key, _ in sel.select(timeout=0.2):
+                w = key.data
+                chunk = os.read(w.proc.stdout.fileno(), 65536).decode(errors="replace")
+                if not chunk:
+                    sel.unregister(w.proc.stdout)
+                    continue
+                w.buf += chunk
+                while "\n" in w.buf:
+                    line, w.buf = w.buf.split("\n", 1)
+                    try:
+                        msg = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    if "ready" in msg:
+                        w.ready = True
+                        start_failures = 0
+                    elif "done" in msg and w.item is not None and msg["done"] == w.item["g"]:
+                        finish(w, msg)
+            for w in list(workers):
+                dead = w.proc.poll() is not None
+                hung = False
+                if not dead and w.item is not None:  # as the campaign judges it: no case ended within the limit
+                    limit = _case_limit(get_contract(w.item["contract"]), case_timeout)
+                    hung = time.monotonic() - w.last_activity() > limit + (
+                        w.item["budget"] if w.last_case() is None else 0.0)
+                if not dead and not w.ready and time.monotonic() - w.started > WORKER_START_TIMEOUT:
+                    hung = True
+                if not (dead or hung):
+                    continue
+                w.kill()
+                if w.item is not None:
+                    lost(w, "hang" if hung else "crash")
+                elif not w.ready:
+                    start_failures += 1
+                    if start_failures >= 3:
+                        raise RuntimeError(f"3 audit workers in a row died before they could take a row; the last "
+                                           f"one's log ({os.path.join(w.dir, 'worker.log')}) ends: "
+                                           f"{w.log_tail(600).strip()[-600:]}")
+                try:
+                    sel.unregister(w.proc.stdout)
+                except (KeyError, ValueError):
+                    pass
+                workers.remove(w)
+                second.pop(w.id, None)  # its rows' first passes died with it: they keep what they have
+                if phase[0] == 1 and todo and deadline - time.monotonic() > 0:
+                    nw = spawn(w.slot)
+                    stream.write(f"smv audit: started worker {nw.id} on {nw.device_name} in place of {w.id}\n")
+            if prog.enabled and time.monotonic() - last_beat >= HEARTBEAT_S:
+                last_beat = time.monotonic()
+                running = [f"{w.item['contract']} on {w.item['target']}" for w in workers if w.item is not None]
+                done = sum(s is not None for s in slots)
+                stream.write(f"smv audit: {done} of {n_rows} rows done under {sub.label}, {len(running)} running "
+                             f"({', '.join(running[:4])}{' ...' if len(running) > 4 else ''}), "
+                             f"{max(0.0, deadline - time.monotonic()):.0f}s of budget left\n")
+                stream.flush()
+    finally:
+        for w in workers:
+            if w.item is None and w.proc.poll() is None:
+                try:
+                    w.send({"exit": True})
+                except OSError:
+                    pass
+        end = time.monotonic() + 5
+        for w in workers:
+            if w.item is None:
+                try:
+                    w.proc.wait(timeout=max(0.1, end - time.monotonic()))
+                except Exception:  # noqa: BLE001 - it is killed below either way
+                    pass
+            w.kill()
+        seconds[sub.label] = time.monotonic() - t0
+    for i, (cid, tname) in enumerate(rows):  # a row a dead worker's queue never reached
+        if slots[i] is None:
+            slots[i] = RowResult(cid, tname, "incomplete", stopped_by="budget", subject=sub.as_row(),
+                                 reason=f"not started: the budget of {budget:.1f}s was spent by the rows before it")
+    results[first_index:] = slots

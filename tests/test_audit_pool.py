@@ -1,0 +1,147 @@
+"""`smv audit --jobs N`: rows on real worker processes give the serial audit's verdicts, and a worker that crashes
+or hangs makes its row an error with a reproducer while the other rows go on.
+
+The planted faults are tests/planted_contracts.py's (SMV_CONTRACT_MODULES); each audit here is a real `smv audit`
+process or run_audit with real workers."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from contracts import reports
+from contracts.audit import run_audit
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+
+
+def _env(**extra):
+    env = dict(os.environ, SMV_CONTRACT_MODULES="planted_contracts",
+               PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env.pop("CI", None)
+    env.update(extra)
+    return env
+
+
+def _audit_cmd(report, *args):
+    return [sys.executable, "-m", "contracts.cli", "audit", "--report", str(report), "--no-progress", *args]
+
+
+def _rows(doc):
+    return {(r["contract"], r["target"]): r for r in doc["results"]}
+
+
+def test_parallel_rows_give_the_serial_verdicts_cases_and_margins(tmp_path):
+    common = dict(contract_ids=["fp8-codec-exact", "cache-layout-roundtrip", "decode-reduce-oracle"],
+                  target_names=["gfx942", "generic"], budget=240, profile="dev", seed=7, max_cases=12,
+                  progress=False)
+    serial, code1 = run_audit(report_dir=str(tmp_path / "serial"), **common)
+    pooled, code2 = run_audit(report_dir=str(tmp_path / "pooled"), jobs=2, **common)
+    assert code1 == code2 == 0
+    assert serial["run"]["jobs"] == 1 and pooled["run"]["jobs"] == 2
+    a, b = _rows(serial), _rows(pooled)
+    assert list(a) == list(b)  # the same rows, in the same order
+    for k in a:
+        for field in ("status", "pinned_cases", "generated_cases", "stopped_by", "margin", "violations"):
+            assert a[k][field] == b[k][field], (k, field, a[k][field], b[k][field])
+    assert b[("decode-reduce-oracle", "generic")]["status"] == "skipped"
+    assert b[("fp8-codec-exact", "gfx942")]["generated_cases"] == 12  # the second pass ran in its worker
+    # both are audit.json 8, which requires run.jobs
+    for doc in (serial, pooled):
+        assert doc["schema_version"] == reports.AUDIT_SCHEMA_VERSION == 8
+        assert reports.validate(doc, reports.audit_schema(8)) == []
+    stale = dict(pooled, run={k: v for k, v in pooled["run"].items() if k != "jobs"})
+    assert any("jobs" in e for e in reports.validate(stale, reports.audit_schema(8)))
+    # each worker kept its log beside the report
+    logs = sorted((tmp_path / "pooled" / "workers").glob("a*/worker.log"))
+    assert len(logs) == 2
+
+
+def test_a_crashing_or_hanging_worker_is_an_error_row_with_a_reproducer_and_the_rest_pass(tmp_path):
+    rep = tmp_path / "audit"
+    t0 = time.monotonic()
+    p = subprocess.run(_audit_cmd(rep, "--jobs", "2", "--case-timeout", "3", "--budget", "120", "--seed", "3",
+                                  "--max-cases", "40", "--target", "gfx942", "--contract", "planted-segv",
+                                  "--contract", "planted-hang", "--contract", "cache-layout-roundtrip"),
+                       env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 1, p.stdout + p.stderr
+    doc = json.loads((rep / "audit.json").read_text())
+    rows = _rows(doc)
+    segv, hang = rows[("planted-segv", "gfx942")], rows[("planted-hang", "gfx942")]
+    assert segv["status"] == "error" and "SIGSEGV" in segv["reason"], segv
+    assert hang["status"] == "error" and "hang" in hang["reason"] and "3s" in hang["reason"], hang
+    assert rows[("cache-layout-roundtrip", "gfx942")]["status"] == "pass"
+    assert doc["run"]["ok"] is False and "2 error" in doc["run"]["reason"]
+    for r in (segv, hang):
+        saved = json.loads(Path(r["repro"]).read_text())
+        assert saved["schema_version"] == 4 and saved["case"] % 10 == 7
+        assert saved["outcome"]["kind"] == ("crash" if r is segv else "hang")
+    # the crash's reproducer replays as a crash, in a subprocess
+    rp = subprocess.run([sys.executable, "-m", "contracts.cli", "repro", segv["repro"]], env=_env(),
+                        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert rp.returncode == 1 and "CRASH reproduced" in rp.stdout + rp.stderr, rp.stdout + rp.stderr
+    assert time.monotonic() - t0 < 250
+
+
+def _workers_of(report: Path) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            state = next(ln for ln in (d / "status").read_text().splitlines() if ln.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if "campaign_worker" in cmd and str(report) in cmd and "zombie" not in state:
+            pids.append(int(d.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc to find the worker processes")
+def test_a_terminated_audit_keeps_its_rows_and_leaves_no_worker(tmp_path):
+    rep = tmp_path / "audit"
+    proc = subprocess.Popen(_audit_cmd(rep, "--jobs", "2", "--budget", "200", "--seed", "1", "--target", "gfx942",
+                                       "--contract", "cache-layout-roundtrip", "--contract", "planted-hang"),
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:  # until the quick row is on disk and the hanging one is running
+        try:
+            doc = json.loads((rep / "audit.json").read_text())
+            if _rows(doc)[("cache-layout-roundtrip", "gfx942")]["status"] == "pass" and _workers_of(rep):
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("the audit never finished its quick row")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    doc = json.loads((rep / "audit.json").read_text())
+    assert doc["run"]["finished"] is False
+    rows = _rows(doc)
+    assert rows[("cache-layout-roundtrip", "gfx942")]["status"] == "pass"
+    # the row cut by the signal keeps what it had (its first pass, or nothing yet): the user's signal is no finding
+    assert rows[("planted-hang", "gfx942")]["status"] in ("pass", "incomplete")
+    assert doc["run"]["ok"] is False
+    end = time.monotonic() + 15
+    while _workers_of(rep) and time.monotonic() < end:
+        time.sleep(0.3)
+    assert _workers_of(rep) == []
+
+
+def test_jobs_must_be_a_positive_count():
+    with pytest.raises(ValueError, match="jobs"):
+        run_audit(["fp8-codec-exact"], ["generic"], budget=5, jobs=0, progress=False)
+    p = subprocess.run([sys.executable, "-m", "contracts.cli", "audit", "--jobs", "0"], capture_output=True,
+                       text=True, cwd=ROOT, env=_env())
+    assert p.returncode == 2 and "--jobs" in p.stderr
