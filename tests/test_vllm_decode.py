@@ -207,8 +207,10 @@ def test_upstream_adaptive_splits_need_more_than_four_splits(vllm_subject):
 
 
 def test_fnuz_natively_on_nvidia_is_unavailable(vllm_subject, monkeypatch):
-    monkeypatch.setattr(vdec, "triton_mode", lambda: "native")
-    monkeypatch.setattr(vdec, "detect_device", lambda: DeviceInfo("cuda", "NVIDIA H200", "sm_90"))
+    import contracts.subjects.vllm.adapters as adapters
+
+    monkeypatch.setattr(adapters, "triton_mode", lambda: "native")
+    monkeypatch.setattr(adapters, "detect_device", lambda: DeviceInfo("cuda", "NVIDIA H200", "sm_90"))
     inp = fz.build_decode_inputs(_small_decode("gfx942"), get_target("gfx942"))
     with pytest.raises(SubjectUnavailable, match="FNUZ"):
         vllm_subject.bind("gfx942").decode.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices,

@@ -20,8 +20,9 @@ millisecond of host time, which would be timed instead of upstream's code); unde
 """
 from __future__ import annotations
 
+from contracts.subjects.vllm.adapters import native_fnuz_unavailable
 from contracts.subjects import Family, SubjectUnavailable
-from impl.runtime import detect_device, triton_mode
+from impl.runtime import triton_mode
 from impl.targets import get_target
 
 LAYOUTS = {None: None, "normal": "NORMAL", "shuffle": "SHUFFLE"}
@@ -36,9 +37,7 @@ def build(ctx) -> Family:
             raise ValueError(f"target: this binding of the subject is for {tgt.name}, got {get_target(target).name}")
 
     def _native_fnuz_unavailable() -> None:
-        if tgt.main_cache_fp8 == "fnuz" and triton_mode() == "native" and detect_device().kind == "cuda":
-            raise SubjectUnavailable(f"upstream's {tgt.name} gather views k_fp8 as FNUZ fp8 (its FP8_DTYPE), which "
-                                     "does not exist on NVIDIA GPUs (native Triton here)")
+        native_fnuz_unavailable(tgt, "gather views k_fp8 (its FP8_DTYPE)")
 
     def _upstream_args(k_cache, k_fp8, k_scale, block_table, cu_seqlen, token_to_seq, layout):
         if layout not in LAYOUTS:

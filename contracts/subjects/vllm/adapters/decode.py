@@ -31,12 +31,12 @@ from unittest import mock
 
 import torch
 
+from contracts.subjects.vllm.adapters import native_fnuz_unavailable
 from contracts.subjects import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters.splits import pinned_cu
 from contracts.subjects.vllm.loader import Rewrite, register_rewrite
 from impl import formats
 from impl.decode import DecodePlan, DecodeWorkspace
-from impl.runtime import detect_device, triton_mode
 from impl.targets import effective_cu_count, get_target
 
 OPS_PATH = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
@@ -118,10 +118,7 @@ def _no_twin_path(given, bound) -> None:
 
 
 def _native_fnuz_unavailable(target) -> None:
-    if target.main_cache_fp8 == "fnuz" and triton_mode() == "native" and detect_device().kind == "cuda":
-        raise SubjectUnavailable(
-            f"upstream's {target.name} decode reads its main (SWA) cache as FNUZ fp8, which does not exist on "
-            f"NVIDIA GPUs (native Triton here)")
+    native_fnuz_unavailable(target, "decode reads its main (SWA) cache")
 
 
 def _with_host_rewrite(ctx):

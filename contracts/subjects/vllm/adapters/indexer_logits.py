@@ -35,6 +35,7 @@ import types
 
 import torch
 
+from contracts.subjects.vllm.adapters import native_fnuz_unavailable
 from contracts.subjects import EntryMissing, Family, SubjectUnavailable
 from impl.formats import default_indexer_layout
 from impl.runtime import triton_mode
@@ -53,7 +54,7 @@ class _PoisonedWorkspace:
     def get_simultaneous(self, *specs):
         out = []
         for shape, dtype in specs:
-            t = torch.empty(shape, dtype=dtype, device=_PoisonedWorkspace.device)
+            t = torch.empty(shape, dtype=dtype, device=self.device)
             if dtype.is_floating_point:
                 t.fill_(float("nan"))
             else:
@@ -119,6 +120,9 @@ def build(ctx) -> Family:
     def _fp8(t):
         return t.view(ops.FP8_DTYPE) if t.dtype == torch.uint8 else t
 
+    def _native_fnuz_unavailable() -> None:
+        native_fnuz_unavailable(tgt, "paged-logits Triton kernel loads the indexer cache")
+
     def _run(fn, q, out, *args, **kw):
         def call():
             with environment(q.device):
@@ -140,6 +144,9 @@ def build(ctx) -> Family:
         lay = default_indexer_layout(int(kv_cache.shape[1])) if layout is None else layout
         if lay not in RATIO_FOR_LAYOUT:
             raise ValueError(f"layout: expected None, 'normal' or 'shuffle', got {layout!r}")
+        bs = int(kv_cache.shape[1])
+        if lay == "normal" and bs > 1 and bs % 64 == 0 and tgt.name in ("gfx942", "gfx950"):
+            _native_fnuz_unavailable()  # the dispatcher's Triton path (the module docstring)
         args = _paged_args(q, kv_cache, weights, context_lens, block_tables, max_model_len)
         return _run(ops.rocm_fp8_paged_mqa_logits, q, out, *args, None, max_model_len,
                     compress_ratio=RATIO_FOR_LAYOUT[lay])
@@ -147,6 +154,7 @@ def build(ctx) -> Family:
     def fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_model_len, *,
                                     layout=None, out=None, target=None):
         _check_target(target)
+        _native_fnuz_unavailable()
         args = _paged_args(q, kv_cache, weights, context_lens, block_tables, max_model_len)
         return _run(ops.rocm_fp8_paged_mqa_logits_triton, q, out, *args, max_model_len)
 
@@ -170,8 +178,7 @@ def build(ctx) -> Family:
         if triton_mode() != "native":
             raise SubjectUnavailable("the direct launcher is for native hosts; under the interpreter upstream's "
                                      "code runs through the entry point (with its corrections)")
-        if tgt.main_cache_fp8 == "fnuz":
-            raise SubjectUnavailable("upstream's kernel loads FNUZ fp8 (gfx942), which Triton on NVIDIA refuses")
+        _native_fnuz_unavailable()
         rows = int(q.shape[0]) * int(q.shape[1])
         buf = torch.empty(rows, max_model_len, dtype=torch.float32, device=q.device)
 

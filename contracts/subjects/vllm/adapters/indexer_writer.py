@@ -39,6 +39,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from contracts.subjects.vllm.adapters import native_fnuz_unavailable
 from contracts.subjects import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters.compressor import _array, _patched
 from impl.runtime import triton_mode
@@ -129,6 +130,7 @@ def build(ctx) -> Family:
                                      f"block size {bs}) and cannot write {layout!r}")
         if int(slot_mapping.shape[0]) == 0:
             return
+        native_fnuz_unavailable(tgt, "indexer-K writer stores its codes")
         ctx.call(ops.indexer_k_quant_and_cache_triton, k, cache, slot_mapping, HEAD, scale_fmt)
 
     def compress_norm_rope_store_indexer(state, state_block_table, token_to_req, positions, slot_mapping,
