@@ -44,6 +44,13 @@ def _hang(case, target):
     return []
 
 
+@core.contract("planted-stuck", cases=_small, min_cases=1, targets=("gfx942",))
+def _stuck(case, target):
+    """Never returns, whatever the case: a hang that does not depend on which values a Hypothesis version draws."""
+    while True:
+        time.sleep(1)
+
+
 @core.contract("planted-odd", cases=lambda t: st.integers(0, 10 ** 6), min_cases=1)
 def _odd(case, target):
     """Fails on odd integers; the message carries the value, so only a masked signature merges two of them."""

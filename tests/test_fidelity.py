@@ -210,7 +210,8 @@ def _rw(rid, when):
 def test_rewrites_for_host_pick_by_when(monkeypatch, mode):
     rws = [_rw("a", "always"), _rw("i", "interpreter"), _rw("n", "native"),
            loader.Rewrite("native-tl-cat-dim1", loader.NEEDED[0], "x", "y", "t", when="native"),
-           loader.Rewrite("native-drop-waves-per-eu", loader.NEEDED[0], "x", "y", "t", when="native")]
+           loader.Rewrite("native-drop-waves-per-eu", loader.NEEDED[0], "x", "y", "t", when="native"),
+           loader.Rewrite("native-fp8-dot-bf16-operands", loader.NEEDED[0], "x", "y", "t", when="native")]
     monkeypatch.setattr(loader, "REWRITES", rws)
     monkeypatch.setattr(fid, "interpreting", lambda: mode == "interpreter")
     # a host with neither tl.cat(dim=) nor HIP: NVIDIA with Triton 3.6
@@ -220,8 +221,8 @@ def test_rewrites_for_host_pick_by_when(monkeypatch, mode):
     if mode == "interpreter":
         assert ids == ["a", "i"]
     else:
-        assert ids == ["a", "n", "native-tl-cat-dim1", "native-drop-waves-per-eu"]
-        # AMD with a Triton that has tl.cat(dim=): neither native rewrite is needed
+        assert ids == ["a", "n", "native-tl-cat-dim1", "native-drop-waves-per-eu", "native-fp8-dot-bf16-operands"]
+        # AMD with a Triton that has tl.cat(dim=): no native rewrite is needed (its fp8 MFMA accumulates in fp32)
         monkeypatch.setattr(fid, "_triton_cat_has_dim", lambda: True)
         monkeypatch.setattr(fid, "_on_hip", lambda: True)
         assert [r.id for r in fid.rewrites_for_host()] == ["a", "n"]
@@ -229,7 +230,7 @@ def test_rewrites_for_host_pick_by_when(monkeypatch, mode):
 
 def test_native_rewrites_are_registered():
     ids = {r.id: r for r in loader.REWRITES}
-    for rid in ("native-tl-cat-dim1", "native-drop-waves-per-eu"):
+    for rid in ("native-tl-cat-dim1", "native-drop-waves-per-eu", "native-fp8-dot-bf16-operands"):
         assert ids[rid].when == "native" and ids[rid].path == loader.NEEDED[0] and ids[rid].why
 
 
@@ -282,9 +283,21 @@ def test_cat_rewrite_is_the_same_concatenation(tmp_path):
     sys.modules.pop("smv_cat_1", None)
 
 
+def test_bf16_operands_hold_every_e4m3_value_exactly():
+    """What native-fp8-dot-bf16-operands rests on: each of the 256 OCP e4m3 codes (and FNUZ's) converts to bf16
+    without rounding, so a dot over bf16 operands accumulated in fp32 is the fp8 dot an fp32-accumulating MFMA
+    computes."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    for dt in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        f = codes.view(dt)
+        a, b = f.to(torch.float32), f.to(torch.bfloat16).to(torch.float32)
+        assert torch.equal(torch.isnan(a), torch.isnan(b))
+        assert torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
+
+
 def test_native_rewrites_match_upstream_once_each(vllm_subject):
-    """On the pinned release: the four tl.cat(..., dim=1) and the one waves_per_eu= are rewritten, nothing else, and
-    the rewritten module still parses."""
+    """On the pinned release: the four tl.cat(..., dim=1), the one waves_per_eu= and the paged-logits fp8 dot are
+    rewritten, nothing else, and the rewritten module still parses."""
     import ast
     import os
 
@@ -293,9 +306,10 @@ def test_native_rewrites_match_upstream_once_each(vllm_subject):
         src = fh.read()
     counts = {}
     for r in loader.REWRITES:
-        if r.id in ("native-tl-cat-dim1", "native-drop-waves-per-eu"):
+        if r.id in ("native-tl-cat-dim1", "native-drop-waves-per-eu", "native-fp8-dot-bf16-operands"):
             src, counts[r.id] = r.apply(src)
-    assert counts == {"native-tl-cat-dim1": 4, "native-drop-waves-per-eu": 1}
+    assert counts == {"native-tl-cat-dim1": 4, "native-drop-waves-per-eu": 1, "native-fp8-dot-bf16-operands": 1}
+    assert "tl.dot(kv.to(tl.bfloat16), tl.trans(q).to(tl.bfloat16))" in src
     assert "dim=1)" not in "".join(line for line in src.splitlines() if "tl.cat(" in line)
     assert "waves_per_eu" not in src
     ast.parse(src)

@@ -87,3 +87,25 @@ def test_the_adapter_returns_upstreams_buffer_or_fills_ours(vllm_subject):
     with pytest.raises(ValueError, match="binding of the subject is for generic"):
         fam.fp8_paged_mqa_logits(inp.q, inp.cache, inp.weights, inp.context_lens, inp.block_table, 24,
                                  target="gfx950")
+
+
+def test_the_native_bf16_operand_rewrite_changes_no_bit_where_the_dot_accumulates_in_fp32(vllm_subject, tmp_path):
+    """native-fp8-dot-bf16-operands (applied on NVIDIA hosts only, where the fp8 MMA accumulates in fewer bits than
+    AMD's): under the interpreter, whose dot accumulates fp8 products in fp32 as gfx950's MFMA does, upstream's
+    kernel with bf16 operands writes the same bits, visible columns and poison alike."""
+    from contracts.subjects import fidelity  # noqa: F401 - registers the native rewrites
+    from contracts.subjects.vllm import loader
+
+    rw = next(r for r in loader.REWRITES if r.id == "native-fp8-dot-bf16-operands")
+    rewritten = parse_subject("vllm@" + planted_copy(vllm_subject.tree.root, str(tmp_path / "tree"), OPS,
+                                                     rw.find, rw.replace))
+    case = DECODE.replace(block_size=64, context_lens=(70, 3), max_model_len=72, seed=9)
+    inp = build_decode_inputs(case, "ocp", "cpu")
+    outs = []
+    for sub in (vllm_subject, rewritten):
+        fam = sub.bind("gfx950").indexer_logits
+        outs.append(fam.fp8_paged_mqa_logits_triton(inp.q, inp.cache, inp.weights, inp.context_lens,
+                                                    inp.block_table, 72))
+    a, b = outs
+    assert torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+    assert torch.isfinite(a[0, :70]).all() and (a[0, :70] != 0).any()  # real scores, not an empty comparison

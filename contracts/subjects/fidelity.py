@@ -912,11 +912,12 @@ def _on_hip() -> bool:
 _NATIVE_NEEDS = {
     "native-tl-cat-dim1": lambda: not _triton_cat_has_dim(),
     "native-drop-waves-per-eu": lambda: not _on_hip(),
+    "native-fp8-dot-bf16-operands": lambda: not _on_hip(),
 }
 
 
 def _register_native_rewrites() -> None:
-    """Both rewrites change @triton.jit source, which Triton (compiler and interpreter alike) reads back through
+    """The rewrites change @triton.jit source, which Triton (compiler and interpreter alike) reads back through
     ``inspect`` from the module's file name: they take effect only where the loader makes the rewritten text what
     ``inspect`` finds for the module (a file name of its own in ``linecache``)."""
     from contracts.subjects.vllm.loader import Rewrite, register_rewrite
@@ -936,6 +937,16 @@ def _register_native_rewrites() -> None:
         "the gfx950 decode launch passes waves_per_eu=, an AMD occupancy hint NVIDIA's Triton rejects ('Keyword "
         "argument waves_per_eu was specified but unrecognised'); it changes no result",
         when="native", regex=True))
+    register_rewrite(Rewrite(
+        "native-fp8-dot-bf16-operands", _OPS,
+        "s = tl.dot(kv, tl.trans(q))",
+        "s = tl.dot(kv.to(tl.bfloat16), tl.trans(q).to(tl.bfloat16))",
+        "the paged-logits kernel multiplies fp8 tiles with tl.dot; AMD's fp8 MFMA (gfx942, gfx950) accumulates in "
+        "fp32, NVIDIA Hopper's fp8 tensor-core MMA in fewer bits (DeepSeek-V3 technical report, section 3.3.2), so "
+        "natively on an H200 its head scores drift by about a bf16 rounding from what the kernel computes on its "
+        "targets (the native subject audit failed indexer-logits-agreement on gfx950 so); every e4m3 value is "
+        "exact in bf16, so bf16 operands with fp32 accumulation are the kernel's AMD arithmetic",
+        when="native"))
 
 
 def rewrites_for_host() -> list:
