@@ -18,7 +18,6 @@ case time limit (the contract's, or ``--case-timeout``) is killed and the row is
 """
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import tempfile
@@ -112,7 +111,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                   on_row, seconds: dict, described: dict, work_dir: str | None, stream,
                   case_timeout: float | None = None) -> None:
     """Every row of one subject on ``jobs`` workers, within ``budget`` (appended to ``results`` in row order)."""
-    from contracts.campaign import WORKER_START_TIMEOUT, Worker, _case_limit, _signal_name, visible_devices, \
+    from contracts.campaign import Worker, _case_limit, _signal_name, stop_workers, visible_devices, \
         write_outcome_repro
     from contracts.runner import subject_spec
 
@@ -164,17 +163,6 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                 "audit": {"pass": pass_no, "use_examples": use_examples, "first": min(c.min_cases, n),
                           "max_examples": max_cases, "shrink_until": shrink_until, "repro_dir": repro_dir,
                           "findings_path": findings_path}}
-
-    def start(w, item: dict) -> None:
-        w.item = item
-        w.item_started, w.item_wall = time.monotonic(), time.time()
-        for f in (w.case_file, w.trace_file):
-            if os.path.exists(f):
-                os.unlink(f)
-        try:
-            w.send({"item": item})
-        except (BrokenPipeError, OSError):
-            pass  # it died: the poll below records it
 
     def finish(w, msg: dict) -> None:
         i = w.item["g"]
@@ -271,20 +259,14 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                 if w.ready and w.item is None:
                     item = next_item(w)
                     if item is not None:
-                        start(w, item)
+                        w.start_item(item)
             for key, _ in sel.select(timeout=0.2):
                 w = key.data
-                chunk = os.read(w.proc.stdout.fileno(), 65536).decode(errors="replace")
-                if not chunk:
+                answers = w.read_answers()
+                if answers is None:
                     sel.unregister(w.proc.stdout)
                     continue
-                w.buf += chunk
-                while "\n" in w.buf:
-                    line, w.buf = w.buf.split("\n", 1)
-                    try:
-                        msg = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
+                for msg in answers:
                     if "ready" in msg:
                         w.ready = True
                         start_failures = 0
@@ -292,13 +274,9 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                         finish(w, msg)
             for w in list(workers):
                 dead = w.proc.poll() is not None
-                hung = False
-                if not dead and w.item is not None:  # as the campaign judges it: no case ended within the limit
-                    limit = _case_limit(get_contract(w.item["contract"]), case_timeout)
-                    hung = time.monotonic() - w.last_activity() > limit + (
-                        w.item["budget"] if w.last_case() is None else 0.0)
-                if not dead and not w.ready and time.monotonic() - w.started > WORKER_START_TIMEOUT:
-                    hung = True
+                hung = not dead and w.stalled(  # as the campaign judges it: no case ended within the limit
+                    _case_limit(get_contract(w.item["contract"]), case_timeout) if w.item is not None else 0.0,
+                    w.item["budget"] if w.item is not None else 0.0)
                 if not (dead or hung):
                     continue
                 w.kill()
@@ -328,20 +306,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                              f"{max(0.0, deadline - time.monotonic()):.0f}s of budget left\n")
                 stream.flush()
     finally:
-        for w in workers:
-            if w.item is None and w.proc.poll() is None:
-                try:
-                    w.send({"exit": True})
-                except OSError:
-                    pass
-        end = time.monotonic() + 5
-        for w in workers:
-            if w.item is None:
-                try:
-                    w.proc.wait(timeout=max(0.1, end - time.monotonic()))
-                except Exception:  # noqa: BLE001 - it is killed below either way
-                    pass
-            w.kill()
+        stop_workers(workers)
         seconds[sub.label] = time.monotonic() - t0
     for i, (cid, tname) in enumerate(rows):  # a row a dead worker's queue never reached
         if slots[i] is None:

@@ -353,6 +353,41 @@ class Worker:
         self.proc.stdin.write(json.dumps(msg) + "\n")
         self.proc.stdin.flush()
 
+    def start_item(self, item: dict) -> None:
+        """Hand the worker ``item``: its case and trace files are cleared first, so they are this item's."""
+        self.item = item
+        self.item_started, self.item_wall = time.monotonic(), time.time()
+        for f in (self.case_file, self.trace_file):
+            if os.path.exists(f):
+                os.unlink(f)
+        try:
+            self.send({"item": item})
+        except (BrokenPipeError, OSError):
+            pass  # it died: the supervisor's poll records it
+
+    def read_answers(self) -> "list[dict] | None":
+        """The whole JSON lines the worker answered since the last call; None once its pipe is closed."""
+        chunk = os.read(self.proc.stdout.fileno(), 65536).decode(errors="replace")
+        if not chunk:
+            return None
+        self.buf += chunk
+        out = []
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+    def stalled(self, limit: float, before_first_case: float) -> bool:
+        """No case of the current item ended within ``limit`` seconds (``before_first_case`` more before the
+        first one: the item's own setup), or the worker never became ready."""
+        if self.item is not None and time.monotonic() - self.last_activity() > limit + (
+                before_first_case if self.last_case() is None else 0.0):
+            return True
+        return not self.ready and time.monotonic() - self.started > WORKER_START_TIMEOUT
+
     def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -401,6 +436,24 @@ class Worker:
                 return fh.read().decode(errors="replace")
         except OSError:
             return ""
+
+
+def stop_workers(workers: list) -> None:
+    """Ask the idle workers to exit, give them five seconds, then kill every worker (busy ones at once)."""
+    for w in workers:
+        if w.item is None and w.proc.poll() is None:
+            try:
+                w.send({"exit": True})
+            except OSError:
+                pass
+    deadline = time.monotonic() + 5
+    for w in workers:
+        if w.item is None:
+            try:
+                w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        w.kill()
 
 
 def write_outcome_repro(path: str, case: dict, cid: str, target: str, label: str, spec: str, outcome: dict,
@@ -669,29 +722,15 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
                             stream.write("smv fuzz: every row fails the same way again and again (retired after "
                                          f"{RETIRE_AFTER} in a row): nothing more to learn, ending early\n")
                         break
-                    w.item = item_of(g)
-                    w.item_started, w.item_wall = time.monotonic(), time.time()
                     w.stats["status"] = "running"
-                    for f in (w.case_file, w.trace_file):
-                        if os.path.exists(f):
-                            os.unlink(f)
-                    try:
-                        w.send({"item": w.item})
-                    except (BrokenPipeError, OSError):
-                        pass  # it died; the poll below records the crash
+                    w.start_item(item_of(g))
             for key, _ in sel.select(timeout=0.2):
                 w = key.data
-                chunk = os.read(w.proc.stdout.fileno(), 65536).decode(errors="replace")
-                if not chunk:
+                answers = w.read_answers()
+                if answers is None:
                     sel.unregister(w.proc.stdout)
                     continue
-                w.buf += chunk
-                while "\n" in w.buf:
-                    line, w.buf = w.buf.split("\n", 1)
-                    try:
-                        msg = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
+                for msg in answers:
                     if "ready" in msg:
                         w.ready = True
                         start_failures[0] = 0
@@ -702,13 +741,9 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
             # deaths and hangs
             for i, w in enumerate(list(workers)):
                 dead = w.proc.poll() is not None
-                hung = False
-                if not dead and w.item is not None:
-                    cid = rows[w.item["g"] % R][1]
-                    hung = time.monotonic() - w.last_activity() > limits[cid] + (
-                        w.item["budget"] + w.item["grace"] if w.last_case() is None else 0.0)
-                if not dead and not w.ready and time.monotonic() - w.started > WORKER_START_TIMEOUT:
-                    hung = True
+                hung = not dead and w.stalled(
+                    limits[rows[w.item["g"] % R][1]] if w.item is not None else 0.0,
+                    w.item["budget"] + w.item["grace"] if w.item is not None else 0.0)
                 if not (dead or hung):
                     continue
                 if hung:
@@ -768,20 +803,8 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        stop_workers(workers)
         for w in workers:
-            if w.item is None and w.proc.poll() is None:
-                try:
-                    w.send({"exit": True})
-                except OSError:
-                    pass
-        deadline = time.monotonic() + 5
-        for w in workers:
-            if w.item is None:
-                try:
-                    w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-            w.kill()
             w.stats["status"] = "interrupted" if w.item is not None else "exited"
             retire(w, w.stats["status"])
         workers.clear()
