@@ -335,8 +335,7 @@ def _audit_subject(sub, ids, targets, *, budget, profile, seed, repro_dir, use_e
                 remaining -= 1
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    r = RowResult(cid, tname, "incomplete", stopped_by="budget", limit=n, subject=sub.as_row(),
-                                  reason=f"not started: the budget of {budget:.1f}s was spent by the rows before it")
+                    r = not_started(cid, tname, n, sub, budget)
                 else:
                     row_budget = max(left / max(remaining + 1, 1), 0.5 * left)
                     started_row = time.monotonic()
@@ -366,6 +365,12 @@ def _audit_subject(sub, ids, targets, *, budget, profile, seed, repro_dir, use_e
             on_row()
     finally:
         seconds[sub.label] = time.monotonic() - t0
+
+
+def not_started(cid: str, tname: str, limit: int, sub, budget: float) -> RowResult:
+    """The row the budget ran out before: ``incomplete``, never a pass."""
+    return RowResult(cid, tname, "incomplete", stopped_by="budget", limit=limit, subject=sub.as_row(),
+                     reason=f"not started: the budget of {budget:.1f}s was spent by the rows before it")
 
 
 def first_pass(c, tname: str, budget: float, use_examples: bool, first: int, common: dict, progress=None

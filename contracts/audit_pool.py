@@ -111,8 +111,9 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                   on_row, seconds: dict, described: dict, work_dir: str | None, stream,
                   case_timeout: float | None = None) -> None:
     """Every row of one subject on ``jobs`` workers, within ``budget`` (appended to ``results`` in row order)."""
-    from contracts.campaign import Worker, _case_limit, _signal_name, stop_workers, visible_devices, \
-        write_outcome_repro
+    from contracts.audit import not_started
+    from contracts.campaign import Worker, WorkerStartError, _case_limit, _label_suffix, stop_workers, \
+        visible_devices
     from contracts.runner import subject_spec
 
     spec = subject_spec(sub)
@@ -154,7 +155,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
         sel.register(w.proc.stdout, selectors.EVENT_READ, w)
         return w
 
-    def item_for(w, i: int, pass_no: int, row_budget: float) -> dict:
+    def item_for(i: int, pass_no: int, row_budget: float) -> dict:
         cid, tname = rows[i]
         c = get_contract(cid)
         n = limit_of(c)
@@ -187,25 +188,13 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
         i = w.item["g"]
         cid, tname = rows[i]
         c = get_contract(cid)
-        if what == "hang":
-            reason = (f"hang: a case ran past its time limit of {_case_limit(c, case_timeout):g}s; worker {w.id} "
-                      f"on {w.device_name} was killed")
-            outcome = {"kind": "hang", "timeout": _case_limit(c, case_timeout)}
-        else:
-            how = _signal_name(w.proc.returncode)
-            reason = f"crash: worker {w.id} on {w.device_name} died ({how}) while checking a case"
-            outcome = {"kind": "crash", "how": how, "returncode": w.proc.returncode,
-                       "timeout": _case_limit(c, case_timeout)}
-        case = w.last_case()
+        reason, repro = w.lost(what, _case_limit(c, case_timeout), os.path.join(
+            repro_dir, f"{cid}-{tname}{_label_suffix(sub.label)}-{what}.json"), cid, tname, sub.label, spec)
+        if repro is None:
+            reason += f"; log: {os.path.join(w.dir, 'worker.log')}"
         r = _failed_row(c, tname, sub, reason, slots[i] if w.item["audit"]["pass"] == 2 else None,
                         time.monotonic() - w.item_started)
-        if case is not None:
-            path = os.path.join(repro_dir, f"{cid}-{tname}-{what}.json")
-            write_outcome_repro(path, case, cid, tname, sub.label, spec, outcome, w.log_tail())
-            r.doc["repro"] = path
-            r.doc["reason"] += f" ({case.get('phase')} case)"
-        else:
-            r.doc["reason"] += f" (before its first case: no reproducer); log: {os.path.join(w.dir, 'worker.log')}"
+        r.doc["repro"] = repro
         slots[i] = r
         w.item = None
         prog.row(i + 1, n_rows, r)
@@ -220,12 +209,12 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                 return None
             i = todo.popleft()
             remaining = len(todo)
-            return item_for(w, i, 1, min(left, max(left / (remaining + 1), 0.5 * left)))
+            return item_for(i, 1, min(left, max(left / (remaining + 1), 0.5 * left)))
         mine = second.get(w.id)
         if not mine or left <= 0.05:
             return None
         i = mine.popleft()
-        return item_for(w, i, 2, left / (len(mine) + 1))
+        return item_for(i, 2, left / (len(mine) + 1))
 
     last_beat = time.monotonic()
     start_failures = 0
@@ -247,9 +236,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                 while todo:  # the budget is spent: what was not started says so
                     i = todo.popleft()
                     cid, tname = rows[i]
-                    slots[i] = RowResult(cid, tname, "incomplete", stopped_by="budget", limit=limit_of(
-                        get_contract(cid)), subject=sub.as_row(),
-                        reason=f"not started: the budget of {budget:.1f}s was spent by the rows before it")
+                    slots[i] = not_started(cid, tname, limit_of(get_contract(cid)), sub, budget)
                     prog.row(i + 1, n_rows, slots[i])
                 publish()
             if phase[0] == 2 and not busy and (deadline - time.monotonic() <= 0.05
@@ -285,7 +272,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                 elif not w.ready:
                     start_failures += 1
                     if start_failures >= 3:
-                        raise RuntimeError(f"3 audit workers in a row died before they could take a row; the last "
+                        raise WorkerStartError(f"3 audit workers in a row died before they could take a row; the last "
                                            f"one's log ({os.path.join(w.dir, 'worker.log')}) ends: "
                                            f"{w.log_tail(600).strip()[-600:]}")
                 try:
@@ -310,6 +297,5 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
         seconds[sub.label] = time.monotonic() - t0
     for i, (cid, tname) in enumerate(rows):  # a row a dead worker's queue never reached
         if slots[i] is None:
-            slots[i] = RowResult(cid, tname, "incomplete", stopped_by="budget", subject=sub.as_row(),
-                                 reason=f"not started: the budget of {budget:.1f}s was spent by the rows before it")
+            slots[i] = not_started(cid, tname, limit_of(get_contract(cid)), sub, budget)
     results[first_index:] = slots

@@ -388,6 +388,25 @@ class Worker:
             return True
         return not self.ready and time.monotonic() - self.started > WORKER_START_TIMEOUT
 
+    def lost(self, what: str, limit: float, repro_path: str, cid: str, target: str, label: str, spec: str
+             ) -> "tuple[str, str | None]":
+        """Why the current item ended without a verdict (``what``: "crash" or "hang", ``limit`` the case time
+        limit), and the reproducer written at ``repro_path`` for the case it was checking (None before its first
+        case)."""
+        if what == "hang":
+            reason = (f"hang: a case ran past its time limit of {limit:g}s; worker {self.id} on {self.device_name} "
+                      f"was killed")
+            outcome = {"kind": "hang", "timeout": limit}
+        else:
+            how = _signal_name(self.proc.returncode)
+            reason = f"crash: worker {self.id} on {self.device_name} died ({how}) while checking a case"
+            outcome = {"kind": "crash", "how": how, "returncode": self.proc.returncode, "timeout": limit}
+        case = self.last_case()
+        if case is None:
+            return reason + " (before its first case: no reproducer)", None
+        write_outcome_repro(repro_path, case, cid, target, label, spec, outcome, self.log_tail())
+        return reason + f" ({case.get('phase')} case)", repro_path
+
     def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -665,28 +684,12 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
         save()
 
     def crash_or_hang(w: Worker, what: str) -> dict:
-        case = w.last_case()
         it = w.item
         spec, cid, target = rows[it["g"] % R]
         label = labels.get(spec, spec)
-        if what == "hang":
-            limit = limits[cid]
-            reason = (f"hang: a case ran past its time limit of {limit:g}s; worker {w.id} on {w.device_name} was "
-                      f"killed")
-            outcome = {"kind": "hang", "timeout": limit}
-        else:
-            how = _signal_name(w.proc.returncode)
-            reason = f"crash: worker {w.id} on {w.device_name} died ({how}) while checking a case"
-            outcome = {"kind": "crash", "how": how, "returncode": w.proc.returncode, "timeout": limits[cid]}
-        if case is None:
-            reason += " (before its first case: no reproducer)"
-        else:
-            reason += f" ({case.get('phase')} case)"
-        repro = None
-        if case is not None:
-            repro = os.path.join(camp.dir, "repro", f"{cid}-{target}" + _label_suffix(label)
-                                 + f"-{what}-item{it['g']}.json")
-            write_outcome_repro(repro, case, cid, target, label, spec, outcome, w.log_tail())
+        reason, repro = w.lost(what, limits[cid], os.path.join(
+            camp.dir, "repro", f"{cid}-{target}" + _label_suffix(label) + f"-{what}-item{it['g']}.json"),
+            cid, target, label, spec)
         failure = {"contract": cid, "target": target, "subject": label, "status": what, "reason": reason,
                    "violations": [{"message": reason, "where": "", "expected": "a verdict", "got": what}],
                    "repro": repro, "log_tail": w.log_tail(800)}

@@ -345,6 +345,7 @@ def cmd_show(args) -> int:
 
 def cmd_audit(args) -> int:
     from contracts.audit import format_table, run_audit
+    from contracts.campaign import WorkerStartError
     from fuzz.profiles import default_profile
 
     import signal
@@ -369,7 +370,7 @@ def cmd_audit(args) -> int:
                               use_examples=not args.generator_only, max_cases=max_cases or None,
                               allow_empty=args.allow_empty, subjects=subjects, findings_path=args.findings,
                               jobs=args.jobs, case_timeout=args.case_timeout)
-    except ValueError as exc:
+    except (ValueError, WorkerStartError) as exc:
         print(f"smv audit: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
