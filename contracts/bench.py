@@ -239,11 +239,11 @@ class DecodeWorkload:
         run()  # a family the subject cannot run here says so before any timing
         return run, None
 
-    def reduce_call(self, family: str):
-        """(callable, plan): the reduce alone, over partials one full decode left in the workspace."""
+    def _partials(self, family: str):
+        """(plan, workspace, out): the split-K partials one full decode of ours left in a fresh workspace."""
         import torch
 
-        from impl.decode import DecodeWorkspace, decode_reduce, sparse_attn_decode
+        from impl.decode import DecodeWorkspace, sparse_attn_decode
 
         plan = self.plan(family)
         if plan.family == "generic":
@@ -253,10 +253,33 @@ class DecodeWorkload:
         sparse_attn_decode(self.q, self._main_for(family), self.main_idx, self.main_ptr, self.extra_cache,
                            self.extra_idx, self.extra_ptr, attn_sink=self.sink, target=family, plan=plan,
                            workspace=ws, out=out, check_indptr=False)
+        return plan, ws, out
+
+    def reduce_call(self, family: str):
+        """(callable, plan): the reduce alone, over partials one full decode left in the workspace."""
+        from impl.decode import decode_reduce
+
+        plan, ws, out = self._partials(family)
 
         def run():
             return decode_reduce(ws, attn_sink=self.sink, adaptive=plan.adaptive, out=out)
 
+        return run, plan
+
+    def subject_reduce_call(self, subject, family: str):
+        """(callable, plan): the subject's reduce alone, launched as its own wrapper launches it, over the partials
+        our full decode left in the workspace: the same partials :meth:`reduce_call` reduces (their layout is the
+        API's, shared with the subject), so both columns do the same work on the same bytes."""
+        from contracts.subjects import using
+
+        plan, ws, out = self._partials(family)
+        reduce = subject.bind(family).decode.decode_reduce
+
+        def run():
+            with using(subject):
+                return reduce(ws, attn_sink=self.sink, adaptive=plan.adaptive, out=out)
+
+        run()
         return run, plan
 
     def baseline_call(self):
@@ -514,7 +537,7 @@ def _impl_label(r: dict) -> str:
     if r["kind"] == "baseline":
         return "torch gather + SDPA (bf16)"
     if r.get("subject"):
-        return f"{r['subject']} {r['family']}"
+        return f"{r['subject']} {'reduce ' if r['kind'] == 'reduce' else ''}{r['family']}"
     s = f" (S={r['num_splits']})" if r.get("num_splits") is not None else ""
     return f"triton {r['family']}{s}" if r["kind"] == "decode" else f"reduce {r['family']}{s}"
 
@@ -544,7 +567,7 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
                  key=lambda r: (r["batch"], _KIND_ORDER[r["kind"]], r["family"], 1 if r.get("subject") else 0))
     if gpu:
         subj = any(r.get("subject") for r in gpu)
-        ours_t = {(r["batch"], r["family"]): r["seconds"] for r in gpu if r["kind"] == "decode" and not r.get("subject")}
+        ours_t = {(r["kind"], r["batch"], r["family"]): r["seconds"] for r in gpu if not r.get("subject")}
         head = (f"{'batch':>5}  {'implementation':<28} {'time us':>9} {'GB/s':>8} {'TFLOP/s':>8} {'%copy':>6} "
                 f"{'%mma':>6} {'vs torch':>8}" + (f" {'ours/subj':>9}" if subj else ""))
         if compare:
@@ -560,7 +583,7 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
                     f"{_pct(r.get('fraction_of_matmul_ceiling'))} {vs}")
             if subj:
                 # > 1: ours is faster than the subject's kernel for the same family and batch
-                o = ours_t.get((r["batch"], r["family"])) if r.get("subject") else None
+                o = ours_t.get((r["kind"], r["batch"], r["family"])) if r.get("subject") else None
                 line += f" {t / o:>8.2f}x" if o else f" {'':>9}"
             if compare:
                 b = before.get(r["fullname"])

@@ -57,3 +57,27 @@ def vllm_subject():
         return parse_subject(f"vllm=={VLLM_PINNED}")
     except SubjectSpecError as exc:
         pytest.skip(f"the vllm=={VLLM_PINNED} subject is unavailable here: {exc}")
+
+
+#: rows that run longest, heaviest first: on a cold GPU host they compile the most kernel variants (H200 test step,
+#: 2026-12-02, -n 14: each of the decode rows ran for a third to two thirds of the 290 s step, and the one that
+#: happened to be collected last started at 285 s); the process tests spawn and kill real workers. xdist hands the
+#: first items out first, so starting these at once keeps the step's length near the longest one, not their sum.
+HEAVY_CONTRACTS = ("decode-oracle-agreement", "decode-paths-agree", "mx-scale-exhaustive", "graph-replay-agreement")
+HEAVY_TESTS = ("test_crashes_and_hangs_are_findings_with_reproducers_and_the_campaign_goes_on",
+               "test_sigkilled_supervisor_resumes_without_losing_or_recounting_anything",
+               "test_a_crashing_or_hanging_worker_is_an_error_row_with_a_reproducer_and_the_rest_pass",
+               "test_failing_contract_test_leaves_a_reproducer_that_smv_repro_replays")
+
+
+def _weight(item) -> int:
+    callspec = getattr(item, "callspec", None)
+    cid = callspec.params.get("contract_id") if callspec else None
+    if cid in HEAVY_CONTRACTS:
+        return HEAVY_CONTRACTS.index(cid)
+    name = getattr(item, "originalname", item.name)
+    return len(HEAVY_CONTRACTS) + (0 if name in HEAVY_TESTS else 1)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_weight)  # stable: the rest keep pytest's order

@@ -480,7 +480,8 @@ def test_smv_bench_on_a_cpu_host_skips_the_gpu_benchmarks_and_exits_0(pytester, 
     cap = capsys.readouterr()
     text = cap.out
     assert rc == 0, "\n".join(run.result.outlines + run.result.errlines) + cap.err
-    run.result.assert_outcomes(skipped=9 + 9 + 6 + 3 + 2)  # decode, its subject columns, reduce, torch, ceilings
+    # decode, its subject columns, reduce, its subject columns, torch, ceilings
+    run.result.assert_outcomes(skipped=9 + 9 + 6 + 6 + 3 + 2)
     reasons = [ln for ln in run.result.outlines if ln.startswith("SKIPPED")]
     assert reasons and all("[gpu] needs a real GPU (CUDA or ROCm): found no GPU" in ln for ln in reasons), reasons
     first = [ln for ln in text.splitlines() if ln.startswith("smv bench:")][0]
@@ -591,7 +592,7 @@ def test_the_gpu_benchmark_module_runs_end_to_end_on_fakes(triton_imported, pyte
     res = pytester.runpytest_inprocess(str(ROOT / "tests" / "benchmarks" / "bench_decode.py"), "-p",
                                        "no:cacheprovider", "-q", f"--benchmark-json={out}")
     monkeypatch.delenv("SMV_BENCH_SUBJECT", raising=False)
-    res.assert_outcomes(passed=3 + 2 + 1 + 2, skipped=3)  # the subject columns need SMV_BENCH_SUBJECT
+    res.assert_outcomes(passed=3 + 2 + 1 + 2, skipped=3 + 2)  # the subject columns need SMV_BENCH_SUBJECT
     doc = bench.load_results(out)
     infos = {b["name"]: b["extra_info"] for b in doc["benchmarks"]}
     assert set(infos) == {"test_decode[generic-b1]", "test_decode[gfx942-b1]", "test_decode[gfx950-b1]",
@@ -625,6 +626,24 @@ def test_subject_decode_column_runs_the_subjects_entry_point(vllm_subject):
     assert float((got - want).abs().max()) <= 4 * 2.0 ** -8 * float(want.abs().max())
 
 
+def test_subject_reduce_column_reduces_our_partials_to_our_output(vllm_subject):
+    """The subject's reduce column launches the subject's own reduce kernel on the partials ours reduces: the same
+    work on the same bytes, so the two outputs agree to the bf16 rounding of the output."""
+    import torch
+
+    from impl.runtime import kernel_device
+
+    w = bench.DecodeWorkload(2, kernel_device(), heads=2, swa=8, extra=16, cu_count=2)
+    for family in bench.SPLIT_FAMILIES:
+        ours, plan = w.reduce_call(family)
+        want = ours().float().clone()
+        fn, splan = w.subject_reduce_call(vllm_subject, family)
+        assert splan == plan
+        got = fn().float()
+        assert bool(torch.isfinite(got).all())
+        assert float((got - want).abs().max()) <= 2 * 2.0 ** -8 * float(want.abs().max()), family
+
+
 def test_table_gives_each_subject_row_its_time_over_ours():
     def b(name, seconds, **info):
         base = {"smv_bench": bench.EXTRA_INFO_VERSION, "kind": "decode", "batch": 64, "bytes": 1000, "flops": 1000}
@@ -638,6 +657,13 @@ def test_table_gives_each_subject_row_its_time_over_ours():
     assert "ours/subj" in table.splitlines()[0]
     row = _line(table, "vllm==0.33.0 gfx950")
     assert row.split()[-1] == "1.50x"  # the subject's 3 us over our 2 us
+    # a subject's reduce is set against our reduce, not our whole decode
+    red = {"benchmarks": doc["benchmarks"] + [
+        b("test_reduce[gfx950-b64]", 4e-6, kind="reduce", family="gfx950", num_splits=2),
+        b("test_reduce_subject[gfx950-b64]", 5e-6, kind="reduce", family="gfx950", subject="vllm==0.33.0")]}
+    table = bench.format_table(red)
+    assert _line(table, "vllm==0.33.0 reduce gfx950").split()[-1] == "1.25x"
+    assert _line(table, "vllm==0.33.0 gfx950").split()[-1] == "1.50x"
     assert _line(table, "triton gfx950").rstrip().endswith("x") is False or "1.50x" not in _line(table, "triton gfx950")
 
 

@@ -1,5 +1,5 @@
 """GPU benchmarks of the sparse-MLA decode, side by side in one run: every kernel family, the split-K reduce on its
-own, the torch gather + SDPA baseline, and the two ceilings (device copy bandwidth, bf16 matmul rate).
+own (with ``SMV_BENCH_SUBJECT``, the subject's decode and reduce beside ours), the torch gather + SDPA baseline, and the two ceilings (device copy bandwidth, bf16 matmul rate).
 
 Not collected by plain ``pytest`` (the file pattern is ``bench_*.py``); run it by path or through ``smv bench``:
 
@@ -193,6 +193,24 @@ def test_reduce(gpu_benchmark, workloads, refs, device, family, batch):
     fig = bench.reduce_figures(batch, plan.num_splits, w.heads)
     _record(gpu_benchmark, seconds, device, kind="reduce", family=family, batch=batch, refs=refs.get(),
             num_splits=plan.num_splits, heads=w.heads, bytes=fig["bytes"], flops=fig["flops"])
+
+
+@BATCH
+@pytest.mark.parametrize("family", bench.SPLIT_FAMILIES)
+def test_reduce_subject(gpu_benchmark, workloads, refs, device, subject, family, batch):
+    """The subject's reduce alone, as its wrapper launches it, over the same partials as test_reduce's."""
+    from contracts.subjects import SubjectSkip
+
+    w = workloads(batch)
+    try:
+        fn, plan = w.subject_reduce_call(subject, family)
+    except SubjectSkip as exc:
+        pytest.skip(exc.reason(subject.label))
+    seconds = gpu_benchmark(fn)
+    fig = bench.reduce_figures(batch, plan.num_splits, w.heads)
+    _record(gpu_benchmark, seconds, device, kind="reduce", family=family, batch=batch, refs=refs.get(),
+            subject=subject.label, num_splits=plan.num_splits, heads=w.heads, bytes=fig["bytes"],
+            flops=fig["flops"])
 
 
 @BATCH
