@@ -273,11 +273,18 @@ class DecodeWorkload:
         from contracts.subjects import using
 
         plan, ws, out = self._partials(family)
-        reduce = subject.bind(family).decode.decode_reduce
+        fam = subject.bind(family).decode
+        launcher = getattr(fam, "reduce_launch", None)
+        if launcher is not None:  # the subject's kernel launch alone, without its adapter's host work
+            launch, out = launcher(ws, attn_sink=self.sink, adaptive=plan.adaptive, out=out)
 
-        def run():
-            with using(subject):
-                return reduce(ws, attn_sink=self.sink, adaptive=plan.adaptive, out=out)
+            def run():
+                launch()
+                return out
+        else:
+            def run():
+                with using(subject):
+                    return fam.decode_reduce(ws, attn_sink=self.sink, adaptive=plan.adaptive, out=out)
 
         run()
         return run, plan

@@ -61,8 +61,8 @@ def vllm_subject():
 
 #: rows that run longest, heaviest first: on a cold GPU host they compile the most kernel variants (H200 test step,
 #: 2026-12-02, -n 14: each of the decode rows ran for a third to two thirds of the 290 s step, and the one that
-#: happened to be collected last started at 285 s); the process tests spawn and kill real workers. xdist hands the
-#: first items out first, so starting these at once keeps the step's length near the longest one, not their sum.
+#: happened to be collected last started at 285 s); the process tests spawn and kill real workers. Started side by
+#: side at the beginning, they keep the step's length near the longest one's, not their sum's.
 HEAVY_CONTRACTS = ("decode-oracle-agreement", "decode-paths-agree", "mx-scale-exhaustive", "graph-replay-agreement")
 HEAVY_TESTS = ("test_crashes_and_hangs_are_findings_with_reproducers_and_the_campaign_goes_on",
                "test_sigkilled_supervisor_resumes_without_losing_or_recounting_anything",
@@ -80,4 +80,10 @@ def _weight(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_weight)  # stable: the rest keep pytest's order
+    """The heavy items first, each followed by a light one: xdist's load scheduler (with ``--maxschedchunk 1``, as
+    ci/gpu_validate.sh runs it) starts each worker on two consecutive items, so no worker starts on two heavy ones;
+    the light items keep pytest's order."""
+    heavy = sorted((it for it in items if _weight(it) < len(HEAVY_CONTRACTS) + 1), key=_weight)
+    light = [it for it in items if _weight(it) == len(HEAVY_CONTRACTS) + 1]
+    paired = [it for pair in zip(heavy, light) for it in pair]
+    items[:] = paired + heavy[len(paired) // 2:] + light[len(paired) // 2:]

@@ -303,3 +303,28 @@ def test_subject_agreement_sees_a_drift_the_oracle_tolerates(vllm_subject, tmp_p
         assert cd.decode_oracle_agreement(case, t) == []
         v = cd.subject_agreement(cd.AgreementCase("decode", decode=case), t)
     assert [x.message for x in v] == [cd.AGREE_BITS]
+
+
+def test_the_reduce_launch_skips_the_module_activation_after_its_first_launch_natively(vllm_subject, monkeypatch):
+    """The benchmark's subject reduce column times upstream's kernel: natively only the first launch (the compile)
+    runs inside ``ctx.call``; under the interpreter every launch does, so the fidelity corrections apply."""
+    from contracts.subjects.vllm import BoundContext
+
+    ws = ours_decode.DecodeWorkspace.allocate(1, 2, 2, torch.device("cpu"))
+    ws.part_m.normal_(); ws.part_l.uniform_(1.0, 2.0); ws.part_acc.normal_()
+    fam = vllm_subject.bind("gfx950").decode
+    calls = []
+    real = BoundContext.call
+    monkeypatch.setattr(BoundContext, "call", lambda self, fn, *a, **k: (calls.append(1), real(self, fn, *a, **k))[1])
+    for mode, through_ctx in (("interpret", 3), ("native", 1)):
+        calls.clear()
+        monkeypatch.setattr(vdec, "triton_mode", lambda m=mode: m)
+        launch, out = fam.reduce_launch(ws)
+        for _ in range(3):
+            launch()
+        assert len(calls) == through_ctx, mode
+        want = fam.decode_reduce(ws).float()
+        if mode == "interpret":
+            assert torch.equal(out.float(), want)
+        else:  # the later launches ran on the interpreter uncorrected: the same reduce up to the output's rounding
+            assert float((out.float() - want).abs().max()) <= 2 * 2.0 ** -8 * float(want.abs().max())

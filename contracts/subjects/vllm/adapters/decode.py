@@ -37,6 +37,7 @@ from contracts.subjects.vllm.adapters.splits import pinned_cu
 from contracts.subjects.vllm.loader import Rewrite, register_rewrite
 from impl import formats
 from impl.decode import DecodePlan, DecodeWorkspace
+from impl.runtime import triton_mode
 from impl.targets import effective_cu_count, get_target
 
 OPS_PATH = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
@@ -209,7 +210,12 @@ def build(ctx) -> Family:
         return out
 
     # --- the reduce alone ------------------------------------------------------------------------------------
-    def decode_reduce(workspace, *, attn_sink=None, adaptive=False, out=None):
+    def reduce_launch(workspace, *, attn_sink=None, adaptive=False, out=None):
+        """(launch, out): a zero-argument launch of upstream's reduce kernel over ``workspace``, with the grid, block
+        and warps its wrapper launches it with. Natively, after the first launch, it is the kernel launch alone (the
+        compiled kernel needs no module activation, which costs about a millisecond of host time a call), so a
+        benchmark times upstream's kernel and not this adapter's host work; under the interpreter every launch runs
+        through ``ctx.call``, where the fidelity corrections apply."""
         pm, pl, pa = workspace.part_m, workspace.part_l, workspace.part_acc
         batch, num_splits, num_heads = (int(x) for x in pm.shape)
         if out is None:
@@ -218,19 +224,30 @@ def build(ctx) -> Family:
                                                                               dtype=torch.float32)
         import triton
 
-        def run():
-            ops._sparse_attn_decode_reduce_kernel[(batch, num_heads)](
-                pm, pl, pa, sink, out, None, None, None, out.stride(0), out.stride(1), 0, HEAD_DIM // 32,
-                pm.stride(0), pm.stride(1), pa.stride(0), pa.stride(1), pa.stride(2), 0, num_heads,
-                HAS_ATTN_SINK=attn_sink is not None, ADAPTIVE_SPLITS=bool(adaptive), COMB_DIM=HEAD_DIM, BLOCK_H=1,
-                NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), FUSE_INV_ROPE=False,
-                NOPE=NOPE_DIM, HALF=ROPE_DIM // 2, QUANT_OUT=False, num_warps=4)
+        kernel = ops._sparse_attn_decode_reduce_kernel[(batch, num_heads)]
+        args = (pm, pl, pa, sink, out, None, None, None, out.stride(0), out.stride(1), 0, HEAD_DIM // 32,
+                pm.stride(0), pm.stride(1), pa.stride(0), pa.stride(1), pa.stride(2), 0, num_heads)
+        kw = dict(HAS_ATTN_SINK=attn_sink is not None, ADAPTIVE_SPLITS=bool(adaptive), COMB_DIM=HEAD_DIM, BLOCK_H=1,
+                  NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), FUSE_INV_ROPE=False,
+                  NOPE=NOPE_DIM, HALF=ROPE_DIM // 2, QUANT_OUT=False, num_warps=4)
+        direct = triton_mode() == "native"
+        compiled = []
 
-        ctx.call(run)
+        def launch():
+            if direct and compiled:
+                return kernel(*args, **kw)
+            ctx.call(kernel, *args, **kw)  # the first launch compiles with upstream's modules active, as before
+            compiled.append(True)
+
+        return launch, out
+
+    def decode_reduce(workspace, *, attn_sink=None, adaptive=False, out=None):
+        launch, out = reduce_launch(workspace, attn_sink=attn_sink, adaptive=adaptive, out=out)
+        launch()
         return out
 
     return Family("decode", sparse_attn_decode=sparse_attn_decode, plan_decode=plan_decode,
-                  decode_reduce=decode_reduce, DecodePlan=DecodePlan, DecodeWorkspace=DecodeWorkspace)
+                  decode_reduce=decode_reduce, reduce_launch=reduce_launch, DecodePlan=DecodePlan, DecodeWorkspace=DecodeWorkspace)
 
 
 def _call_public(ops, q, main_cache, main_indices, main_indptr, extra_cache, extra_indices, extra_indptr, attn_sink,
