@@ -31,13 +31,7 @@ for step in $steps; do
       # one line per test (-v): a run cut by an outer time limit still names what failed; most of the suite's time
       # on a cold host is compiling, which parallelizes over the host's cores
       workers="${SMV_GPU_TEST_WORKERS:-$(n=$(nproc); [ "$n" -gt 4 ] && echo $((n - 2)) || echo 2)}"
-      # xdist's load scheduler hands each worker blocks of consecutive items (a quarter of its share at the start)
-      # and never moves a queued item to an idle worker, so items queue behind a long row while other workers
-      # idle (the H200's step, 2026-12-02); --maxschedchunk 1 keeps at most two items on a worker, and
-      # tests/conftest.py puts the longest rows first, each beside a light one
-      chunk=""
-      python3 -m pytest --help 2>/dev/null | grep -q -- --maxschedchunk && chunk="--maxschedchunk 1"
-      timeout "$lim" python3 -m pytest -v -n "$workers" $chunk -p no:cacheprovider --ignore=tests/test_zoo.py -rfE \
+      timeout "$lim" python3 -m pytest -v -n "$workers" -p no:cacheprovider --ignore=tests/test_zoo.py -rfE \
         --junitxml="$out/pytest.xml" >"$out/pytest.txt" 2>&1 || status=1
       grep -E '(FAILED|ERROR) ' "$out/pytest.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //; s/ +(- .*)?$//' \
         | sort -u | tail -20

@@ -79,6 +79,14 @@ def _weight(item) -> int:
     return len(HEAVY_CONTRACTS) + (0 if name in HEAVY_TESTS else 1)
 
 
+def pytest_configure(config):
+    """Under xdist, at most two items wait on a worker (``--maxschedchunk 1`` unless given): the load scheduler
+    otherwise hands out blocks (a quarter of a worker's share at the start) and never moves a queued item to an
+    idle worker, so items queued behind a long row while other workers idled (the H200's test step, 2026-12-02)."""
+    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config, items):
     """The heavy items first, each followed by a light one: xdist's load scheduler (with ``--maxschedchunk 1``, as
     ci/gpu_validate.sh runs it) starts each worker on two consecutive items, so no worker starts on two heavy ones;
