@@ -171,13 +171,8 @@ def subject():
 @pytest.mark.parametrize("family", bench.FAMILIES)
 def test_decode_subject(gpu_benchmark, workloads, refs, device, subject, family, batch):
     """The subject's decode for the same family and inputs, with its own plan: a column beside ours."""
-    from contracts.subjects import SubjectSkip
-
     w = workloads(batch)
-    try:
-        fn, _ = w.subject_decode_call(subject, family)
-    except SubjectSkip as exc:
-        pytest.skip(exc.reason(subject.label))
+    fn, _ = _subject_call(subject, w.subject_decode_call, family)
     seconds = gpu_benchmark(fn)
     _record(gpu_benchmark, seconds, device, kind="decode", family=family, batch=batch, refs=refs.get(batch),
             subject=subject.label, heads=w.heads, tokens_per_query=w.figures["tokens_per_query"],
@@ -189,28 +184,33 @@ def test_decode_subject(gpu_benchmark, workloads, refs, device, subject, family,
 def test_reduce(gpu_benchmark, workloads, refs, device, family, batch):
     w = workloads(batch)
     fn, plan = w.reduce_call(family)
-    seconds = gpu_benchmark(fn)
-    fig = bench.reduce_figures(batch, plan.num_splits, w.heads)
-    _record(gpu_benchmark, seconds, device, kind="reduce", family=family, batch=batch, refs=refs.get(),
-            num_splits=plan.num_splits, heads=w.heads, bytes=fig["bytes"], flops=fig["flops"])
+    _record_reduce(gpu_benchmark, fn, plan, w, refs, device, family, batch)
 
 
 @BATCH
 @pytest.mark.parametrize("family", bench.SPLIT_FAMILIES)
 def test_reduce_subject(gpu_benchmark, workloads, refs, device, subject, family, batch):
     """The subject's reduce alone, as its wrapper launches it, over the same partials as test_reduce's."""
+    w = workloads(batch)
+    fn, plan = _subject_call(subject, w.subject_reduce_call, family)
+    _record_reduce(gpu_benchmark, fn, plan, w, refs, device, family, batch, subject=subject.label)
+
+
+def _subject_call(subject, make, family):
+    """``make(subject, family)``, or the benchmark skipped with the subject's reason when it cannot run here."""
     from contracts.subjects import SubjectSkip
 
-    w = workloads(batch)
     try:
-        fn, plan = w.subject_reduce_call(subject, family)
+        return make(subject, family)
     except SubjectSkip as exc:
         pytest.skip(exc.reason(subject.label))
+
+
+def _record_reduce(gpu_benchmark, fn, plan, w, refs, device, family, batch, **kw):
     seconds = gpu_benchmark(fn)
     fig = bench.reduce_figures(batch, plan.num_splits, w.heads)
     _record(gpu_benchmark, seconds, device, kind="reduce", family=family, batch=batch, refs=refs.get(),
-            subject=subject.label, num_splits=plan.num_splits, heads=w.heads, bytes=fig["bytes"],
-            flops=fig["flops"])
+            num_splits=plan.num_splits, heads=w.heads, bytes=fig["bytes"], flops=fig["flops"], **kw)
 
 
 @BATCH
