@@ -5,8 +5,11 @@
 
 Each argument is LABEL=PATH to an audit.json (schema 6 or later: rows carry ``time_split``); the first is the
 reference every other column is divided by. A row's rate is its ``cases`` over its ``seconds``; "w/o compile" is
-the rate with the row's compile seconds taken out (what a row gets once its kernels are in Triton's cache). The
-last lines give each audit's whole-run rate: all cases over the run's wall seconds, which is what ``--jobs`` moves.
+the rate with the row's compile seconds taken out (what a row gets once its kernels are in Triton's cache).
+"bound" is the reference row's seconds over its oracle and harness seconds: the speed-up over the reference that a
+run with free compiles and kernels would reach if its oracle and harness cost what they cost in the reference (a row
+whose bound is under 10 cannot reach 10x the CPU by faster kernels alone). The last lines give each audit's
+whole-run rate: all cases over the run's wall seconds, which is what ``--jobs`` moves.
 """
 from __future__ import annotations
 
@@ -38,6 +41,13 @@ def rows_of(doc: dict) -> dict:
             if r["status"] in ("pass", "known", "fail") and r["cases"]}
 
 
+def bound(r: dict) -> float | None:
+    """The row's seconds over its oracle and harness seconds (None without a split)."""
+    ts = r.get("time_split") or {}
+    floor = ts.get("oracle", 0.0) + ts.get("harness", 0.0)
+    return r["seconds"] / floor if floor > 0 and r["seconds"] > 0 else None
+
+
 def fmt(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -51,8 +61,7 @@ def table(audits: list[tuple[str, dict]], contracts=None) -> list[list[str]]:
     head = ["contract", "target"]
     for label, _ in audits:
         head += [f"{label} cases", f"{label} case/s", f"{label} w/o compile", f"{label} split c/k/o/h s"]
-        if label != ref_label:
-            head += [f"{label} / {ref_label}"]
+        head += [f"{label} / {ref_label}"] if label != ref_label else ["bound"]
     out = [head]
     for k in keys:
         line = [k[0], k[1]]
@@ -60,7 +69,7 @@ def table(audits: list[tuple[str, dict]], contracts=None) -> list[list[str]]:
         for label, doc in audits:
             r = rows_of(doc).get(k)
             if r is None:
-                line += ["-", "-", "-", "-"] + (["-"] if label != ref_label else [])
+                line += ["-", "-", "-", "-", "-"]
                 continue
             ts = r.get("time_split") or {}
             here = rate(r["cases"], r["seconds"])
@@ -69,6 +78,7 @@ def table(audits: list[tuple[str, dict]], contracts=None) -> list[list[str]]:
             line += [str(r["cases"]), fmt(here), fmt(warm), split]
             if label == ref_label:
                 base = here
+                line += [fmt(bound(r), 1) + "x" if bound(r) else "-"]
             else:
                 line += [fmt(here / base if here and base else None) + "x"]
         out.append(line)
