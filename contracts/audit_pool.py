@@ -53,6 +53,11 @@ class RowDoc:
 # Worker side (called by contracts.campaign_worker for an item that carries "audit")
 # ---------------------------------------------------------------------------------------------------------------
 
+#: the pass number of a row run whole (first pass, then second) on a new worker: the worker that held its first pass
+#: died on another row, so no live worker holds that pass; the same seed gives the same cases again
+AGAIN = 3
+
+
 def run_item(item: dict, subjects: dict, held: dict) -> dict:
     """One pass of one row in a worker; ``held`` keeps each row's result for its second pass."""
     from contracts import audit
@@ -71,10 +76,14 @@ def run_item(item: dict, subjects: dict, held: dict) -> dict:
                   max_examples=a["max_examples"], shrink_until=a["shrink_until"], subject=sub, findings=known)
     key = (spec, item["contract"], item["target"])
     start = time.monotonic()
-    if a["pass"] == 1:
-        r = audit.first_pass(c, item["target"], item["budget"], a["use_examples"], a["first"], common)
-    else:
+    if a["pass"] == 2:
         r = audit.second_pass(held[key], c, item["budget"], common)
+    else:
+        r = audit.first_pass(c, item["target"], item["budget"], a["use_examples"], a["first"], common)
+        if a["pass"] == AGAIN:  # its first pass died with another worker: both passes here, as the serial audit's
+            left = item["budget"] - (time.monotonic() - start)
+            if r.status in audit.RESUMABLE and r.resumable and left > 0.05:
+                r = audit.second_pass(r, c, left, common)
     held[key] = r
     return {"done": item["g"], "row": r.as_json(), "resumable": bool(r.resumable), "limit": r.limit,
             "describe": sub.describe(), "seconds": round(time.monotonic() - start, 3)}
@@ -135,6 +144,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
             slots[i] = run_contract(c, tname, budget=1.0, subject=sub)  # the skipped row, with its reason
     owner: dict[int, str] = {}  # row -> the worker holding its first pass
     second: dict[str, deque] = {}  # worker id -> its rows' second passes still to run
+    again: deque = deque()  # rows whose held first pass died with its worker: run whole on another
     phase = [1]
     kind, ids_dev = visible_devices()
     base_dir = work_dir or tempfile.mkdtemp(prefix="smv-audit-")
@@ -173,13 +183,16 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
             described[sub.label] = merge_describe(described.get(sub.label) or sub.describe(), msg["describe"])
             if pass_no == 1:
                 owner[i] = w.id
+            else:
+                owner.pop(i, None)  # its second pass is done: nothing of it is held any more
         else:  # the harness raised in the worker
             c = get_contract(rows[i][0])
             r = _failed_row(c, rows[i][1], sub, f"error: the worker could not run the row: {msg.get('error')}",
-                            slots[i] if pass_no == 2 else None, time.monotonic() - w.item_started)
+                            slots[i] if pass_no != 1 else None, time.monotonic() - w.item_started)
+            owner.pop(i, None)
         slots[i] = r
         w.item = None
-        prog.pass_no = pass_no
+        prog.pass_no = min(pass_no, 2)  # a row run again whole reports as its second pass does
         prog.row(i + 1, n_rows, r)
         publish()
 
@@ -192,7 +205,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
             repro_dir, f"{cid}-{tname}{_label_suffix(sub.label)}-{what}.json"), cid, tname, sub.label, spec)
         if repro is None:
             reason += f"; log: {os.path.join(w.dir, 'worker.log')}"
-        r = _failed_row(c, tname, sub, reason, slots[i] if w.item["audit"]["pass"] == 2 else None,
+        r = _failed_row(c, tname, sub, reason, slots[i] if w.item["audit"]["pass"] != 1 else None,
                         time.monotonic() - w.item_started)
         r.doc["repro"] = repro
         slots[i] = r
@@ -210,11 +223,16 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
             i = todo.popleft()
             remaining = len(todo)
             return item_for(i, 1, min(left, max(left / (remaining + 1), 0.5 * left)))
-        mine = second.get(w.id)
-        if not mine or left <= 0.05:
+        if left <= 0.05:
             return None
-        i = mine.popleft()
-        return item_for(i, 2, left / (len(mine) + 1))
+        mine = second.get(w.id)
+        if mine:
+            i = mine.popleft()
+            return item_for(i, 2, left / (len(mine) + len(again) + 1))
+        if again:
+            i = again.popleft()
+            return item_for(i, AGAIN, left / (len(again) + 1))
+        return None
 
     last_beat = time.monotonic()
     start_failures = 0
@@ -240,7 +258,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                     prog.row(i + 1, n_rows, slots[i])
                 publish()
             if phase[0] == 2 and not busy and (deadline - time.monotonic() <= 0.05
-                                                or not any(second.get(w.id) for w in workers)):
+                                                or not (again or any(second.get(w.id) for w in workers))):
                 break
             for w in workers:
                 if w.ready and w.item is None:
@@ -280,8 +298,14 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                 except (KeyError, ValueError):
                     pass
                 workers.remove(w)
-                second.pop(w.id, None)  # its rows' first passes died with it: they keep what they have
-                if phase[0] == 1 and todo and deadline - time.monotonic() > 0:
+                # the first passes it held died with it: those rows run again whole elsewhere, so a crash in one
+                # row never cuts another row's cases short (the serial audit would have run their second passes)
+                second.pop(w.id, None)
+                again.extend(k for k, o in sorted(owner.items()) if o == w.id and isinstance(slots[k], RowDoc)
+                             and slots[k].resumable and slots[k].status in ("pass", "known"))
+                for k in [k for k, o in owner.items() if o == w.id]:
+                    del owner[k]
+                if (phase[0] == 1 and todo or again) and deadline - time.monotonic() > 0:
                     nw = spawn(w.slot)
                     stream.write(f"smv audit: started worker {nw.id} on {nw.device_name} in place of {w.id}\n")
             if prog.enabled and time.monotonic() - last_beat >= HEARTBEAT_S:

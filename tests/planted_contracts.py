@@ -51,6 +51,19 @@ def _stuck(case, target):
         time.sleep(1)
 
 
+@core.contract("planted-quick", cases=lambda t: st.integers(0, 10 ** 6), min_cases=1, targets=("gfx942",))
+def _quick(case, target):
+    """Holds on every value, at once: a row whose first pass is its minimum of one case, with more to do."""
+    return []
+
+
+@core.contract("planted-slow", cases=lambda t: st.integers(0, 3), min_cases=1, targets=("gfx942",))
+def _slow(case, target):
+    """A second per case, and no fault: keeps one worker busy while another takes the next row."""
+    time.sleep(1.0)
+    return []
+
+
 @core.contract("planted-odd", cases=lambda t: st.integers(0, 10 ** 6), min_cases=1)
 def _odd(case, target):
     """Fails on odd integers; the message carries the value, so only a masked signature merges two of them."""
@@ -63,6 +76,12 @@ def _rare(case, target):
     211): a second host that replays the first one's saved failure fails on its first case."""
     if case > 4096 and case % 211 == 5:
         return [core.Violation(f"5 modulo 211: {case}", "", "another residue", str(case))]
+    return []
+
+
+@core.contract("planted-quick", cases=lambda t: st.integers(0, 10 ** 6), min_cases=1, targets=("gfx942",))
+def _quick(case, target):
+    """Holds on every value, at once: a row whose first pass is its minimum of one case, with more to do."""
     return []
 
 
