@@ -15,6 +15,8 @@ is left of the budget between them.
 A worker that dies while checking a row makes the row an ``error`` naming the signal, with the case it was
 checking as a reproducer (``smv repro`` replays it in a subprocess); one that runs past the row's budget and its
 case time limit (the contract's, or ``--case-timeout``) is killed and the row is an ``error`` too (a hang). A new worker takes the next row either way.
+The other rows whose first passes the dead worker held run again whole (both passes, the same cases) on a worker that
+is alive, so one row's crash never cuts another row's cases short.
 """
 from __future__ import annotations
 
