@@ -183,6 +183,8 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
         if "row" in msg:
             r = RowDoc(msg["row"], resumable=msg.get("resumable", False), limit=msg.get("limit"))
             described[sub.label] = merge_describe(described.get(sub.label) or sub.describe(), msg["describe"])
+            if pass_no == AGAIN and r.status == "incomplete" and isinstance(slots[i], RowDoc):
+                r = slots[i]  # the re-run's share ran out before the minimum the held pass had reached: keep that
             if pass_no == 1:
                 owner[i] = w.id
             else:
@@ -291,7 +293,12 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                     lost(w, "hang" if hung else "crash")
                 elif not w.ready:
                     start_failures += 1
-                    if start_failures >= 3:
+                    if start_failures >= 3 and not (phase[0] == 1 and todo):
+                        # only rows held by dead workers were left to run again: they keep their first passes
+                        stream.write(f"smv audit: 3 workers in a row died before they could take a row; "
+                                     f"{len(again)} row(s) keep their first passes\n")
+                        again.clear()
+                    elif start_failures >= 3:
                         raise WorkerStartError(f"3 audit workers in a row died before they could take a row; the last "
                                            f"one's log ({os.path.join(w.dir, 'worker.log')}) ends: "
                                            f"{w.log_tail(600).strip()[-600:]}")
@@ -307,7 +314,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                              and slots[k].resumable and slots[k].status in ("pass", "known"))
                 for k in [k for k, o in owner.items() if o == w.id]:
                     del owner[k]
-                if (phase[0] == 1 and todo or again) and deadline - time.monotonic() > 0:
+                if (phase[0] == 1 and todo or again) and deadline - time.monotonic() > 0.05:
                     nw = spawn(w.slot)
                     stream.write(f"smv audit: started worker {nw.id} on {nw.device_name} in place of {w.id}\n")
             if prog.enabled and time.monotonic() - last_beat >= HEARTBEAT_S:

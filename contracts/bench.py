@@ -270,11 +270,14 @@ class DecodeWorkload:
         """(callable, plan): the subject's reduce alone, launched as its own wrapper launches it, over the partials
         our full decode left in the workspace: the same partials :meth:`reduce_call` reduces (their layout is the
         API's, shared with the subject), so both columns do the same work on the same bytes."""
-        from contracts.subjects import using
+        from contracts.subjects import EntryMissing, using
 
         plan, ws, out = self._partials(family)
         fam = subject.bind(family).decode
-        launcher = getattr(fam, "reduce_launch", None)
+        try:
+            launcher = fam.reduce_launch
+        except (EntryMissing, AttributeError):  # a family without it: its decode_reduce, adapter and all
+            launcher = None
         if launcher is not None:  # the subject's kernel launch alone, without its adapter's host work
             launch, out = launcher(ws, attn_sink=self.sink, adaptive=plan.adaptive, out=out)
 

@@ -87,6 +87,7 @@ def pytest_configure(config):
         config.option.maxschedchunk = 1
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection, so the pairs are of the items that run
 def pytest_collection_modifyitems(config, items):
     """The heavy items first, each followed by a light one: xdist's load scheduler (with ``--maxschedchunk 1``, as
     ci/gpu_validate.sh runs it) starts each worker on two consecutive items, so no worker starts on two heavy ones;
