@@ -123,8 +123,8 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                   case_timeout: float | None = None) -> None:
     """Every row of one subject on ``jobs`` workers, within ``budget`` (appended to ``results`` in row order)."""
     from contracts.audit import not_started
-    from contracts.campaign import Worker, WorkerStartError, _case_limit, _label_suffix, stop_workers, \
-        visible_devices
+    from contracts.campaign import Worker, WorkerStartError, _case_limit, _label_suffix, poll_answers, \
+        stop_workers, visible_devices
     from contracts.runner import subject_spec
 
     spec = subject_spec(sub)
@@ -200,6 +200,9 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
         prog.row(i + 1, n_rows, r)
         publish()
 
+    def ready(w) -> None:
+        start_failures[0] = 0
+
     def lost(w, what: str) -> None:
         """``w`` died or hung while checking its row."""
         i = w.item["g"]
@@ -239,7 +242,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
         return None
 
     last_beat = time.monotonic()
-    start_failures = 0
+    start_failures = [0]  # workers in a row that died before they became ready
     try:
         for slot in range(max(1, min(jobs, len(todo)))):
             spawn(slot)
@@ -269,18 +272,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                     item = next_item(w)
                     if item is not None:
                         w.start_item(item)
-            for key, _ in sel.select(timeout=0.2):
-                w = key.data
-                answers = w.read_answers()
-                if answers is None:
-                    sel.unregister(w.proc.stdout)
-                    continue
-                for msg in answers:
-                    if "ready" in msg:
-                        w.ready = True
-                        start_failures = 0
-                    elif "done" in msg and w.item is not None and msg["done"] == w.item["g"]:
-                        finish(w, msg)
+            poll_answers(sel, ready, finish)
             for w in list(workers):
                 dead = w.proc.poll() is not None
                 hung = not dead and w.stalled(  # as the campaign judges it: no case ended within the limit
@@ -292,13 +284,13 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                 if w.item is not None:
                     lost(w, "hang" if hung else "crash")
                 elif not w.ready:
-                    start_failures += 1
-                    if start_failures >= 3 and not (phase[0] == 1 and todo):
+                    start_failures[0] += 1
+                    if start_failures[0] >= 3 and not (phase[0] == 1 and todo):
                         # only rows held by dead workers were left to run again: they keep their first passes
                         stream.write(f"smv audit: 3 workers in a row died before they could take a row; "
                                      f"{len(again)} row(s) keep their first passes\n")
                         again.clear()
-                    elif start_failures >= 3:
+                    elif start_failures[0] >= 3:
                         raise WorkerStartError(f"3 audit workers in a row died before they could take a row; the last "
                                            f"one's log ({os.path.join(w.dir, 'worker.log')}) ends: "
                                            f"{w.log_tail(600).strip()[-600:]}")

@@ -457,6 +457,24 @@ class Worker:
             return ""
 
 
+def poll_answers(sel, on_ready, on_done, timeout: float = 0.2) -> None:
+    """One round of a supervisor's message loop (``smv fuzz``'s and the audit pool's): wait up to ``timeout`` on the
+    workers' pipes registered in ``sel``, mark a worker ``ready`` and call ``on_ready(w)`` when it says so, and call
+    ``on_done(w, msg)`` for the answer to its current item; a closed pipe is unregistered (the death check sees it)."""
+    for key, _ in sel.select(timeout=timeout):
+        w = key.data
+        answers = w.read_answers()
+        if answers is None:
+            sel.unregister(w.proc.stdout)
+            continue
+        for msg in answers:
+            if "ready" in msg:
+                w.ready = True
+                on_ready(w)
+            elif "done" in msg and w.item is not None and msg["done"] == w.item["g"]:
+                on_done(w, msg)
+
+
 def stop_workers(workers: list) -> None:
     """Ask the idle workers to exit, give them five seconds, then kill every worker (busy ones at once)."""
     for w in workers:
@@ -683,6 +701,14 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
         stream.flush()
         save()
 
+    def on_ready(w: Worker) -> None:
+        start_failures[0] = 0
+        w.stats["status"] = "idle"
+
+    def on_done(w: Worker, msg: dict) -> None:
+        finish_item(w, msg)
+        w.stats["status"] = "idle"
+
     def crash_or_hang(w: Worker, what: str) -> dict:
         it = w.item
         spec, cid, target = rows[it["g"] % R]
@@ -727,20 +753,7 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
                         break
                     w.stats["status"] = "running"
                     w.start_item(item_of(g))
-            for key, _ in sel.select(timeout=0.2):
-                w = key.data
-                answers = w.read_answers()
-                if answers is None:
-                    sel.unregister(w.proc.stdout)
-                    continue
-                for msg in answers:
-                    if "ready" in msg:
-                        w.ready = True
-                        start_failures[0] = 0
-                        w.stats["status"] = "idle"
-                    elif "done" in msg and w.item is not None and msg["done"] == w.item["g"]:
-                        finish_item(w, msg)
-                        w.stats["status"] = "idle"
+            poll_answers(sel, on_ready, on_done)
             # deaths and hangs
             for i, w in enumerate(list(workers)):
                 dead = w.proc.poll() is not None

@@ -6,7 +6,6 @@ process or run_audit with real workers."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,21 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from planted_env import ROOT
+from planted_env import planted_env as _env
 
 from contracts import reports
 from contracts.audit import run_audit
-
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
-
-
-def _env(**extra):
-    env = dict(os.environ, SMV_CONTRACT_MODULES="planted_contracts",
-               PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    env.pop("CI", None)
-    env.update(extra)
-    return env
-
 
 def _audit_cmd(report, *args):
     return [sys.executable, "-m", "contracts.cli", "audit", "--report", str(report), "--no-progress", *args]

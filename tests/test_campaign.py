@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from planted_env import ROOT
+from planted_env import planted_env as _env
 
 from contracts.campaign import failure_signature, mask_numbers, parse_duration, parse_shard
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
 
 
 @pytest.mark.parametrize("text,seconds", [("8h", 28800), ("30m", 1800), ("90s", 90), ("1h30m", 5400), ("12", 12),
@@ -53,14 +53,6 @@ def test_signature_masks_numbers_only():
 
 
 # --- real campaigns --------------------------------------------------------------------------------------------
-
-
-def _env(**extra):
-    env = dict(os.environ, SMV_CONTRACT_MODULES="planted_contracts",
-               PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    env.pop("CI", None)
-    env.update(extra)
-    return env
 
 
 def _fuzz_cmd(report, *args):
