@@ -123,8 +123,8 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                   case_timeout: float | None = None) -> None:
     """Every row of one subject on ``jobs`` workers, within ``budget`` (appended to ``results`` in row order)."""
     from contracts.audit import not_started
-    from contracts.campaign import Worker, WorkerStartError, _case_limit, _label_suffix, poll_answers, \
-        stop_workers, visible_devices
+    from contracts.campaign import Worker, _case_limit, _label_suffix, poll_answers, \
+        start_error, stop_workers, unwatch, visible_devices
     from contracts.runner import subject_spec
 
     spec = subject_spec(sub)
@@ -291,13 +291,8 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                                      f"{len(again)} row(s) keep their first passes\n")
                         again.clear()
                     elif start_failures[0] >= 3:
-                        raise WorkerStartError(f"3 audit workers in a row died before they could take a row; the last "
-                                           f"one's log ({os.path.join(w.dir, 'worker.log')}) ends: "
-                                           f"{w.log_tail(600).strip()[-600:]}")
-                try:
-                    sel.unregister(w.proc.stdout)
-                except (KeyError, ValueError):
-                    pass
+                        raise start_error(w, "audit workers")
+                unwatch(sel, w)
                 workers.remove(w)
                 # the first passes it held died with it: those rows run again whole elsewhere, so a crash in one
                 # row never cuts another row's cases short (the serial audit would have run their second passes)

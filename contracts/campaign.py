@@ -457,6 +457,20 @@ class Worker:
             return ""
 
 
+def start_error(w, what: str = "workers") -> "WorkerStartError":
+    """The error that ends a supervisor once 3 ``what`` in a row died before they could take a row (``w`` last)."""
+    return WorkerStartError(f"3 {what} in a row died before they could take a row; the last one's log "
+                            f"({os.path.join(w.dir, 'worker.log')}) ends: {w.log_tail(600).strip()[-600:]}")
+
+
+def unwatch(sel, w) -> None:
+    """Stop watching ``w``'s pipe in ``sel`` (a closed pipe may already be unregistered)."""
+    try:
+        sel.unregister(w.proc.stdout)
+    except (KeyError, ValueError):
+        pass
+
+
 def poll_answers(sel, on_ready, on_done, timeout: float = 0.2) -> None:
     """One round of a supervisor's message loop (``smv fuzz``'s and the audit pool's): wait up to ``timeout`` on the
     workers' pipes registered in ``sel``, mark a worker ``ready`` and call ``on_ready(w)`` when it says so, and call
@@ -788,13 +802,8 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
                     if not w.ready:
                         start_failures[0] += 1
                         if start_failures[0] >= 3:
-                            raise WorkerStartError(f"3 workers in a row died before they could take a row; the last "
-                                                   f"one's log ({os.path.join(w.dir, 'worker.log')}) ends: "
-                                                   f"{w.log_tail(600).strip()[-600:]}")
-                try:
-                    sel.unregister(w.proc.stdout)
-                except (KeyError, ValueError):
-                    pass
+                            raise start_error(w)
+                unwatch(sel, w)
                 w.kill()
                 workers.remove(w)
                 if end - time.monotonic() >= 0.5:

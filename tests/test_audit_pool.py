@@ -106,6 +106,18 @@ def test_rows_held_by_a_worker_that_dies_run_again_whole_with_the_serial_cases(t
     assert "in place of" in p.stderr  # the hung worker was replaced, to run the row it held again
 
 
+def test_workers_that_die_before_they_are_ready_end_the_audit_with_one_line(tmp_path):
+    """Three workers in a row dying at start (here: a contract module that exits in workers) is exit 2 with one
+    line naming the last worker's log, not a traceback and not a silent wait."""
+    p = subprocess.run(_audit_cmd(tmp_path / "audit", "--jobs", "2", "--budget", "60", "--target", "gfx942",
+                                  "--contract", "cache-layout-roundtrip"),
+                       env=_env(SMV_CONTRACT_MODULES="planted_dead_worker"), capture_output=True, text=True,
+                       timeout=200, cwd=ROOT)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "3 audit workers in a row died before they could take a row" in p.stderr, p.stderr
+    assert "worker.log" in p.stderr and "Traceback" not in p.stderr
+
+
 def _workers_of(report: Path) -> list[int]:
     pids = []
     for d in Path("/proc").iterdir():
