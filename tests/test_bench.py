@@ -579,6 +579,8 @@ def test_the_gpu_benchmark_module_runs_end_to_end_on_fakes(triton_imported, pyte
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(plugin, "marker_status", lambda m, **k: (True, "dry run"))
     monkeypatch.setattr(bench, "DecodeWorkload", TinyWorkload)
+    # the CPU has no graphs: a "replay" here is the call itself, so the graph rounds' path runs end to end
+    monkeypatch.setattr(bench, "graph_replay", lambda fn, device: fn)
     monkeypatch.setattr(bench, "BATCHES", (1,))
     monkeypatch.setattr(bench, "GPU_ROUNDS", 2)
     monkeypatch.setattr(bench, "GPU_WARMUP_ROUNDS", 0)
@@ -602,6 +604,9 @@ def test_the_gpu_benchmark_module_runs_end_to_end_on_fakes(triton_imported, pyte
         assert info["smv_bench"] == bench.EXTRA_INFO_VERSION and info["seconds"] > 0, name
         assert info["copy_ceiling_bytes_per_s"] > 0 and info["matmul_ceiling_flops_per_s"] > 0, name
         assert isinstance(info["host_bound"], bool) and info["host_launch_seconds"] > 0, name
+    for name, info in infos.items():
+        timed_twice = name.startswith(("test_decode[", "test_reduce["))
+        assert (info.get("graph_seconds") or 0) > 0 if timed_twice else "graph_seconds" not in info, name
     assert infos["test_decode[gfx950-b1]"]["ratio_to_torch"] > 0
     assert infos["test_decode[gfx950-b1]"]["bytes"] == bench.decode_figures(1, 2, 8, 16)["bytes"]
     table = bench.format_table(doc)
@@ -655,7 +660,7 @@ def test_table_gives_each_subject_row_its_time_over_ours():
                           b("test_decode_subject[gfx950-b64]", 3e-6, family="gfx950", subject="vllm==0.33.0"),
                           b("test_decode[generic-b64]", 1e-6, family="generic", num_splits=1)]}
     table = bench.format_table(doc)
-    assert "ours/subj" in table.splitlines()[0]
+    assert "vs subj" in table.splitlines()[0] and "graph us" not in table
     row = _line(table, "vllm==0.33.0 gfx950")
     assert row.split()[-1] == "1.50x"  # the subject's 3 us over our 2 us
     # a subject's reduce is set against our reduce, not our whole decode
@@ -666,6 +671,42 @@ def test_table_gives_each_subject_row_its_time_over_ours():
     assert _line(table, "vllm==0.33.0 reduce gfx950").split()[-1] == "1.25x"
     assert _line(table, "vllm==0.33.0 gfx950").split()[-1] == "1.50x"
     assert _line(table, "triton gfx950").rstrip().endswith("x") is False or "1.50x" not in _line(table, "triton gfx950")
+
+
+def test_graph_median_says_why_there_is_no_graph_figure(monkeypatch):
+    assert bench.graph_median(lambda: None, "cpu", lambda: None, rounds=2, warmup_rounds=0) == (
+        None, "no CUDA graphs on this device")
+
+    def refuses(fn, device):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(bench, "graph_replay", refuses)
+    secs, why = bench.graph_median(lambda: None, "cuda", lambda: None, rounds=2, warmup_rounds=0)
+    assert secs is None and why == "RuntimeError: operation not permitted when stream is capturing"
+
+
+def test_table_sets_a_subject_against_ours_by_their_graph_replays_where_both_have_one():
+    def b(name, seconds, **info):
+        base = {"smv_bench": bench.EXTRA_INFO_VERSION, "kind": "decode", "batch": 64, "bytes": 1000, "flops": 1000}
+        base.update(info)
+        return {"name": name, "fullname": name, "stats": {"median": seconds}, "extra_info": base}
+
+    # the subject's event-timed call is host-bound (3 ms); replayed from a graph it is 300 us against our 200 us
+    doc = {"benchmarks": [
+        b("test_decode[gfx950-b64]", 210e-6, family="gfx950", num_splits=2, graph_seconds=200e-6),
+        b("test_decode_subject[gfx950-b64]", 3e-3, family="gfx950", subject="vllm==0.33.0", host_bound=True,
+          graph_seconds=300e-6),
+        b("test_decode[gfx942-b64]", 100e-6, family="gfx942", num_splits=1, graph_seconds=90e-6),
+        b("test_decode_subject[gfx942-b64]", 150e-6, family="gfx942", subject="vllm==0.33.0",
+          graph_error="no CUDA graphs on this device")]}
+    table = bench.format_table(doc)
+    assert "graph us" in table.splitlines()[0]
+    sub = _line(table, "vllm==0.33.0 gfx950").split()
+    assert sub[-1] == "1.50x" and "300.0" in sub  # 300 / 200, not 3000 / 210
+    # one side without a graph figure: both event-timed calls, 150 / 100
+    assert _line(table, "vllm==0.33.0 gfx942").split()[-1] == "1.50x"
+    assert " - " in _line(table, "vllm==0.33.0 gfx942")
+    assert any(line.startswith("graph us:") and "vs subj" in line for line in table.splitlines())
 
 
 def test_table_shows_the_indexer_path_beside_torch_the_copy_ceiling_and_the_subject():
@@ -683,7 +724,7 @@ def test_table_shows_the_indexer_path_beside_torch_the_copy_ceiling_and_the_subj
         b("test_logits[normal]", 60e-6, family="paged", ratio_to_torch=16.0, **logits),
         b("test_logits_subject[normal]", 30e-6, family="paged", subject="vllm==0.33.0", **logits)]}
     lines = bench.format_table(doc).splitlines()
-    assert any(line.startswith("indexer path") and "ours/subj" in line for line in lines)
+    assert any(line.startswith("indexer path") and "vs subj" in line for line in lines)
     g = _line("\n".join(lines), "gather 65536 tok bs 64")
     assert "triton gfx950" in g and " 50.0%" in g and "4.00x" in g and "2000" in g  # 4 MB in 2 us
     sub = _line("\n".join(lines), "vllm==0.33.0 paged")

@@ -108,12 +108,14 @@ def refs(device, workloads, flush):
 
 @pytest.fixture
 def gpu_benchmark(benchmark, flush, device):
-    """``gpu_benchmark(fn, rounds=...)``: ``fn`` warmed up (compiled) outside any timing, then pytest-benchmark's
-    pedantic mode with the GPU-event clock and an L2 flush before every round. Returns the median seconds, or None
+    """``gpu_benchmark(fn, rounds=..., graph=False)``: ``fn`` warmed up (compiled) outside any timing, then
+    pytest-benchmark's pedantic mode with the GPU-event clock and an L2 flush before every round; with ``graph``
+    also the median of the same rounds replaying ``fn`` from a CUDA graph (``graph_seconds`` in the JSON, with
+    ``graph_error`` saying why where there is none). Returns the median seconds, or None
     when pytest-benchmark is disabled (``--benchmark-disable``, xdist)."""
     import torch
 
-    def run(fn, rounds=None):
+    def run(fn, rounds=None, graph=False):
         fn()
         torch.cuda.synchronize()
         # a call whose host side outlasts the flush leaves the GPU idle inside the events: say so in the JSON
@@ -130,6 +132,10 @@ def gpu_benchmark(benchmark, flush, device):
         benchmark.pedantic(fn, setup=setup, rounds=rounds or bench.GPU_ROUNDS,
                            warmup_rounds=bench.GPU_WARMUP_ROUNDS, iterations=1)
         torch.cuda.synchronize()
+        if graph:  # the same call replayed from a CUDA graph: no host time inside the rounds, on either side
+            secs, why = bench.graph_median(fn, device[0], flush, rounds=rounds or bench.GPU_ROUNDS,
+                                           warmup_rounds=bench.GPU_WARMUP_ROUNDS)
+            benchmark.extra_info.update(graph_seconds=secs, **({"graph_error": why} if why else {}))
         return bench.benchmark_median(benchmark)
 
     run.benchmark = benchmark
@@ -148,7 +154,7 @@ BATCH = pytest.mark.parametrize("batch", bench.BATCHES, ids=lambda b: f"b{b}")
 def test_decode(gpu_benchmark, workloads, refs, device, family, batch):
     w = workloads(batch)
     fn, plan = w.decode_call(family)
-    seconds = gpu_benchmark(fn)
+    seconds = gpu_benchmark(fn, graph=True)
     _record(gpu_benchmark, seconds, device, kind="decode", family=family, batch=batch, refs=refs.get(batch),
             num_splits=plan.num_splits, heads=w.heads, tokens_per_query=w.figures["tokens_per_query"],
             bytes=w.figures["bytes"], flops=w.figures["flops"])
@@ -173,7 +179,7 @@ def test_decode_subject(gpu_benchmark, workloads, refs, device, subject, family,
     """The subject's decode for the same family and inputs, with its own plan: a column beside ours."""
     w = workloads(batch)
     fn, _ = _subject_call(subject, w.subject_decode_call, family)
-    seconds = gpu_benchmark(fn)
+    seconds = gpu_benchmark(fn, graph=True)
     _record(gpu_benchmark, seconds, device, kind="decode", family=family, batch=batch, refs=refs.get(batch),
             subject=subject.label, heads=w.heads, tokens_per_query=w.figures["tokens_per_query"],
             bytes=w.figures["bytes"], flops=w.figures["flops"])
@@ -207,7 +213,7 @@ def _subject_call(subject, make, family):
 
 
 def _record_reduce(gpu_benchmark, fn, plan, w, refs, device, family, batch, **kw):
-    seconds = gpu_benchmark(fn)
+    seconds = gpu_benchmark(fn, graph=True)
     fig = bench.reduce_figures(batch, plan.num_splits, w.heads)
     _record(gpu_benchmark, seconds, device, kind="reduce", family=family, batch=batch, refs=refs.get(),
             num_splits=plan.num_splits, heads=w.heads, bytes=fig["bytes"], flops=fig["flops"], **kw)
