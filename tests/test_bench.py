@@ -827,6 +827,36 @@ def test_decode_variants_dry_run_checks_every_row_and_writes_its_json(tmp_path, 
         assert all(r.get("stats") is not None for r in rows) and not any(r.get("us") for r in rows)
 
 
+def test_decode_variants_summary_compares_graph_figures_so_a_host_bound_adapter_is_not_charged():
+    """Batch 64 as the H200 measured it: upstream's decode by events is its adapter's host time (1482.6 us), its
+    graph replay 191.4; the summary's ratios use the graph figures of the line, best included, and a torch row
+    with no graph median is shown by events and marked; without graph figures the whole line is by events."""
+    dv = _load_decode_variants()
+
+    def row(impl, us, graph=None, variant=None, **kw):
+        r = {"batch": 64, "family": "gfx950", "impl": impl, "us": us, "timing": "do_bench", **kw}
+        if graph is not None:
+            r["graph_us"] = graph
+        if variant:
+            r["variant"] = variant
+        return r
+
+    rows = [row("ours default", 142.6, 136.9, "default", oracle={"ok": True}),
+            row("ours single-read", 100.7, 96.3, "single-read", oracle={"ok": True}),
+            row("ours x64", 90.0, 99.0, "x64", oracle={"ok": True}),  # faster by events, slower replayed
+            row("ours reduce", 11.5),
+            row("upstream", 1482.6, 191.4),
+            {"batch": 64, "family": "torch", "impl": "torch gather + SDPA", "us": 163.0, "timing": "do_bench"}]
+    line = next(ln for ln in dv.summary_table({"rows": rows}).splitlines() if ln.startswith("   64 gfx950"))
+    assert line.split() == ["64", "gfx950", "191.4", "136.9", "single-read", "96.3", "0.72", "0.50", "163.0*",
+                            "graph"]
+    assert "* torch us by events" in dv.summary_table({"rows": rows})
+    events = [{k: v for k, v in r.items() if k != "graph_us"} for r in rows]
+    line = next(ln for ln in dv.summary_table({"rows": events}).splitlines() if ln.startswith("   64 gfx950"))
+    assert line.split() == ["64", "gfx950", "1482.6", "142.6", "x64", "90.0", "0.10", "0.06", "163.0", "events"]
+    assert "torch us by events" not in dv.summary_table({"rows": events})
+
+
 def test_decode_variants_skips_only_calls_that_faulted_in_their_compile_worker():
     dv = _load_decode_variants()
     got = dv.faulted_jobs([
