@@ -866,6 +866,38 @@ def test_decode_variants_skips_only_calls_that_faulted_in_their_compile_worker()
     assert list(got) == ["gfx950 k512"]  # a compile failure is retried (and reported) by the main process
 
 
+def test_generation_floor_times_the_contracts_own_strategy_and_divides_the_reference(tmp_path, capsys):
+    """benchmarks/generation_floor.py: draws from a contract's own strategy (no check runs), ms per case, and a
+    reference audit.json row's seconds per case over that floor; a row the reference lacks has no bound."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generation_floor", ROOT / "benchmarks" / "generation_floor.py")
+    gf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gf)
+    ref_path = tmp_path / "audit.json"
+    ref_path.write_text(json.dumps({"schema_version": 7, "results": [
+        {"contract": "decode-reduce-oracle", "target": "gfx942", "cases": 4, "seconds": 2.0},
+        {"contract": "decode-reduce-oracle", "target": "gfx950", "cases": 0, "seconds": 0.0}]}))
+    ref = gf.reference_rows(str(ref_path))
+    assert ref == {("decode-reduce-oracle", "gfx942"): 0.5}
+    rows = gf.measure(["decode-reduce-oracle"], 3, ref)
+    assert [r["target"] for r in rows] == ["gfx942", "gfx950"]
+    assert all(r["cases"] == 3 and r["generation_ms"] > 0 for r in rows)
+    assert rows[0]["gen_bound"] == pytest.approx(500.0 / rows[0]["generation_ms"])
+    assert "gen_bound" not in rows[1]
+    out = tmp_path / "floor.json"
+    assert gf.main(["--contract", "decode-reduce-oracle", "--cases", "2", "--reference", str(ref_path),
+                    "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "rows have a generation bound under 10" in text and len(json.loads(out.read_text())["rows"]) == 2
+    with pytest.raises(SystemExit):
+        gf.main(["--contract", "no-such-contract"])
+    bad = tmp_path / "old.json"
+    bad.write_text(json.dumps({"schema_version": 5, "results": []}))
+    with pytest.raises(SystemExit, match="schema 6"):
+        gf.reference_rows(str(bad))
+
+
 def test_profile_decode_summarizes_an_ncu_raw_export(tmp_path):
     """benchmarks/profile_decode.py --summarize reads ncu's ``--csv --page raw`` shape (metric names, a unit row,
     one row per launch): durations in microseconds, shared memory in KiB, the stall reasons largest first."""
