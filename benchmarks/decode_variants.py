@@ -780,8 +780,10 @@ def summary_table(doc) -> str:
             key = _graph_us if clock == "graph" else (lambda r: r["us"])
             best = min(ours, key=key) if ours else None
             up_us, d_us, b_us = (key(r) if r is not None else None for r in (upr, dft, best))
-            t_us, t_mark = (None, " ") if torch_row is None else (
-                (key(torch_row), " ") if _clock(torch_row) == clock else (torch_row["us"], "*"))
+            # torch on the line's clock; by events (marked) where the line is by graph and torch has none
+            t_graph = _graph_us(torch_row) if torch_row is not None and clock == "graph" else None
+            t_us = t_graph if t_graph is not None else (torch_row["us"] if torch_row is not None else None)
+            t_mark = "*" if torch_row is not None and clock == "graph" and t_graph is None else " "
             torch_marked = torch_marked or t_mark == "*"
 
             def fmt(x, w=10, p=1):

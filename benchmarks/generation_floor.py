@@ -7,7 +7,7 @@ Each row draws N cases from the contract's own strategy (``Contract.cases(target
 Hypothesis's generate phase, with no check, no input tensors and no example database, and reports milliseconds per
 case. With ``--reference`` (an audit.json, schema 6 or later) it divides that row's seconds per case by the
 generation floor: the most a native run of the same cases could gain over the reference if kernels, compiles,
-oracles and the rest of the harness were free ("gen bound"). A row whose gen bound is under 10 cannot reach 10x
+oracles and the rest of the harness were free ("gen bound"), beside audit_throughput.py's harness bound. A row whose gen bound is under 10 cannot reach 10x
 the reference without cheaper generation (fewer draws per case), however fast everything else becomes.
 """
 from __future__ import annotations
@@ -28,39 +28,49 @@ KERNEL_CONTRACTS = ("decode-oracle-agreement", "graph-replay-agreement", "decode
 
 
 def generation_ms(strategy, cases: int, seed: int = 0) -> tuple[float, int]:
-    """(milliseconds per generated case, cases generated) for ``cases`` draws of ``strategy``."""
+    """(milliseconds per generated case, cases generated) for ``cases`` draws of ``strategy``, after two untimed
+    draws (the strategy's first use builds it and imports what it needs)."""
     from hypothesis import HealthCheck, Phase, given, settings
 
     drawn = [0]
 
-    @settings(max_examples=cases, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def draw(case):
-        drawn[0] += 1
+    def runner(n):
+        @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def draw(case):
+            drawn[0] += 1
 
-    draw._hypothesis_internal_use_seed = seed
+        draw._hypothesis_internal_use_seed = seed
+        return draw
+
+    runner(2)()
+    drawn[0] = 0
+    timed = runner(cases)
     t0 = time.perf_counter()
-    draw()
+    timed()
     dt = time.perf_counter() - t0
     if not drawn[0]:
         raise RuntimeError("the strategy generated no case")
     return dt * 1e3 / drawn[0], drawn[0]
 
 
+def _audit_throughput():
+    """benchmarks/audit_throughput.py, which reads audit.json and gives each row its harness bound."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("audit_throughput", Path(__file__).with_name("audit_throughput.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def reference_rows(path: str) -> dict:
-    """``{(contract, target): seconds per case}`` of an audit.json's rows that checked cases."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SystemExit(f"generation_floor: {path}: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("schema_version", 0) < 6 or not isinstance(doc.get("results"), list):
-        raise SystemExit(f"generation_floor: {path}: not an audit.json of schema 6 or later")
-    out = {}
-    for r in doc["results"]:
-        if r.get("cases") and r.get("seconds"):
-            out[(r["contract"], r["target"])] = r["seconds"] / r["cases"]
-    return out
+    """``{(contract, target): (seconds per case, harness bound or None)}`` of an audit.json's rows that checked
+    cases (audit_throughput.py's reading of it, schema 6 or later)."""
+    at = _audit_throughput()
+    _, doc = at.load(f"reference={path}")
+    return {k: (r["seconds"] / r["cases"], at.bound(r)) for k, r in at.rows_of(doc).items() if r["seconds"] > 0}
 
 
 def measure(contract_ids, cases: int, reference: dict | None = None, progress=None) -> list[dict]:
@@ -74,9 +84,10 @@ def measure(contract_ids, cases: int, reference: dict | None = None, progress=No
             ms, n = generation_ms(c.cases(get_target(t)), cases)
             row = {"contract": cid, "target": t, "cases": n, "generation_ms": ms}
             if reference is not None and (cid, t) in reference:
-                per_case = reference[(cid, t)]
+                per_case, harness_bound = reference[(cid, t)]
                 row["reference_ms"] = per_case * 1e3
                 row["gen_bound"] = per_case * 1e3 / ms
+                row["harness_bound"] = harness_bound
             rows.append(row)
             if progress:
                 progress(row)
@@ -86,7 +97,9 @@ def measure(contract_ids, cases: int, reference: dict | None = None, progress=No
 def line(row: dict) -> str:
     ref = f"{row['reference_ms']:>10.1f}" if "reference_ms" in row else f"{'-':>10}"
     bound = f"{row['gen_bound']:>9.1f}" if "gen_bound" in row else f"{'-':>9}"
-    return f"{row['contract']:<27} {row['target']:<8} {row['cases']:>5} {row['generation_ms']:>8.2f} {ref} {bound}"
+    hb = f"{row['harness_bound']:>13.1f}" if row.get("harness_bound") is not None else f"{'-':>13}"
+    return (f"{row['contract']:<27} {row['target']:<8} {row['cases']:>5} {row['generation_ms']:>8.2f} {ref} {bound}"
+            f" {hb}")
 
 
 def main(argv=None) -> int:
@@ -107,7 +120,7 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     ref = reference_rows(args.reference) if args.reference else None
-    print(f"{'contract':<27} {'target':<8} {'cases':>5} {'gen ms':>8} {'ref ms':>10} {'gen bound':>9}", flush=True)
+    print(f"{'contract':<27} {'target':<8} {'cases':>5} {'gen ms':>8} {'ref ms':>10} {'gen bound':>9} {'harness bound':>13}", flush=True)
     rows = measure(ids, args.cases, ref, progress=lambda r: print(line(r), flush=True))
     if ref is not None:
         under = [r for r in rows if r.get("gen_bound", 99) < 10]

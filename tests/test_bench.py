@@ -855,6 +855,10 @@ def test_decode_variants_summary_compares_graph_figures_so_a_host_bound_adapter_
     line = next(ln for ln in dv.summary_table({"rows": events}).splitlines() if ln.startswith("   64 gfx950"))
     assert line.split() == ["64", "gfx950", "1482.6", "142.6", "x64", "90.0", "0.10", "0.06", "163.0", "events"]
     assert "torch us by events" not in dv.summary_table({"rows": events})
+    # a line by events shows torch by events too, unmarked, even where torch has a graph figure
+    mixed = events[:-1] + [dict(events[-1], graph_us=150.0)]
+    line = next(ln for ln in dv.summary_table({"rows": mixed}).splitlines() if ln.startswith("   64 gfx950"))
+    assert line.split()[-2:] == ["163.0", "events"]
 
 
 def test_decode_variants_skips_only_calls_that_faulted_in_their_compile_worker():
@@ -875,15 +879,18 @@ def test_generation_floor_times_the_contracts_own_strategy_and_divides_the_refer
     gf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gf)
     ref_path = tmp_path / "audit.json"
+    split = {"compile": 0.0, "kernel": 1.5, "oracle": 0.1, "harness": 0.4}
     ref_path.write_text(json.dumps({"schema_version": 7, "results": [
-        {"contract": "decode-reduce-oracle", "target": "gfx942", "cases": 4, "seconds": 2.0},
-        {"contract": "decode-reduce-oracle", "target": "gfx950", "cases": 0, "seconds": 0.0}]}))
+        {"contract": "decode-reduce-oracle", "target": "gfx942", "status": "pass", "cases": 4, "seconds": 2.0,
+         "time_split": split},
+        {"contract": "decode-reduce-oracle", "target": "gfx950", "status": "skipped", "cases": 0, "seconds": 0.0}]}))
     ref = gf.reference_rows(str(ref_path))
-    assert ref == {("decode-reduce-oracle", "gfx942"): 0.5}
+    assert ref == {("decode-reduce-oracle", "gfx942"): (0.5, pytest.approx(4.0))}
     rows = gf.measure(["decode-reduce-oracle"], 3, ref)
     assert [r["target"] for r in rows] == ["gfx942", "gfx950"]
     assert all(r["cases"] == 3 and r["generation_ms"] > 0 for r in rows)
     assert rows[0]["gen_bound"] == pytest.approx(500.0 / rows[0]["generation_ms"])
+    assert rows[0]["harness_bound"] == pytest.approx(4.0)  # 2.0 s over 0.1 + 0.4
     assert "gen_bound" not in rows[1]
     out = tmp_path / "floor.json"
     assert gf.main(["--contract", "decode-reduce-oracle", "--cases", "2", "--reference", str(ref_path),
