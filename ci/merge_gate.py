@@ -17,8 +17,9 @@ import sys
 #: audit.json versions this gate reads: 2 only adds fields to 1, 3 adds subjects and the status known, 4 adds each
 #: row's reach (a ci row missing a declared pair is already `incomplete`), 5 each row's first_violation, 6 each
 #: row's time_split (where its seconds went; no verdict depends on it), 7 each row's specializations (distinct
-#: Triton binaries per kernel; no verdict depends on it either), 8 run.jobs (the worker processes that ran the rows)
-SUPPORTED_SCHEMAS = (1, 2, 3, 4, 5, 6, 7, 8)
+#: Triton binaries per kernel; no verdict depends on it either), 8 run.jobs (the worker processes that ran the rows),
+#: 9 what the stand-ins served each subject and the findings lifecycle across subjects (no verdict depends on them)
+SUPPORTED_SCHEMAS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 BLOCKING = ("fail", "error", "incomplete")
 #: verdicts that count as a row having checked something and held (or matched only known findings)
 ACCEPTED = ("pass", "known")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nightly: slow tests, the fuzz campaign (every GPU and core of this host: one worker each), the zoo, the mutation
-# score, and an audit of upstream vLLM's newest release. Every distinct failure, crashes and hangs included, is
+# score, and an audit of every upstream vLLM release that holds the DSv4 ROCm code, the newest included. Every distinct failure, crashes and hangs included, is
 # saved as a reproducer under DIR/fuzz/repro/.
 # Usage: ci/nightly.sh DIR [tests|fuzz|zoo|mutate|upstream]...   (default: all five)
 # Many hosts: run the fuzz step on each with SMV_SHARD=K/N and one shared SMV_FUZZ_DATABASE=redis://HOST:PORT/DB,
@@ -30,14 +30,19 @@ for step in $steps; do
       smv mutate --sample "${SMV_NIGHTLY_MUTANTS:-150}" --seed "${SMV_NIGHTLY_MUTATE_SEED:-13}" --report "$out/mutate" \
         --cap "${SMV_NIGHTLY_MUTANT_CAP:-240}" --no-progress || [ $? -eq 1 ] || status=1 ;;
     upstream)
-      # upstream's newest release, judged by the same contracts (its known findings are `known`, anything new fails)
-      latest="$(python -m pip index versions vllm 2>/dev/null | sed -n 's/^vllm (\([^)]*\)).*/\1/p' | head -1)"
-      if [ -n "$latest" ]; then
-        smv audit --subject "vllm==$latest" --budget "${SMV_NIGHTLY_UPSTREAM_BUDGET:-1800}" --report "$out/audit-vllm" \
+      # every release since the first that holds the DSv4 ROCm code (vllm/models/deepseek_v4/amd/rocm.py came in
+      # 0.22.0), side by side in one audit: its findings lifecycle says which releases show each known finding and
+      # each new failure; then the newest release's zoo. SMV_NIGHTLY_RELEASES (space-separated) overrides the list.
+      releases="${SMV_NIGHTLY_RELEASES:-$(python ci/vllm_releases.py --since "${SMV_VLLM_FIRST:-0.22.0}")}"
+      if [ -n "$releases" ]; then
+        subjects=()
+        for v in $releases; do subjects+=(--subject "vllm==$v"); done
+        latest="${releases##* }"
+        smv audit "${subjects[@]}" --budget "${SMV_NIGHTLY_UPSTREAM_BUDGET:-900}" --report "$out/audit-vllm" \
           --no-progress || status=1
         smv zoo --subject "vllm==$latest" --report "$out/zoo-vllm" || status=1
       else
-        echo "nightly: could not find vLLM's newest release on the package index" >&2; status=1
+        echo "nightly: could not list vLLM's releases on the package index" >&2; status=1
       fi ;;
     *) echo "nightly: unknown step $step" >&2; exit 2 ;;
   esac

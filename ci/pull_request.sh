@@ -6,7 +6,7 @@
 # ~/.cache/sparse-mla-verify: cache that directory between runs).
 set -uo pipefail
 out="${1:-smv-report}"
-pin="${SMV_VLLM_PIN:-0.33.0}"
+pin="${SMV_VLLM_PIN:-0.34.0}"
 mkdir -p "$out"
 status=0
 python -m pytest -n 2 --junitxml="$out/pytest.xml" || status=1

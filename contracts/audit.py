@@ -253,6 +253,8 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
                     "command": " ".join(argv) if argv else None,
                     "counts": {s: sum(r.status == s for r in rows) for s in reports.STATUSES},
                     "subjects": described,
+                    **({"lifecycle": reports.lifecycle([r.as_json() for r in rows], [d["label"] for d in described],
+                                                       [f.id for f in known])} if len(subs) > 1 else {}),
                     "findings": {"file": known_findings.default_path() if findings_path is None
                                  else os.path.abspath(findings_path),
                                  "ids": [f.id for f in known]}},

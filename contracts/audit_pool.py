@@ -97,6 +97,11 @@ def merge_describe(into: dict, more: dict) -> dict:
     out["modules"] = dict(sorted({**(into.get("modules") or {}), **(more.get("modules") or {})}.items()))
     out["rewrites"] = list(into.get("rewrites") or []) + [x for x in more.get("rewrites") or []
                                                          if x not in (into.get("rewrites") or [])]
+    if "standins" in into or "standins" in more:  # per name, the targets' answers of both sides
+        names: dict = {}
+        for s in list(into.get("standins") or []) + list(more.get("standins") or []):
+            names.setdefault(s["name"], {}).update(s["served"])
+        out["standins"] = [{"name": k, "served": dict(sorted(v.items()))} for k, v in sorted(names.items())]
     return out
 
 

@@ -1,4 +1,4 @@
-"""The ``smv`` command: targets, list, show, audit, zoo, fuzz, repro, subject."""
+"""The ``smv`` command: targets, list, show, audit, zoo, fuzz, repro, subject, findings."""
 from __future__ import annotations
 
 import argparse
@@ -659,6 +659,35 @@ def cmd_subject_show(args) -> int:
     return 0
 
 
+def cmd_findings_check(args) -> int:
+    """Replay every known finding's stored reproducer under one subject; exit 0 whatever the statuses, 2 when the
+    subject or the findings file cannot be loaded."""
+    from contracts import findings as known_findings
+    from contracts.registry import load_all
+
+    subject = _subject(args.spec)
+    try:
+        fs = known_findings.load(args.findings, known_contracts=set(load_all()))
+        rows = known_findings.check(fs, subject)
+    except (known_findings.FindingsError, known_findings.SubjectLoadError) as exc:
+        raise UsageError(_one_line(exc)) from None
+    if args.json:
+        print(json.dumps({"schema_version": known_findings.CHECK_SCHEMA_VERSION, "subject": subject.label,
+                          "findings": rows}, indent=1))
+        return 0
+    width = max([len(r["id"]) for r in rows] + [2])
+    for r in rows:
+        changed = {True: "code changed", False: "code as confirmed", None: "-"}[r["code_changed"]]
+        print(f"{r['id']:<{width}}  {r['status']:<14}  {changed:<17}  {r['detail'][:140]}")
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    print(f"{len(rows)} findings on {subject.label}: "
+          + ", ".join(f"{counts[k]} {k}" for k in known_findings.CHECK_STATUSES if k in counts)
+          + f"; {sum(r['code_changed'] is True for r in rows)} with changed code")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one line (``smv audit: error: ...``) and exit 2."""
 
@@ -790,6 +819,17 @@ def build_parser() -> argparse.ArgumentParser:
     so = sjs.add_parser("show", help="name, version, source, module hashes and rewrites of a subject, as JSON")
     so.add_argument("spec", metavar="SPEC")
     so.set_defaults(func=cmd_subject_show)
+    fi = sub.add_parser("findings", help="the known findings (findings.toml): check them on a subject")
+    fis = fi.add_subparsers(dest="findings_cmd", required=True, metavar="ACTION")
+    fc = fis.add_parser("check", help="replay each finding's stored reproducer under a subject: present, fixed, "
+                                      "not_applicable or no_reproducer, and whether its code changed")
+    fc.add_argument("--subject", dest="spec", required=True, metavar="SPEC",
+                    help="the subject to check: vllm==VERSION, vllm@PATH, vllm, ours")
+    fc.add_argument("--json", action="store_true",
+                    help="{schema_version, subject, findings: [{id, status, code_changed, detail}]}")
+    fc.add_argument("--findings", metavar="FILE", help="known findings (default: the suite's findings.toml); the "
+                    "reproducers are FILE's folder's findings/<id>.json")
+    fc.set_defaults(func=cmd_findings_check)
     from contracts import bench
 
     bench.add_parser(sub)

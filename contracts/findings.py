@@ -1,9 +1,10 @@
 """Known findings: ``findings.toml``, the machine-readable side of FINDINGS.md.
 
-Each ``[[finding]]`` says which contract it concerns, on which subjects, versions and targets it holds, and the
+Each ``[[finding]]`` says which contract it concerns, on which subjects and targets it holds, the upstream code it is
+about (the sha256 of each function's source where it was confirmed), the releases it was confirmed in, and the
 violation signature it produces (regular expressions matched with ``re.search`` against a violation's message)::
 
-    schema_version = 1
+    schema_version = 2
 
     [[finding]]
     id = "M3"
@@ -11,20 +12,39 @@ violation signature it produces (regular expressions matched with ``re.search`` 
     kind = "upstream-bug"            # or "semantic-difference"
     contract = "shrink-tail-extents"
     subjects = ["vllm"]
-    versions = ["0.33.0"]            # shell-style patterns: "0.33.*", "*" (every version, a branch's too)
+    confirmed_in = ["0.33.0"]        # shell-style patterns: "0.33.*", "*" (every version, a branch's too)
     targets = ["gfx942", "gfx950"]
-    function = "vllm/...py::Builder.build"
+    function = "vllm/...py::Builder.build"    # free text for a reader
+    functions = [                    # optional: the code the finding is about
+      {module = "vllm/...py", qualname = "Builder.build", sha256 = ["<64 hex>", ...]},
+    ]
     signature = ['^slot mapping: position out of the table maps to slot 0$']
     # optional: repro = "smv repro ...", notes = "..."
 
+A function's hash is the sha256 of the exact source segment of its ``def`` (or ``class``; ``Class.method`` names the
+method's ``def``), decorators included (:func:`function_sha256`); ``sha256`` lists every hash the finding was
+confirmed on, since the code may change around a finding that stays. A finding *applies* to a row (contract,
+subject, version, target) when the subject's tree holds every listed function with one of its hashes (a release or
+a branch of any version, a dev build included), or when the version matches ``confirmed_in``. Schema 1 files still
+load: their ``versions`` is ``confirmed_in``, and they list no functions.
+
 A case is *known* when every one of its violations matches a signature of some finding that applies to the row
 (:func:`classify`); a row whose failing cases are all known is ``known``, not ``fail``, and lists the ids. A case with
-one violation no finding explains fails the row as before. The file is validated strictly: any problem is a
-:class:`FindingsError` naming the file, the finding and the field.
+one violation no finding explains fails the row as before; when a finding of the row's contract, subject and target
+would explain it but the code of one of its functions matches none of its hashes (and the version is not
+confirmed), the row fails saying "the code of <qualname> changed since finding <id> was confirmed"
+(:func:`code_changed`): someone must triage it.
+
+Each finding's minimal case is stored beside the file as ``findings/<id>.json`` (a reproducer ``smv repro``
+reads); :func:`check` replays them under a subject (``smv findings check``). The file is validated strictly: any
+problem is a :class:`FindingsError` naming the file, the finding and the field.
 """
 from __future__ import annotations
 
+import ast
 import fnmatch
+import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -34,16 +54,113 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-FINDINGS_SCHEMA_VERSION = 1
+#: 2: ``confirmed_in`` (was ``versions``) and ``functions``; a schema-1 file still loads
+FINDINGS_SCHEMA_VERSION = 2
+FINDINGS_READS = (1, 2)
+#: ``smv findings check --json``
+CHECK_SCHEMA_VERSION = 1
+CHECK_STATUSES = ("present", "fixed", "not_applicable", "no_reproducer", "error")
 KINDS = ("upstream-bug", "semantic-difference")
-REQUIRED = ("id", "title", "kind", "contract", "subjects", "versions", "targets", "function", "signature")
-OPTIONAL = ("repro", "notes")
+REQUIRED = ("id", "title", "kind", "contract", "subjects", "confirmed_in", "targets", "function", "signature")
+OPTIONAL = ("functions", "repro", "notes")
+#: schema 1's fields: ``versions`` where schema 2 has ``confirmed_in``, no ``functions``
+REQUIRED_V1 = ("id", "title", "kind", "contract", "subjects", "versions", "targets", "function", "signature")
+OPTIONAL_V1 = ("repro", "notes")
+FUNCTION_KEYS = ("module", "qualname", "sha256")
 _ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 _CONTRACT_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_QUALNAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 class FindingsError(ValueError):
     """A findings file this code cannot use; the message is one line naming the file and the field."""
+
+
+# --- the code a finding is about -------------------------------------------------------------------------------------
+
+#: ``(module file, mtime_ns, size) -> {qualname: sha256}``: each module is parsed once per content
+_DEFS: dict = {}
+
+
+def _defs_of(source: str) -> dict:
+    """``{qualname: sha256}`` of every def and class a module defines at its top level (also inside module-level
+    ``if``/``try``/``with`` blocks) and of their methods and nested classes; a name defined twice keeps its last
+    definition, the one that binds."""
+    tree = ast.parse(source)
+    out: dict = {}
+    # ast's lines (ends kept): \r\n, \r or \n end one, nothing else does; its column offsets count UTF-8 bytes
+    lines = [ln.encode("utf-8") for ln in re.split(r"(?<=\n)|(?<=\r)(?!\n)", source)]
+
+    def segment(node) -> str:
+        """What ``ast.get_source_segment`` gives from the first decorator's '@' (at the def's own column; the
+        decorator's col_offset is past it) to the end of the def, without splitting the source once per def."""
+        first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+        start, end = first - 1, node.end_lineno - 1
+        if start == end:
+            return lines[start][node.col_offset:node.end_col_offset].decode("utf-8")
+        return b"".join([lines[start][node.col_offset:], *lines[start + 1:end],
+                         lines[end][:node.end_col_offset]]).decode("utf-8")
+
+    def visit(stmts, prefix: str) -> None:
+        for node in stmts:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + node.name
+                out[name] = hashlib.sha256(segment(node).encode("utf-8")).hexdigest()
+                if isinstance(node, ast.ClassDef):
+                    visit(node.body, name + ".")
+            elif not prefix and isinstance(node, (ast.If, ast.Try, ast.With)):
+                for block in ("body", "orelse", "handlers", "finalbody"):
+                    for part in getattr(node, block, ()):
+                        visit(part.body if isinstance(part, ast.ExceptHandler) else [part], prefix)
+
+    visit(tree.body, "")
+    return out
+
+
+def module_defs(root: str, module: str) -> dict | None:
+    """``{qualname: sha256}`` for ``module`` (a path relative to ``root``); None when the tree has no such file or
+    it does not parse. Cached per file and content (size and modification time)."""
+    path = os.path.join(root, module)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    if key not in _DEFS:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                _DEFS[key] = _defs_of(fh.read())
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            _DEFS[key] = None
+    return _DEFS[key]
+
+
+def function_sha256(root: str, module: str, qualname: str) -> str | None:
+    """The sha256 of the source of ``qualname`` (``f``, ``Class``, ``Class.method``) in the tree at ``root``: the
+    exact source segment of its ``def`` or ``class``, decorators included (from the first decorator's ``@`` to the
+    end of the last statement), UTF-8 encoded. None when the module or the name is absent."""
+    return (module_defs(root, module) or {}).get(qualname)
+
+
+def subject_root(subject) -> str | None:
+    """The root of a subject's source tree (a vllm subject's ``tree.root``); None for a subject without one (ours)."""
+    tree = getattr(subject, "tree", None)
+    root = getattr(tree, "root", None)
+    return root if isinstance(root, str) else None
+
+
+@dataclass(frozen=True)
+class FunctionRef:
+    module: str
+    qualname: str
+    sha256: tuple
+
+    def hash_in(self, root: str) -> str | None:
+        return function_sha256(root, self.module, self.qualname)
+
+    def as_json(self) -> dict:
+        return {"module": self.module, "qualname": self.qualname, "sha256": list(self.sha256)}
 
 
 @dataclass(frozen=True)
@@ -53,24 +170,57 @@ class Finding:
     kind: str
     contract: str
     subjects: tuple
-    versions: tuple
+    confirmed_in: tuple
     targets: tuple
     function: str
     signature: tuple  # compiled patterns
     repro: str = ""
     notes: str = ""
+    functions: tuple = ()  # FunctionRef
+    #: the findings file it was read from (its reproducer lies beside it)
+    source: str = ""
 
-    def applies(self, contract: str, subject: str, version: str, target: str) -> bool:
-        return (contract == self.contract and subject in self.subjects and target in self.targets
-                and any(fnmatch.fnmatchcase(version, v) for v in self.versions))
+    @property
+    def versions(self) -> tuple:
+        """Schema 1's name for :attr:`confirmed_in`."""
+        return self.confirmed_in
+
+    def concerns(self, contract: str, subject: str, target: str) -> bool:
+        return contract == self.contract and subject in self.subjects and target in self.targets
+
+    def confirmed(self, version: str) -> bool:
+        return any(fnmatch.fnmatchcase(version, v) for v in self.confirmed_in)
+
+    def code_matches(self, root: str | None) -> bool:
+        """The tree at ``root`` holds every listed function with one of its hashes (False with no functions)."""
+        return bool(self.functions) and root is not None and all(f.hash_in(root) in f.sha256 for f in self.functions)
+
+    def changed_function(self, root: str | None) -> FunctionRef | None:
+        """The first listed function whose source in the tree at ``root`` matches none of its hashes (or is gone);
+        None when all match, or when there is no tree or no function to compare."""
+        if root is None:
+            return None
+        return next((f for f in self.functions if f.hash_in(root) not in f.sha256), None)
+
+    def applies(self, contract: str, subject: str, version: str, target: str, root: str | None = None) -> bool:
+        return self.concerns(contract, subject, target) and (self.confirmed(version) or self.code_matches(root))
 
     def explains(self, message: str) -> bool:
         return any(p.search(message) for p in self.signature)
 
+    @property
+    def reproducer(self) -> str | None:
+        """Where its minimal case is stored: ``findings/<id>.json`` beside the findings file (it may not exist)."""
+        if not self.source:
+            return None
+        return os.path.join(os.path.dirname(self.source), "findings", f"{self.id}.json")
+
     def as_json(self) -> dict:
         return {"id": self.id, "title": self.title, "kind": self.kind, "contract": self.contract,
-                "subjects": list(self.subjects), "versions": list(self.versions), "targets": list(self.targets),
-                "function": self.function, "signature": [p.pattern for p in self.signature]}
+                "subjects": list(self.subjects), "confirmed_in": list(self.confirmed_in),
+                "targets": list(self.targets), "function": self.function,
+                "functions": [f.as_json() for f in self.functions],
+                "signature": [p.pattern for p in self.signature]}
 
 
 def default_path() -> str:
@@ -89,6 +239,39 @@ def _str_list(path, where, key, value) -> tuple:
     return tuple(value)
 
 
+def _functions(path, where, value) -> tuple:
+    if not isinstance(value, list) or not value:
+        raise FindingsError(f"{path}: {where}: field 'functions' must be a non-empty array of tables "
+                            f"{{module, qualname, sha256}}, got {value!r}")
+    out = []
+    for j, t in enumerate(value, 1):
+        at = f"{where}: field 'functions' entry #{j}"
+        if not isinstance(t, dict):
+            raise FindingsError(f"{path}: {at}: expected a table {{module, qualname, sha256}}, got {t!r}")
+        missing = [k for k in FUNCTION_KEYS if k not in t]
+        if missing:
+            raise FindingsError(f"{path}: {at}: missing {missing[0]!r}")
+        unknown = sorted(set(t) - set(FUNCTION_KEYS))
+        if unknown:
+            raise FindingsError(f"{path}: {at}: unknown key {unknown[0]!r} (keys: {', '.join(FUNCTION_KEYS)})")
+        module, qualname = t["module"], t["qualname"]
+        if (not isinstance(module, str) or not module.endswith(".py") or module.startswith("/") or "\\" in module
+                or ".." in module.split("/")):
+            raise FindingsError(f"{path}: {at}: 'module' must be a .py path relative to the subject's root, got "
+                                f"{module!r}")
+        if not isinstance(qualname, str) or not _QUALNAME_RE.match(qualname):
+            raise FindingsError(f"{path}: {at}: 'qualname' must be a dotted name (f, Class.method), got "
+                                f"{qualname!r}")
+        hashes = _str_list(path, at, "sha256", t["sha256"])
+        bad = [h for h in hashes if not _SHA256_RE.match(h)]
+        if bad:
+            raise FindingsError(f"{path}: {at}: 'sha256' must hold 64 lowercase hex digits, got {bad[0]!r}")
+        if any((f.module, f.qualname) == (module, qualname) for f in out):
+            raise FindingsError(f"{path}: {at}: {module}::{qualname} is listed twice")
+        out.append(FunctionRef(module, qualname, hashes))
+    return tuple(out)
+
+
 def parse(doc: dict, path: str = "findings.toml", *, known_contracts=None) -> list[Finding]:
     """The findings of a decoded TOML document, validated (see the module docstring). ``known_contracts``, when
     given, is the set of registered contract ids: a finding for any other contract is an error (a rename or a
@@ -102,9 +285,11 @@ def parse(doc: dict, path: str = "findings.toml", *, known_contracts=None) -> li
     version = doc.get("schema_version")
     if "schema_version" not in doc:
         raise FindingsError(f"{path}: missing schema_version (expected schema_version = {FINDINGS_SCHEMA_VERSION})")
-    if isinstance(version, bool) or version != FINDINGS_SCHEMA_VERSION:
+    if isinstance(version, bool) or version not in FINDINGS_READS:
         raise FindingsError(f"{path}: schema_version {version!r} is not supported (this suite reads "
-                            f"{FINDINGS_SCHEMA_VERSION})")
+                            f"{' and '.join(map(str, FINDINGS_READS))})")
+    required, optional = (REQUIRED_V1, OPTIONAL_V1) if version == 1 else (REQUIRED, OPTIONAL)
+    renamed = {"versions": "confirmed_in"} if version != 1 else {"confirmed_in": "versions"}
     tables = doc.get("finding", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise FindingsError(f"{path}: 'finding' must be an array of tables ([[finding]])")
@@ -113,15 +298,16 @@ def parse(doc: dict, path: str = "findings.toml", *, known_contracts=None) -> li
     for i, t in enumerate(tables, 1):
         fid = t.get("id")
         where = f"finding #{i}" + (f" ({fid})" if isinstance(fid, str) else "")
-        missing = [k for k in REQUIRED if k not in t]
+        unknown = sorted(set(t) - set(required) - set(optional))
+        if unknown:
+            hint = (f"schema_version {version} calls it {renamed[unknown[0]]!r}" if unknown[0] in renamed else
+                    f"schema_version {version} fields: {', '.join(required + optional)}")
+            raise FindingsError(f"{path}: {where}: unknown field {unknown[0]!r} ({hint})")
+        missing = [k for k in required if k not in t]
         if missing:
             raise FindingsError(f"{path}: {where}: missing field {missing[0]!r}"
                                 + (f" (and {', '.join(missing[1:])})" if missing[1:] else ""))
-        unknown = sorted(set(t) - set(REQUIRED) - set(OPTIONAL))
-        if unknown:
-            raise FindingsError(f"{path}: {where}: unknown field {unknown[0]!r} (fields: "
-                                f"{', '.join(REQUIRED + OPTIONAL)})")
-        for key in ("id", "title", "kind", "contract", "function") + OPTIONAL:
+        for key in ("id", "title", "kind", "contract", "function", "repro", "notes"):
             if key in t and (not isinstance(t[key], str) or not t[key].strip()):
                 raise FindingsError(f"{path}: {where}: field {key!r} must be a non-empty string, got {t[key]!r}")
         if not _ID_RE.match(fid):
@@ -137,12 +323,14 @@ def parse(doc: dict, path: str = "findings.toml", *, known_contracts=None) -> li
         if known_contracts is not None and t["contract"] not in known_contracts:
             raise FindingsError(f"{path}: {where}: field 'contract': no contract {t['contract']!r} is registered")
         subjects = _str_list(path, where, "subjects", t["subjects"])
-        versions = _str_list(path, where, "versions", t["versions"])
+        confirmed_in = _str_list(path, where, "versions" if version == 1 else "confirmed_in",
+                                 t["versions" if version == 1 else "confirmed_in"])
         targets = _str_list(path, where, "targets", t["targets"])
         bad = [x for x in targets if x not in TARGET_NAMES]
         if bad:
             raise FindingsError(f"{path}: {where}: field 'targets': unknown target {bad[0]!r} (targets: "
                                 f"{', '.join(TARGET_NAMES)})")
+        functions = _functions(path, where, t["functions"]) if "functions" in t else ()
         patterns = []
         for s in _str_list(path, where, "signature", t["signature"]):
             try:
@@ -150,8 +338,9 @@ def parse(doc: dict, path: str = "findings.toml", *, known_contracts=None) -> li
             except re.error as exc:
                 raise FindingsError(f"{path}: {where}: field 'signature': {s!r} is not a valid regular expression "
                                     f"({exc})") from None
-        out.append(Finding(fid, t["title"], t["kind"], t["contract"], subjects, versions, targets, t["function"],
-                           tuple(patterns), t.get("repro", ""), t.get("notes", "")))
+        out.append(Finding(fid, t["title"], t["kind"], t["contract"], subjects, confirmed_in, targets, t["function"],
+                           tuple(patterns), t.get("repro", ""), t.get("notes", ""), functions,
+                           os.path.abspath(path) if path else ""))
     return out
 
 
@@ -182,17 +371,22 @@ def load(path: str | None = None, *, known_contracts=None) -> list[Finding]:
     return _CACHE[key]
 
 
-def applicable(findings, contract: str, subject: str, version: str, target: str) -> list[Finding]:
-    return [f for f in findings if f.applies(contract, subject, version, target)]
+def applicable(findings, contract: str, subject: str, version: str, target: str, *,
+               root: str | None = None) -> list[Finding]:
+    """The findings that apply to the row: by the code in the subject's tree at ``root`` (:func:`subject_root`),
+    or by the version."""
+    return [f for f in findings if f.applies(contract, subject, version, target, root)]
 
 
-def classify(violations, findings, contract: str, subject: str, version: str, target: str) -> list[str] | None:
+def classify(violations, findings, contract: str, subject: str, version: str, target: str, *,
+             root: str | None = None) -> list[str] | None:
     """The ids of the findings that explain a case's violations when EVERY violation matches a signature of a
-    finding that applies to (contract, subject, version, target); None when any violation is unexplained (or there
-    are none). Each violation is credited to the first finding, in file order, that explains it."""
+    finding that applies to (contract, subject, version, target) with the tree at ``root``; None when any violation
+    is unexplained (or there are none). Each violation is credited to the first finding, in file order, that
+    explains it."""
     if not violations:
         return None
-    fs = applicable(findings, contract, subject, version, target)
+    fs = applicable(findings, contract, subject, version, target, root=root)
     if not fs:
         return None
     ids: list[str] = []
@@ -204,3 +398,99 @@ def classify(violations, findings, contract: str, subject: str, version: str, ta
         if f.id not in ids:
             ids.append(f.id)
     return ids
+
+
+def code_changed(violations, findings, contract: str, subject: str, version: str, target: str, *,
+                 root: str | None = None) -> str | None:
+    """Why a failing case needs triage rather than a fix: ``"the code of <qualname> changed since finding <id> was
+    confirmed"`` when one of its violations matches the signature of a finding of this contract, subject and target
+    that does not apply only because the code of one of its functions in the tree at ``root`` matches none of its
+    hashes (and the version is not confirmed); else None."""
+    for f in findings:
+        if not f.concerns(contract, subject, target) or f.applies(contract, subject, version, target, root):
+            continue
+        changed = f.changed_function(root)
+        if changed is None:
+            continue
+        if any(f.explains(v.message if hasattr(v, "message") else str(v)) for v in violations):
+            return f"the code of {changed.qualname} changed since finding {f.id} was confirmed"
+    return None
+
+
+# --- smv findings check ----------------------------------------------------------------------------------------------
+
+class SubjectLoadError(ValueError):
+    """The subject a check replays under cannot be loaded; one line."""
+
+
+def _repro_target(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None  # the replay says what is wrong with the file
+    t = doc.get("target") if isinstance(doc, dict) else None
+    return t if isinstance(t, str) else None
+
+
+def check(findings, subject) -> list[dict]:
+    """Replay each finding's stored reproducer under ``subject`` (a :class:`~contracts.subjects.Subject`):
+    ``{"id", "status", "code_changed", "detail"}`` per finding, in file order. ``status``: ``present`` (a violation
+    matches the finding's signature), ``fixed`` (none does, whatever the code), ``not_applicable`` (a listed
+    function is gone from the subject's tree, or the finding is not about this subject), ``no_reproducer`` (none is
+    stored), ``error`` (the reproducer cannot be replayed; ``detail`` says why). ``code_changed``: no hash of some
+    listed function matches the subject's tree (None where that cannot be told: no tree, no functions).
+
+    The subject is bound to every target the reproducers to replay use before any is replayed; a subject that
+    cannot load raises :class:`SubjectLoadError`."""
+    from contracts.runner import replay_row
+    from contracts.subjects import FidelityError, SubjectSkip, using
+    from impl.targets import TARGET_NAMES
+
+    root = subject_root(subject)
+    out, replays = [], []
+    for f in findings:
+        changed = None
+        if root is not None and f.functions:
+            changed = not f.code_matches(root)
+        row = {"id": f.id, "status": "", "code_changed": changed, "detail": ""}
+        out.append(row)
+        gone = [fn for fn in f.functions if root is not None and fn.hash_in(root) is None]
+        path = f.reproducer
+        if subject.name not in f.subjects:
+            row["status"], row["detail"] = "not_applicable", f"about {', '.join(f.subjects)}, not {subject.name}"
+        elif gone:
+            row["status"], row["detail"] = "not_applicable", f"{gone[0].module} has no {gone[0].qualname}"
+        elif not path or not os.path.exists(path):
+            where = os.path.relpath(path, os.path.dirname(f.source)) if path else "reproducer"
+            row["status"], row["detail"] = "no_reproducer", f"no {where} beside {os.path.basename(f.source)}"
+        else:
+            replays.append((f, row))
+    targets = []
+    for f, _ in replays:
+        t = _repro_target(f.reproducer)
+        if t in TARGET_NAMES and t not in targets:  # anything else: the replay says what is wrong, per finding
+            targets.append(t)
+    for t in targets:
+        try:
+            with using(subject):
+                subject.bind(t)
+        except (SubjectSkip, FidelityError):
+            continue  # a target this host cannot run: the replay says so, per finding
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the subject's code does not import
+            msg = " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise SubjectLoadError(f"subject {subject.label} could not be loaded for {t}: {msg}") from None
+    for f, row in replays:
+        try:
+            r = replay_row(f.reproducer, subject, findings=[f])
+        except (OSError, ValueError) as exc:  # ReproError is a ValueError
+            row["status"], row["detail"] = "error", " ".join(str(exc).split())
+            continue
+        hits = [v for v in r.violations if f.explains(v.message)]
+        row["status"] = "present" if hits else "fixed"
+        row["detail"] = (f"{r.target.name}: {hits[0].message}" if hits else
+                         f"{r.target.name}: " + (f"other violations only: {r.violations[0].message}"
+                                                 if r.violations else "no violation"))
+    return out

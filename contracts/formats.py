@@ -15,7 +15,7 @@ import torch
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
 from fuzz import formats as fz
 from fuzz.formats import ExhaustiveCase, Fp8Case, LayoutCase, Ue8m0Case
-from contracts.subjects import EntryMissing, FidelityError, SubjectSkip, bound
+from contracts.subjects import EntryMissing, SubjectError, SubjectSkip, bound
 from impl import formats
 from impl.targets import Target
 from oracles import formats as ref
@@ -239,7 +239,7 @@ def _unpack_call(out: list[Violation], what: str, fn, *args, **kw):
     exception in ``got``) and gives None."""
     try:
         return fn(*args, **kw)
-    except (KeyboardInterrupt, SystemExit, SubjectSkip, FidelityError):  # not a verdict about the subject
+    except (KeyboardInterrupt, SystemExit, SubjectSkip, SubjectError):  # not a verdict about the subject
         raise
     except Exception as exc:  # noqa: BLE001 - a valid view the unpacker cannot read is the finding
         out.append(Violation(f"{what} raised on a valid cache view", what, "the tokens",

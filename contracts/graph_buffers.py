@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
-from contracts.subjects import FidelityError, SubjectSkip, bound
-from contracts.subjects.vllm.standins import StandInCalled
+from contracts.subjects import SubjectError, SubjectSkip, bound
 from fuzz import graph_buffers as fz
 from fuzz.graph_buffers import GraphBufferCase
 from impl.runtime import kernel_device
@@ -19,7 +18,7 @@ from oracles import graph_buffers as ref_gb
 SENTINEL = -7777  # what the persistent buffers hold before a copy: any entry the copy should not touch keeps it
 #: exceptions that say nothing about the copy's code (no entry point, a stand-in reached, an untrusted
 #: interpreter): they end the row; every other exception from a bad input is the rejection being judged
-_NOT_A_VERDICT = (SubjectSkip, FidelityError, StandInCalled)
+_NOT_A_VERDICT = (SubjectSkip, SubjectError)
 
 
 # --- ragged-view-capacity ---------------------------------------------------------------------------------------

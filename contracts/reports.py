@@ -20,7 +20,10 @@ import xml.etree.ElementTree as ET
 #: (native: what Triton's compile hook saw the row compile, new to the process) or ``"predicted"`` (the
 #: interpreter: the keys Triton would form from the row's launch arguments)
 #: 8: ``run.jobs``: the worker processes that ran the rows side by side (``smv audit --jobs``; 1: one process)
-AUDIT_SCHEMA_VERSION = 8
+#: 9: ``run.subjects[].standins`` for a vllm subject: every name a stand-in served its code, with what it answered
+#: on each target (``[{"name", "served": {target: what}}]``); ``run.lifecycle`` when the audit has more than one
+#: subject: for every known finding and every new failure, which subjects show it
+AUDIT_SCHEMA_VERSION = 9
 TIME_SPLIT_KEYS = ("compile", "kernel", "oracle", "harness")
 SPECIALIZATION_SOURCES = ("compiled", "predicted")
 #: 2: ``subject`` at the top level ({name, version, source}) and ``finished``
@@ -50,7 +53,15 @@ AUDIT_JSON_SCHEMA = {
                 "type": "object", "required": ["name", "version", "source", "modules", "rewrites"],
                 "properties": {"name": {"type": "string"}, "version": {"type": "string"},
                                "source": {"type": "string"}, "modules": {"type": "object"},
-                               "rewrites": {"type": "array"}}}},
+                               "rewrites": {"type": "array"},
+                               "standins": {"type": "array", "items": {
+                                   "type": "object", "required": ["name", "served"],
+                                   "properties": {"name": {"type": "string"}, "served": {"type": "object"}}}}}}},
+            "lifecycle": {"type": "object", "required": ["subjects", "findings", "new_failures"], "properties": {
+                "subjects": {"type": "array", "items": {"type": "string"}},
+                "findings": {"type": "array", "items": {"type": "object", "required": ["id", "seen"]}},
+                "new_failures": {"type": "array", "items": {
+                    "type": "object", "required": ["contract", "target", "message", "seen"]}}}},
             "specializations_source": {"enum": list(SPECIALIZATION_SOURCES)},
             "jobs": {"type": "integer"},
             "findings": {"type": "object", "required": ["file", "ids"],
@@ -267,7 +278,24 @@ def _md_subjects(doc: dict) -> list[str]:
         lines.append(f"- `{_label(d)}`: " + ", ".join(extra))
         for rw in d.get("rewrites") or []:
             lines.append(f"  - rewrite `{rw.get('id')}` in `{rw.get('file', '')}`: {_md_escape(rw.get('why', ''))}")
+        lines += _md_standins(d.get("standins") or [])
     return lines + [""]
+
+
+def _md_standins(standins: list) -> list[str]:
+    """What the stand-ins answered: every platform answer and every name no rule answered, one line each; the
+    inert placeholders the import merely bound (classes, decorators), counted."""
+    inert = [s for s in standins if set(s["served"].values()) == {"inert placeholder"}]
+    lines = []
+    for s in standins:
+        if s in inert:
+            continue
+        answers = "; ".join(f"{t}: {w}" for t, w in sorted(s["served"].items()))
+        lines.append(f"  - stand-in `{s['name']}`: {_md_escape(answers)}")
+    if inert:
+        lines.append(f"  - {len(inert)} more names were inert placeholders (bound at import, never reached by a row; "
+                     f"listed in audit.json)")
+    return lines
 
 
 def _md_cell(r: dict) -> str:
@@ -335,7 +363,50 @@ def audit_markdown(doc: dict) -> str:
                          f"got `{v['got']}`")
         if r.get("repro"):
             lines += ["", f"Replay: `smv repro {r['repro']}`"]
+    if doc["run"].get("lifecycle"):
+        lines += _md_lifecycle(doc["run"]["lifecycle"])
     return "\n".join(lines) + "\n"
+
+
+def lifecycle(rows: list, labels: list, finding_ids: list) -> dict:
+    """Across the subjects of one audit (releases side by side, a branch beside its release): for every known
+    finding, which subjects showed it (a ``known`` row listed it), and for every failure no finding explains (one
+    entry per contract, target and first violation message), which subjects failed so. ``seen`` maps each label to
+    true or false; a finding no subject showed is listed too (fixed, or its row never reached the case)."""
+    findings = {fid: {lab: False for lab in labels} for fid in finding_ids}
+    new: dict = {}
+    for r in rows:
+        lab = _row_label(r)
+        if lab not in labels:
+            continue
+        for fid in r.get("findings") or []:
+            findings.setdefault(fid, {x: False for x in labels})[lab] = True
+        if r["status"] == "fail":
+            msg = r["violations"][0]["message"] if r.get("violations") else r["reason"]
+            entry = new.setdefault((r["contract"], r["target"], msg), {x: False for x in labels})
+            entry[lab] = True
+    return {"subjects": list(labels),
+            "findings": [{"id": fid, "seen": seen} for fid, seen in findings.items()],
+            "new_failures": [{"contract": c, "target": t, "message": m, "seen": seen}
+                             for (c, t, m), seen in sorted(new.items())]}
+
+
+def _md_lifecycle(life: dict) -> list[str]:
+    labels = life["subjects"]
+    head = "| {} | " + " | ".join(f"`{lab}`" for lab in labels) + " |"
+    rule = "|---|" + "---|" * len(labels)
+    shown = [f for f in life["findings"] if any(f["seen"].values())]
+    lines = ["", "## Findings lifecycle", "",
+             f"{len(shown)} of {len(life['findings'])} known findings shown by at least one subject; "
+             f"{len(life['new_failures'])} failures no finding explains.", "", head.format("finding"), rule]
+    for f in life["findings"]:
+        lines.append(f"| {f['id']} | " + " | ".join("shown" if f["seen"][lab] else "-" for lab in labels) + " |")
+    if life["new_failures"]:
+        lines += ["", head.format("new failure (contract, target: first violation)"), rule]
+        for f in life["new_failures"]:
+            what = _md_escape(f"{f['contract']} on {f['target']}: {f['message']}")[:200]
+            lines.append(f"| {what} | " + " | ".join("fail" if f["seen"][lab] else "-" for lab in labels) + " |")
+    return lines
 
 
 def _row_label(r: dict) -> str:

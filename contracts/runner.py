@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from contracts import findings as known_findings
 from contracts import specializations, timesplit
 from contracts.core import Contract, Violation, collecting_margins, collecting_notes
-from contracts.subjects import FidelityError, Subject, SubjectSkip, ours, using
+from contracts.subjects import Subject, SubjectError, SubjectSkip, failure_cause, ours, using
 from fuzz import dimensions
 from fuzz.cases import Case, CaseError
 from fuzz.dimensions import reach_doc
@@ -119,7 +119,8 @@ def checked(contract: Contract, case, target: Target) -> list[Violation]:
     """Run the check; an exception raised by the code under test is itself a violation (with its location).
     A :class:`~fuzz.cases.CaseError` is not: it says the case itself is malformed, and propagates; nor are the
     subject's :class:`~contracts.subjects.SubjectSkip` (an entry point it lacks, a row it cannot run here) and
-    :class:`~contracts.subjects.FidelityError`, which say nothing about the subject's code."""
+    :class:`~contracts.subjects.SubjectError` (fidelity, a missing symbol, a stand-in reached), which say
+    nothing about the subject's code."""
     return _checked(contract, case, target)[0]
 
 
@@ -128,7 +129,7 @@ def _checked(contract: Contract, case, target: Target) -> tuple[list[Violation],
     with collecting_margins() as margins, timesplit.measuring():
         try:
             out = contract.check(case, target)
-        except (KeyboardInterrupt, SystemExit, CaseError, SubjectSkip, FidelityError):
+        except (KeyboardInterrupt, SystemExit, CaseError, SubjectSkip, SubjectError):
             raise
         except BaseException as exc:  # noqa: BLE001 - a crash of the code under test is a finding
             tb = traceback.extract_tb(exc.__traceback__)
@@ -249,7 +250,10 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
     ``findings`` (default: the repository's findings.toml) are the known findings: a case whose every violation
     one of them explains does not stop the row (its ids are recorded, the first such case is the reproducer, and
     generation goes on); only a case with an unexplained violation fails the row and is shrunk. The row is
-    ``fail`` if any case failed so, else ``known`` if any case was known, else pass or incomplete.
+    ``fail`` if any case failed so, else ``known`` if any case was known, else pass or incomplete. A finding
+    applies when the subject's tree holds its functions' code as confirmed, or its version is confirmed; a failing
+    case that only a finding on since-changed code would explain fails the row with a reason that says so
+    (:func:`contracts.findings.code_changed`).
     ``known_repro=False`` writes no reproducer for a known row (the audit's second pass of a row whose first pass
     already wrote one).
 
@@ -269,12 +273,13 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
         row.status, row.reason = "skipped", contract.skip_reason
         return row
     known = known_findings.load() if findings is None else findings
-    mine = known_findings.applicable(known, contract.id, sub.name, sub.version, t.name)
+    root = known_findings.subject_root(sub)  # a finding applies by the code in the subject's tree, or the version
+    mine = known_findings.applicable(known, contract.id, sub.name, sub.version, t.name, root=root)
 
     def classify(violations):
         if not mine or not violations:
             return None
-        return known_findings.classify(violations, mine, contract.id, sub.name, sub.version, t.name)
+        return known_findings.classify(violations, mine, contract.id, sub.name, sub.version, t.name, root=root)
 
     with using(subject), collecting_notes() as notes:
         row = _run_row(contract, t, row, sub, classify, profile=profile, budget=budget, seed=seed,
@@ -282,6 +287,11 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
                        max_examples=max_examples, stop_after=stop_after, skip=skip, shrink_until=shrink_until,
                        known_repro=known_repro)
     row.notes = list(notes)
+    if row.status == "fail":  # a finding's signature on code that changed since it was confirmed: triage it
+        changed = known_findings.code_changed(row.violations, known, contract.id, sub.name, sub.version, t.name,
+                                              root=root)
+        if changed:
+            row.reason = f"{changed}: {row.reason}"
     if row.status in ("pass", "known") and notes:  # what the checks left unchecked (contracts.core.record_note)
         row.reason = with_notes(row.reason, notes)
     return row
@@ -299,22 +309,6 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
     user_limit = max_examples
     n = base.max_examples if user_limit is None else user_limit
     n = n if contract.max_cases is None else min(n, contract.max_cases)
-    # declared dimensions: under ci (nightly: triples) the generated phase starts with the covering array, one
-    # case per row (the generator's case forced to hit it); the array is the row's minimum and overrides the limit
-    family = dimensions.family_for(contract.id)
-    exhaustive = bool(contract.extra.get("exhaustive", False))
-    strength = 0 if exhaustive else dimensions.strength_for(profile, family, t)
-    array = family.covering_array(t, strength) if strength else []
-    required = family.required(t, strength or 2) if family is not None and not exhaustive else []
-    enforce_reach = bool(array) and profile == "ci"
-    row.reach_required = required
-    n = max(n, len(array))
-    min_generated = max(contract.min_cases, len(array))
-    if stop_after is not None:
-        stop_after = max(stop_after, len(array))
-    row.limit = n
-    # a case limit set by a user or a contract is "max_cases"; the profile's own count is part of "exhausted"
-    limit_is_max_cases = user_limit is not None or contract.max_cases is not None
     if skip < 0 or (stop_after is not None and stop_after < 0):
         raise ValueError(f"skip / stop_after: expected 0 or more, got {skip!r} / {stop_after!r}")
     shrink_end = deadline + max(10.0, budget * 0.5) if shrink_until is None else shrink_until
@@ -337,9 +331,27 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
         state["known_ids"] += [i for i in ids if i not in state["known_ids"]]
 
     try:
-        # the subject's code for this target, loaded before any case: a subject that cannot load here is a
-        # harness error (or a skip), never a violation of the first case
+        # the subject's code for this target, loaded before any case and before the family's dimension filters ask
+        # it what it has: a subject that cannot load here is an error row naming the cause (or a skip), never a
+        # violation of the first case and never a traceback that ends the audit
         sub.bind(t)
+        # declared dimensions: under ci (nightly: triples) the generated phase starts with the covering array, one
+        # case per row (the generator's case forced to hit it); the array is the row's minimum and overrides the
+        # limit
+        family = dimensions.family_for(contract.id)
+        exhaustive = bool(contract.extra.get("exhaustive", False))
+        strength = 0 if exhaustive else dimensions.strength_for(profile, family, t)
+        array = family.covering_array(t, strength) if strength else []
+        required = family.required(t, strength or 2) if family is not None and not exhaustive else []
+        enforce_reach = bool(array) and profile == "ci"
+        row.reach_required = required
+        n = max(n, len(array))
+        min_generated = max(contract.min_cases, len(array))
+        if stop_after is not None:
+            stop_after = max(stop_after, len(array))
+        row.limit = n
+        # a case limit set by a user or a contract is "max_cases"; the profile's own count is part of "exhausted"
+        limit_is_max_cases = user_limit is not None or contract.max_cases is not None
         pinned = list(contract.examples(t)) if contract.examples and use_examples and not skip else []
         for case in pinned:
             if time.monotonic() > deadline:
@@ -392,7 +404,7 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                 except CaseError as exc:  # a generator bug: no shrinking, no database entry
                     state["case_error"] = exc
                     raise _Stop from None
-                except (SubjectSkip, FidelityError) as exc:
+                except (SubjectSkip, SubjectError) as exc:
                     if state["failing"] is not None:
                         return  # while shrinking: a case the subject cannot run is not the failure
                     state["subject_stop"] = exc  # no verdict, so nothing to shrink or save
@@ -447,7 +459,7 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
                     raise state["subject_stop"] from None
             except _Falsified:
                 pass
-            except (CaseError, SubjectSkip, FidelityError):
+            except (CaseError, SubjectSkip, SubjectError):
                 raise
             except Exception as exc:  # Hypothesis' own errors (flaky replay after the shrink cut-off, ...)
                 if state["failing"] is None:
@@ -474,14 +486,15 @@ def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classi
         row.reason = exc.reason(sub.label)
         _fill(row, state, start)
         return row
-    except FidelityError as exc:
+    except SubjectError as exc:  # the interpreter's fidelity, a symbol an adapter needs, a stand-in reached
         row.status = "error"
-        row.reason = str(exc) or "the interpreter's fidelity for this subject is not established"
+        row.reason = (f"subject {sub.label} on {t.name}: {failure_cause(exc, sub)}" if sub.name != "ours" else
+                      str(exc)) or "the interpreter's fidelity for this subject is not established"
         _fill(row, state, start)
         return row
     except BaseException as exc:  # noqa: BLE001 - harness failure, not a contract verdict
         row.status = "error"
-        row.reason = f"{type(exc).__name__}: {exc}"
+        row.reason = failure_cause(exc, sub)
         if state["pinned"] + state["generated"] == 0 and sub.name != "ours":
             row.reason = f"subject {sub.label} could not run on {t.name}: {row.reason}"
         _fill(row, state, start)
@@ -639,20 +652,21 @@ def replay_row(path: str, subject: "Subject | str | None" = None, findings: list
         with using(sub):
             try:
                 sub.bind(t)
-            except (SubjectSkip, FidelityError, KeyboardInterrupt, SystemExit):
+            except (SubjectSkip, SubjectError, KeyboardInterrupt, SystemExit):
                 raise
             except Exception as exc:  # noqa: BLE001 - the subject cannot load: no verdict either
                 raise ReproError(f"{path}: subject {sub.label} could not run on {t.name}: "
-                                 f"{type(exc).__name__}: {exc}") from None
+                                 f"{failure_cause(exc, sub)}") from None
             v = checked(c, case, t)
     except CaseError as exc:
         raise ReproError(f"{path}: malformed case for {c.id}: {exc}") from None
     except SubjectSkip as exc:
         raise ReproError(f"{path}: cannot replay: {exc.reason(sub.label)}") from None
-    except FidelityError as exc:
-        raise ReproError(f"{path}: cannot replay: {exc}") from None
+    except SubjectError as exc:
+        raise ReproError(f"{path}: cannot replay: {failure_cause(exc, sub)}") from None
     known = known_findings.load() if findings is None else findings
-    ids = known_findings.classify(v, known, c.id, sub.name, sub.version, t.name)
+    ids = known_findings.classify(v, known, c.id, sub.name, sub.version, t.name,
+                                  root=known_findings.subject_root(sub))
     return Replayed(c, t, case, v, sub, ids)
 
 

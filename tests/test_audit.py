@@ -220,7 +220,7 @@ def test_report_names_commit_versions_and_device(register, tmp_path):
     if dev["kind"] == "cpu":
         assert dev["arch"] != "cpu"
     saved = json.loads((tmp_path / "audit.json").read_text())
-    assert saved["schema_version"] == reports.AUDIT_SCHEMA_VERSION == 8
+    assert saved["schema_version"] == reports.AUDIT_SCHEMA_VERSION == 9
     assert reports.validate(saved, reports.AUDIT_JSON_SCHEMA) == []
     md = (tmp_path / "audit.md").read_text()
     assert run["commit"] is None or run["commit"][:12] in md

@@ -83,6 +83,19 @@ def test_schema_8_reports_are_read(tmp_path):
     doc["run"] = {"jobs": 12}
     r = _gate(tmp_path, doc)
     assert r.returncode == 0 and "PASS" in r.stdout
-    doc["schema_version"] = 9
+    doc["schema_version"] = 10
     r = _gate(tmp_path, doc)
-    assert r.returncode == 1 and "unsupported audit.json schema_version 9" in r.stdout
+    assert r.returncode == 1 and "unsupported audit.json schema_version 10" in r.stdout
+
+
+def test_schema_9_reports_are_read_and_error_rows_block(tmp_path):
+    """audit.json 9 adds what the stand-ins served and the lifecycle across subjects; a subject's row that ended
+    `error` (its code did not load, a symbol an adapter needs is gone) blocks the merge, naming the cause."""
+    doc = _doc(("a", "gfx942", "pass"), ("b", "gfx942", "error"))
+    doc["schema_version"] = 9
+    doc["results"][1]["reason"] = "subject vllm==0.35.0 could not run on gfx942: ImportError: gone (upstream x.py:3)"
+    doc["run"] = {"subjects": [], "lifecycle": {"subjects": ["vllm==0.35.0"], "findings": [], "new_failures": []}}
+    r = _gate(tmp_path, doc)
+    assert r.returncode == 1 and "b on gfx942: error: subject vllm==0.35.0 could not run" in r.stdout
+    doc["results"][1]["status"] = "pass"
+    assert _gate(tmp_path, doc).returncode == 0

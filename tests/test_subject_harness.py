@@ -234,7 +234,7 @@ def test_known_rows_are_accepted_by_audit_and_gate(register, tmp_path):
 
 @pytest.mark.parametrize("text,what", [
     ("finding = []\n", "missing schema_version"),
-    ("schema_version = 2\n", "schema_version 2"),
+    ("schema_version = 3\n", "schema_version 3"),
     ("schema_version = 1\nextra = 1\n", "'extra'"),
     ("schema_version = 1\n[[finding]]\nid = 'K1'\n", "finding #1 (K1): missing field 'title'"),
     ("schema_version = 1\n" + _toml(kind="bug"), "field 'kind'"),
@@ -274,7 +274,7 @@ def test_schema_3_rows_and_subjects(register, tmp_path):
     fake = FakeSubject(double=lambda x: 2 * x)
     doc, code = run_audit(["test-double"], ["gfx942", "gfx950"], budget=30, profile="dev", max_cases=6,
                           progress=False, report_dir=str(tmp_path), subjects=[fake], junit=str(tmp_path / "j.xml"))
-    assert code == 0 and doc["schema_version"] == reports.AUDIT_SCHEMA_VERSION == 8
+    assert code == 0 and doc["schema_version"] == reports.AUDIT_SCHEMA_VERSION == 9
     assert reports.validate(doc, reports.audit_schema(3)) == []
     assert all(r["subject"] == {"name": "fake", "version": "1.0"} and r["findings"] == [] for r in doc["results"])
     (d,) = doc["run"]["subjects"]

@@ -52,8 +52,44 @@ class SubjectUnavailable(SubjectSkip):
         return f"subject {label}: {self}"
 
 
-class FidelityError(RuntimeError):
+class SubjectError(RuntimeError):
+    """The subject cannot provide what a row needs - its code did not load, a symbol an adapter needs is missing or
+    changed, a vLLM facility only a stand-in serves was reached: the row ends ``error`` naming the cause, never a
+    verdict about the subject's code."""
+
+
+class FidelityError(SubjectError):
     """The interpreter cannot be trusted to compute what a GPU computes for this subject's kernels."""
+
+
+class SymbolMissing(SubjectError):
+    """An upstream symbol an adapter needs is missing from the subject or has another shape (an ``error`` row)."""
+
+
+class SymbolTooNew(SubjectSkip):
+    """An upstream symbol an adapter needs came in a release newer than the subject's (a ``skipped`` row)."""
+
+    def reason(self, label: str) -> str:
+        return f"subject {label}: {self}"
+
+
+def failure_cause(exc: BaseException, subject: "Subject | None" = None) -> str:
+    """One line naming what went wrong: the exception, and where the subject's own source raised it
+    (``ImportError: cannot import name 'X' from 'vllm.platforms.rocm' (upstream vllm/v1/.../ops.py:26)``): the
+    innermost frame in the subject's tree, so a reader sees the upstream line, not the harness's."""
+    import traceback
+
+    text = f"{type(exc).__name__}: {exc}"
+    root = getattr(getattr(subject, "tree", None), "root", None)
+    if not root:
+        return text
+    root = os.path.join(os.path.abspath(root), "")
+    where = None
+    for fr in traceback.extract_tb(exc.__traceback__):
+        name = fr.filename.split("#smv-rewritten-", 1)[0]  # the loader's name for a rewritten module
+        if name.startswith(root):
+            where = f"{name[len(root):]}:{fr.lineno}"
+    return f"{text} (upstream {where})" if where else text
 
 
 class Family:
@@ -180,5 +216,7 @@ def parse_subject(spec: str) -> Subject:
     if s == "vllm" or s.startswith("vllm==") or s.startswith("vllm@"):
         from contracts.subjects.vllm import vllm_subject
 
-        return vllm_subject(s)
+        sub = vllm_subject(s)
+        sub.spec = s  # the spec that names it again (a reproducer records it)
+        return sub
     raise SubjectSpecError(f"unknown subject {spec!r}: expected ours, vllm==VERSION, vllm@PATH or vllm")

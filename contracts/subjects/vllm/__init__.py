@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 
 from contracts.subjects import EntryMissing, Subject, SubjectSpecError
+from contracts.subjects.vllm.adapters import check_needs
 from impl.targets import Target, get_target
 
 #: adapter modules, one per family (``contracts/subjects/vllm/adapters/<family>.py``); each defines
@@ -65,6 +66,9 @@ class _VllmBound:
                 if exc.name == f"contracts.subjects.vllm.adapters.{family}":
                     raise EntryMissing(family, "no adapter for this family") from None
                 raise
+            # the upstream symbols the adapter needs, checked before it builds: a missing one ends the rows that
+            # use this family skipped (the release predates it) or error (renamed or removed), naming it
+            check_needs(self._ctx, family, getattr(mod, "NEEDS", ()))
             self._families[family] = mod.build(self._ctx)
         return self._families[family]
 
@@ -105,7 +109,18 @@ class VllmSubject(Subject):
         d = super().describe()
         if self.wheel_sha256:
             d["wheel_sha256"] = self.wheel_sha256
+        d["standins"] = self.standins_served()
         return d
+
+    def standins_served(self) -> list:
+        """Every name a stand-in served to this subject's code, with what it answered on each target bound so far:
+        ``[{"name": "vllm.platforms.rocm._ON_GFX1151", "served": {"gfx942": "_ON_GFX1151 = False", ...}}]``,
+        sorted by name: what the audit assumed about the rest of vLLM."""
+        out: dict = {}
+        for tname, b in sorted(self._bound.items()):
+            for (module, name), what in b.ctx.loaded.served.items():
+                out.setdefault(f"{module}.{name}", {})[tname] = what
+        return [{"name": k, "served": v} for k, v in sorted(out.items())]
 
 
 def vllm_subject(spec: str) -> VllmSubject:

@@ -230,6 +230,8 @@ class Loaded:
     present: frozenset = frozenset()
     #: a missing audited module's path -> why it is missing (:meth:`Tree.lacking`)
     lacking: dict = field(default_factory=dict)
+    #: every name a stand-in served, at import and in the calls since: ``{(module, name): what it answered}``
+    served: dict = field(default_factory=dict)
 
     def __getitem__(self, short: str):
         """``loaded["ops"]`` etc.: the audited modules by short name (see :data:`SHORT`). A module this tree does
@@ -251,7 +253,7 @@ class Loaded:
         with _ACTIVE_LOCK:
             after: dict = {}
             try:
-                with _swapped(self.modules, finder, _hidden_third_party) as after:
+                with standins.serving(self.served), _swapped(self.modules, finder, _hidden_third_party) as after:
                     yield self
             finally:
                 for k, mod in after.items():  # only what this finder served; an adapter's fakes are its own
@@ -329,8 +331,9 @@ class Tree:
         with _ACTIVE_LOCK:
             third_before = {k for k in sys.modules if _top(k) in THIRD_PARTY_STANDINS}
             token = standins.IMPORTING.set(True)
+            served: dict = {}
             try:
-                with _swapped(mods, finder, hide) as loaded:
+                with standins.serving(served), _swapped(mods, finder, hide) as loaded:
                     for name in finder.needed:
                         importlib.import_module(name)
             finally:
@@ -338,7 +341,7 @@ class Tree:
                 # the inert transformers served during the import goes; an installed one imported before returns
                 for k in [k for k in sys.modules if _top(k) in THIRD_PARTY_STANDINS and k not in third_before]:
                     del sys.modules[k]
-        return Loaded(arch, loaded, applied, self.root, frozenset(finder.needed), self.lacking())
+        return Loaded(arch, loaded, applied, self.root, frozenset(finder.needed), self.lacking(), served)
 
 
 # --- finding a tree --------------------------------------------------------------------------------------------------

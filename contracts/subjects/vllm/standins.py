@@ -9,8 +9,13 @@ The stand-ins, per emulated architecture (``gfx942``, ``gfx950``; any other name
 
 - ``vllm.platforms``: ``current_platform``, a :class:`Platform` that is ROCm with the target's fp8 dtype and CU
   count; any other attribute of it is an inert placeholder.
-- ``vllm.platforms.rocm``: ``_ON_GFX942`` / ``_ON_GFX950`` (the arch flags upstream binds at import) and the
-  ``on_gfx942()``, ``on_gfx950()``, ``on_mi3xx()``, ``on_gfx9()``, ``on_gfx1250()`` probes, all from the target.
+- ``vllm.platforms.rocm``: the three families of names upstream keeps growing there, each answered from the
+  target by a rule (:func:`platform_answer`), never from a list of names: arch flags ``_ON_<X>`` bound at import,
+  probes ``on_<x>()``, and ``get_<family>_version()``. ``<x>`` is a gfx name or prefix (``gfx942``, ``gfx9``,
+  ``gfx12x``: an ``x`` is any digit), an Instinct model (``mi300``, ``mi3xx``), or an ISA family (``cdna``,
+  ``cdna3``, ``rdna``, ``navi``, ``radeon``). A name no rule answers is an inert placeholder: permissive while the
+  module body runs, and a :class:`StandInCalled` naming it once a row reaches it. Every name served, and what it
+  answered on each target, is recorded (:func:`served`) and listed in the report.
 - ``vllm.logger``: ``init_logger`` giving a logger under ``smv.subject.*`` (``*_once`` variants log at debug).
 - ``vllm.envs``: every ``VLLM_*`` flag is unset and reads False (none of the audited paths is switched on by one);
   ``is_set(name)`` is False.
@@ -30,12 +35,17 @@ instantiated normally; only its stand-in base's ``__init__`` raises (after impor
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
+import re
 import types
 
 
-class StandInCalled(RuntimeError):
+from contracts.subjects import SubjectError
+
+
+class StandInCalled(SubjectError):
     """Audited code called a vLLM facility the loader does not provide."""
 
 
@@ -110,7 +120,10 @@ class InertModule(types.ModuleType):
         import sys
 
         # ``from vllm import envs``: a submodule already served (a stand-in) wins over a placeholder
-        value = sys.modules.get(f"{self.__name__}.{name}") or _inert(f"{self.__name__}.{name}")
+        value = sys.modules.get(f"{self.__name__}.{name}")
+        if value is None:
+            value = _inert(f"{self.__name__}.{name}")
+            record(self.__name__, name, "inert placeholder")
         setattr(self, name, value)
         return value
 
@@ -186,7 +199,11 @@ def _envs_module(flags: dict) -> types.ModuleType:
         if name.startswith("__"):
             raise AttributeError(name)
         # every VLLM_* flag the audited code reads and we do not set is off / unset
-        return False if name.startswith("VLLM_") else _inert(f"vllm.envs.{name}")
+        if name.startswith("VLLM_"):
+            record("vllm.envs", name, f"{name} = False (unset)")
+            return False
+        record("vllm.envs", name, "inert placeholder")
+        return _inert(f"vllm.envs.{name}")
 
     def is_set(name):
         return name in flags
@@ -211,6 +228,112 @@ def _round_up(x: int, multiple: int) -> int:
     return _cdiv(x, multiple) * multiple
 
 
+#: what each emulated architecture is, for the rule below: its Instinct models and its ISA family and generation
+_ARCH_FACTS = {
+    "gfx942": {"models": ("mi300", "mi308", "mi325"), "isa": ("cdna", 3)},
+    "gfx950": {"models": ("mi350", "mi355"), "isa": ("cdna", 4)},
+}
+#: ISA families a ROCm arch flag may name; the emulated targets are all CDNA
+_ISA_FAMILIES = ("cdna", "rdna", "navi", "radeon")
+_FLAG_RE = re.compile(r"^(?:_ON_|on_)([A-Za-z0-9]+)$")
+_VERSION_RE = re.compile(r"^get_([a-z0-9]+)_version$")
+
+
+def _pattern_match(pattern: str, name: str) -> bool:
+    """``pattern`` is a prefix of ``name`` where each ``x`` of the pattern stands for any one character."""
+    return len(pattern) <= len(name) and all(p in ("x", c) for p, c in zip(pattern, name))
+
+
+def platform_answer(name: str, arch: str):
+    """What the emulated device answers for a ``vllm.platforms.rocm`` name, or ``None`` where no rule knows it.
+
+    ``_ON_<X>`` and ``on_<x>`` (a bool): ``gfx...`` is true when the pattern is a prefix of the target's gfx name
+    (``gfx9``, ``gfx94``, ``gfx942``; ``x`` any digit, so ``gfx1x`` and ``gfx12x`` are false on CDNA); ``mi...``
+    likewise against the target's Instinct models; ``cdna<N>``/``rdna<N>``/``navi``/``radeon`` against its ISA.
+    ``get_<family>_version`` (an int): the target's generation of that ISA family, 0 when it is not one (what
+    upstream's own fallback returns off ROCm). Any other architecture name (``generic``) is a device that is none
+    of these: every flag false, every version 0."""
+    facts = _ARCH_FACTS.get(arch)
+    m = _VERSION_RE.match(name)
+    if m:
+        family = m.group(1)
+        if family not in _ISA_FAMILIES:
+            return None
+        return facts["isa"][1] if facts and facts["isa"][0] == family else 0
+    m = _FLAG_RE.match(name)
+    if not m:
+        return None
+    token = m.group(1).lower()
+    if token.startswith("gfx") and re.fullmatch(r"gfx[0-9a-fx]+", token):
+        return bool(facts) and _pattern_match(token, arch)
+    if re.fullmatch(r"mi[0-9x]+", token):
+        return bool(facts) and any(_pattern_match(token, model) for model in facts["models"])
+    family = next((f for f in _ISA_FAMILIES if token.startswith(f)), None)
+    if family is not None and re.fullmatch(r"[0-9x]*", token[len(family):]):
+        if not facts or facts["isa"][0] != family:
+            return False
+        gen = token[len(family):]
+        return not gen or _pattern_match(gen, str(facts["isa"][1]))
+    return None
+
+
+class RocmModule(types.ModuleType):
+    """``vllm.platforms.rocm`` for one emulated architecture: every name is answered by :func:`platform_answer`
+    (a flag's bool, a probe returning it, a version getter), or is an inert placeholder where no rule knows it."""
+
+    def __init__(self, name: str, arch: str):
+        super().__init__(name)
+        self._smv_arch = arch
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        answer = platform_answer(name, self._smv_arch)
+        if answer is None:
+            value = _inert(f"{self.__name__}.{name}")
+            record(self.__name__, name, "not answered (inert: a row that reaches it is an error)")
+        elif name.startswith("get_"):
+            value = _constant(name, answer)
+            record(self.__name__, name, f"{name}() = {answer}")
+        elif name.startswith("on_"):
+            value = _constant(name, answer)
+            record(self.__name__, name, f"{name}() = {answer}")
+        else:
+            value = answer
+            record(self.__name__, name, f"{name} = {answer}")
+        setattr(self, name, value)
+        return value
+
+
+def _constant(name: str, value):
+    def probe(*args, **kwargs):
+        return value
+
+    probe.__name__ = probe.__qualname__ = name
+    return probe
+
+
+#: what the stand-ins served while the current :func:`serving` block ran: ``{(module, name): what}``
+_SERVED: contextvars.ContextVar = contextvars.ContextVar("smv_standin_served", default=None)
+
+
+def record(module: str, name: str, what: str) -> None:
+    """Note that a stand-in served ``module.name`` (answered as ``what``) to the import or a row."""
+    served = _SERVED.get()
+    if served is not None:
+        served.setdefault((module, name), what)
+
+
+@contextlib.contextmanager
+def serving(into: dict):
+    """Record into ``into`` every name the stand-ins serve while the block runs (see :func:`record`)."""
+    token = _SERVED.set(into)
+    try:
+        yield into
+    finally:
+        _SERVED.reset(token)
+
+
 def build(arch: str, fp8_dtype, cu_count: int, env_flags: dict | None = None) -> dict:
     """The stand-in modules for one emulated architecture: ``{module name: module}``, fresh objects per call."""
     import triton
@@ -224,11 +347,8 @@ def build(arch: str, fp8_dtype, cu_count: int, env_flags: dict | None = None) ->
         mods[name] = m
         return m
 
-    is942, is950 = arch == "gfx942", arch == "gfx950"
     mod("vllm.platforms", current_platform=Platform(arch, fp8_dtype, cu_count))
-    mod("vllm.platforms.rocm", _ON_GFX942=is942, _ON_GFX950=is950,
-        on_gfx942=lambda: is942, on_gfx950=lambda: is950, on_mi3xx=lambda: is942 or is950,
-        on_gfx9=lambda: is942 or is950, on_gfx1250=lambda: False)
+    mods["vllm.platforms.rocm"] = RocmModule("vllm.platforms.rocm", arch)
     mod("vllm.logger", init_logger=_Logger)
     mods["vllm.envs"] = _envs_module(env_flags or {})
     mod("vllm.triton_utils", tl=tl, triton=triton, HAS_TRITON=True)

@@ -7,6 +7,7 @@ reason). The compressor is its own family (:mod:`.compressor`).
 from __future__ import annotations
 
 from contracts.subjects import EntryMissing, Family
+from contracts.subjects.vllm.adapters import needs
 from impl.targets import get_target
 
 SWA_MISSING = ("upstream's SWA insert is the C++ op torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert, "
@@ -27,6 +28,13 @@ class FamilyWithReasons(Family):
         if why is not None:
             raise EntryMissing(f"{self._name}.{name}", why)
         return super().__getattr__(name)
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "rocm": ["_trust_dsv4_extra_cache_nan_free"],
+}, since={"rocm._trust_dsv4_extra_cache_nan_free": "0.28.0"})
 
 
 def build(ctx) -> Family:

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from contracts.subjects.vllm.adapters.cache_writers import FamilyWithReasons
+from contracts.subjects.vllm.adapters import needs
 from impl.runtime import kernel_device
 
 _BLOCK = 256
@@ -52,6 +53,13 @@ def _own_copy(helper):
     spec.loader.exec_module(mod)
     mod.UPSTREAM_UE8M0_READER = helper
     return mod
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "ops": ["_decode_e8m0_scales_triton"],
+}, since={"ops._decode_e8m0_scales_triton": "0.28.0"})
 
 
 def build(ctx):

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from contracts.subjects import Family, SubjectUnavailable
+from contracts.subjects.vllm.adapters import needs
 from impl.runtime import triton_mode
 from impl.targets import effective_cu_count, get_target
 
@@ -100,6 +101,17 @@ def _patched(module, **attrs):
             yield
         finally:
             module.__dict__.update(saved)
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "compress": [
+        "_pick_compress_num_splits", "compress_norm_rope_store_triton", "compress_norm_rope_store_two_stage_triton",
+    ],
+}, since={
+    "compress._pick_compress_num_splits": "0.26.0", "compress.compress_norm_rope_store_two_stage_triton": "0.26.0",
+})
 
 
 def build(ctx) -> Family:

@@ -22,10 +22,21 @@ from __future__ import annotations
 
 from contracts.subjects.vllm.adapters import native_fnuz_unavailable
 from contracts.subjects import Family, SubjectUnavailable
+from contracts.subjects.vllm.adapters import needs
 from impl.runtime import triton_mode
 from impl.targets import get_target
 
 LAYOUTS = {None: None, "normal": "NORMAL", "shuffle": "SHUFFLE"}
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "ops": [
+        "FP8_DTYPE", "_ON_GFX950", "_cp_gather_indexer_quant_cache_gfx950_kernel",
+        "_cp_gather_indexer_quant_cache_kernel", "cp_gather_indexer_k_quant_cache_triton",
+    ],
+}, since={"ops.FP8_DTYPE": "0.31.0", "ops._cp_gather_indexer_quant_cache_gfx950_kernel": "0.28.0"})
 
 
 def build(ctx) -> Family:

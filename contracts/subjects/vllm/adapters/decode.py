@@ -35,6 +35,7 @@ from contracts.subjects.vllm.adapters import native_fnuz_unavailable
 from contracts.subjects import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters.splits import pinned_cu
 from contracts.subjects.vllm.loader import Rewrite, register_rewrite
+from contracts.subjects.vllm.adapters import needs
 from impl import formats
 from impl.decode import DecodePlan, DecodeWorkspace
 from impl.runtime import triton_mode
@@ -139,6 +140,13 @@ def _with_host_rewrite(ctx):
         if all(r["id"] != rw["id"] for r in ctx.subject.rewrites):
             ctx.subject.rewrites.append(rw)
     return BoundContext(ctx.subject, t, loaded)
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "ops": ["_sparse_attn_decode_reduce_kernel", "rocm_sparse_attn_decode"],
+}, since={"ops._sparse_attn_decode_reduce_kernel": "0.24.0"})
 
 
 def build(ctx) -> Family:

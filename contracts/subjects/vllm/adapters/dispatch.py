@@ -31,6 +31,7 @@ import torch
 from contracts.subjects import Family
 from contracts.subjects.vllm.adapters import decode as dec_adapter
 from contracts.subjects.vllm.adapters.splits import pinned_cu
+from contracts.subjects.vllm.adapters import aiter_flags_off, needs
 from impl import formats
 from impl.dispatch import DecodeDispatch
 from impl.targets import get_target
@@ -39,6 +40,17 @@ _SELECTORS = {"_decode_num_splits": "gfx942", "_decode_gfx950_num_splits": "gfx9
 #: a device larger than any: the selector's cap shows as its answer for one query with long segments
 _HUGE_CU = 1 << 20
 _LONG = 1.0e6
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "rocm": [
+        "DeepseekV4ROCMAiterMLAAttention", "DeepseekV4ROCMAiterMLASparseMetadataBuilder",
+        "_copy_ragged_to_graph_buffers", "compute_global_topk_ragged_indices_and_indptr", "get_forward_context",
+        "rocm_inverse_rope_rows_", "rocm_sparse_attn_decode",
+    ],
+}, since={"rocm.DeepseekV4ROCMAiterMLAAttention": "0.23.0", "rocm.rocm_inverse_rope_rows_": "0.31.0"})
 
 
 def build(ctx) -> Family:
@@ -109,12 +121,13 @@ def build(ctx) -> Family:
         layer = types.SimpleNamespace(
             prefix="layer", compress_ratio=compress_ratio, kv_cache=object() if has_extra_cache else None,
             swa_cache_layer=types.SimpleNamespace(prefix="swa", kv_cache=object()), _wo_a_fp8_weight=None,
-            _use_aiter_sparse_mla=False, topk_indices_buffer=torch.zeros(n, 1, dtype=torch.int32),
+            topk_indices_buffer=torch.zeros(n, 1, dtype=torch.int32),
             attn_sink=None, scale=dec_adapter.DEFAULT_SCALE, head_dim=formats.DSV4_HEAD_DIM,
             nope_head_dim=formats.DSV4_NOPE_DIM, rope_head_dim=formats.DSV4_ROPE_DIM, n_local_heads=1,
             rotary_emb=types.SimpleNamespace(cos_sin_cache=None), kv_cache_dtype=kv_cache_dtype,
             _has_kv_transfer=has_kv_transfer, window_size=128, max_model_len=1, max_num_batched_tokens=1)
         cls = rocm.DeepseekV4ROCMAiterMLAAttention
+        layer.__dict__.update(aiter_flags_off(cls))
         layer._forward_decode = types.MethodType(cls._forward_decode, layer)
         layer._forward_prefill = None
         context = types.SimpleNamespace(attn_metadata={"layer": rocm_metadata, "swa": swa_metadata})

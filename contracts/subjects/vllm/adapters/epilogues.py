@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from contracts.subjects import EntryMissing, Family
+from contracts.subjects.vllm.adapters import needs
 
 ROPE_DIM = 64
 MXFP8_GROUP = 32
@@ -42,6 +43,13 @@ def _mxfp8_group_kernel(x, stride_xr, codes, stride_cr, scales, stride_sr, IN_BF
     q, bits = _UPSTREAM_QUANTIZE_ROWS(v, 1, 32)
     tl.store(codes + r * stride_cr + g * 32 + lanes, tl.reshape(q, (32,)).to(codes.dtype.element_ty))
     tl.store(scales + r * stride_sr + g + tl.arange(0, 1), tl.reshape(bits, (1,)).to(tl.uint8))
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "ops": ["_fused_inverse_rope_gptj", "_mxfp8_quantize_rows"],
+}, since={"ops._fused_inverse_rope_gptj": "0.24.0", "ops._mxfp8_quantize_rows": "0.31.0"})
 
 
 def build(ctx) -> Family:

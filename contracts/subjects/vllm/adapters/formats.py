@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from contracts.subjects.vllm.adapters.cache_writers import FamilyWithReasons
+from contracts.subjects.vllm.adapters import needs
 from impl.runtime import kernel_device
 
 INDEXER_HEAD = 128
@@ -42,6 +43,13 @@ def _on_kernel_device(view: torch.Tensor) -> torch.Tensor:
     st = view.untyped_storage()
     flat = torch.empty(0, dtype=torch.uint8).set_(st, 0, (st.nbytes(),), (1,)).to(dev)
     return flat.as_strided(tuple(view.shape), tuple(view.stride()), view.storage_offset())
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "ops": ["FP8_DTYPE", "_decode_e8m0_scales", "cp_gather_indexer_k_quant_cache_triton"],
+}, since={"ops.FP8_DTYPE": "0.31.0"})
 
 
 def build(ctx):

@@ -11,6 +11,7 @@ our signature and are settled here:
 from __future__ import annotations
 
 from contracts.subjects import Family
+from contracts.subjects.vllm.adapters import needs
 from impl.targets import get_target
 
 
@@ -19,6 +20,12 @@ def same_target(ctx, target) -> None:
     if target is not None and get_target(target).name != ctx.target.name:
         raise ValueError(f"target: this vllm subject is bound to {ctx.target.name} (arch flags bind at import), "
                          f"got {get_target(target).name}")
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself)
+NEEDS = needs({
+    "rocm": ["_copy_ragged_to_graph_buffers"],
+})
 
 
 def build(ctx) -> Family:

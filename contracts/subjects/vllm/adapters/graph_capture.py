@@ -43,6 +43,7 @@ from contracts.subjects.vllm.adapters.decode import (DEFAULT_SCALE, _call_public
                                                       _native_fnuz_unavailable, plan_from_launches)
 from contracts.subjects.vllm.adapters.graph_buffers import same_target
 from contracts.subjects.vllm.adapters.splits import pinned_cu
+from contracts.subjects.vllm.adapters import aiter_flags_off, needs
 from impl import formats
 from impl.decode import LaunchRecord, TensorArg
 from impl.graph_capture import describe_launch_diff
@@ -117,9 +118,10 @@ def layer_adaptive_splits(ctx, compress_ratio: int, batch: int, heads: int, for_
 
     layer = types.SimpleNamespace(
         prefix="attn", swa_cache_layer=types.SimpleNamespace(prefix="swa", kv_cache=None),
-        compress_ratio=compress_ratio, kv_cache=None, _use_aiter_sparse_mla=False,
+        compress_ratio=compress_ratio, kv_cache=None,
         # a non-None fp8 wo_a keeps the inverse RoPE out of this call (it is not part of the decode step)
-        _wo_a_fp8_weight=object(), _forward_decode=forward_decode)
+        _wo_a_fp8_weight=object(), _forward_decode=forward_decode,
+        **aiter_flags_off(rocm.DeepseekV4ROCMAiterMLAAttention))
     metadata = types.SimpleNamespace(for_cudagraph_capture=for_capture)
     swa = types.SimpleNamespace(num_decodes=batch, num_prefills=0, num_decode_tokens=batch)
     forward_context = types.SimpleNamespace(attn_metadata={"attn": metadata, "swa": swa})
@@ -190,6 +192,16 @@ class _Observer:
 
 
 # --- the graph ----------------------------------------------------------------------------------------------------
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "rocm": [
+        "DeepseekV4ROCMAiterMLAAttention", "DeepseekV4ROCMAiterMLASparseMetadataBuilder",
+        "_copy_ragged_to_graph_buffers", "_trust_dsv4_extra_cache_nan_free",
+    ],
+}, since={"rocm.DeepseekV4ROCMAiterMLAAttention": "0.23.0", "rocm._trust_dsv4_extra_cache_nan_free": "0.28.0"})
+
 
 def build(ctx) -> Family:
     ops, rocm = ctx["ops"], ctx["rocm"]

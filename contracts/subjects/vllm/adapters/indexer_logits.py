@@ -37,6 +37,7 @@ import torch
 
 from contracts.subjects.vllm.adapters import native_fnuz_unavailable
 from contracts.subjects import EntryMissing, Family, SubjectUnavailable
+from contracts.subjects.vllm.adapters import needs
 from impl.formats import default_indexer_layout
 from impl.runtime import triton_mode
 from impl.targets import get_target
@@ -90,6 +91,19 @@ def _no_aiter_ops():
             return False
 
     return rocm_aiter_ops
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "ops": [
+        "FP8_DTYPE", "current_workspace_manager", "fp8_paged_mqa_logits_torch", "rocm_fp8_mqa_logits",
+        "rocm_fp8_paged_mqa_logits", "rocm_fp8_paged_mqa_logits_triton",
+    ],
+}, since={
+    "ops.FP8_DTYPE": "0.31.0", "ops.current_workspace_manager": "0.23.0",
+    "ops.rocm_fp8_paged_mqa_logits_triton": "0.31.0",
+})
 
 
 def build(ctx) -> Family:

@@ -42,6 +42,7 @@ import torch
 from contracts.subjects.vllm.adapters import native_fnuz_unavailable
 from contracts.subjects import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters.compressor import _array, _patched
+from contracts.subjects.vllm.adapters import needs
 from impl.runtime import triton_mode
 from impl.targets import get_target
 
@@ -111,6 +112,13 @@ class _LaunchingProxy:
                     launch[name] = inputs[cand]
                     break
         kernel[grid](**launch)
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself)
+NEEDS = needs({
+    "compress": ["compress_norm_rope_store_triton"],
+    "ops": ["indexer_k_quant_and_cache_triton"],
+})
 
 
 def build(ctx) -> Family:

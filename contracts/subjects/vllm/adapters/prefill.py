@@ -39,6 +39,7 @@ import torch
 
 from contracts.subjects import Family, FidelityError
 from contracts.subjects.vllm.loader import REWRITES, Rewrite, register_rewrite
+from contracts.subjects.vllm.adapters import needs
 
 OPS_FILE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 #: the module and name upstream's loader imports the OPUS op from
@@ -67,6 +68,16 @@ _register_host_assert_rewrite()
 
 class _Depth(threading.local):
     n = 0
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "ops": [
+        "_can_use_aiter_sparse_prefill_opus", "_get_aiter_sparse_prefill_opus",
+        "_rocm_sparse_attn_prefill_ragged_triton", "_rocm_sparse_attn_prefill_triton", "rocm_sparse_attn_prefill",
+    ],
+}, since={"ops._can_use_aiter_sparse_prefill_opus": "0.30.0", "ops._get_aiter_sparse_prefill_opus": "0.30.0"})
 
 
 def build(ctx) -> Family:

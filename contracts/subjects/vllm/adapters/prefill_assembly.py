@@ -25,6 +25,7 @@ import torch
 
 from contracts.subjects import EntryMissing, Family
 from contracts.subjects.vllm import standins
+from contracts.subjects.vllm.adapters import needs
 
 SWA_MODULE = "vllm.v1.attention.backends.mla.sparse_swa"
 #: ``DeepseekV4Attention.PREFILL_CHUNK_SIZE`` in vLLM 0.33.0 (``vllm/models/deepseek_v4/attention.py``)
@@ -43,6 +44,14 @@ def _swa_module(ctx):
                            f"(DeepseekSparseSWAMetadata.get_prefill_chunk_plan), which this subject's tree does not "
                            f"load")
     return mod
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "ops": ["_indexer_k_is_c4a_block_flat"],
+    "rocm": ["combine_topk_swa_indices"],
+}, since={"ops._indexer_k_is_c4a_block_flat": "0.31.0"})
 
 
 def build(ctx) -> Family:

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from contracts.subjects import Family
+from contracts.subjects.vllm.adapters import needs
 from impl.runtime import triton_mode
 
 
@@ -156,6 +157,15 @@ def _bind_launch(kernel, spec_kwargs: dict, args: dict) -> dict:
         else:
             out[name] = args[name]
     return out
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "ops": ["build_ragged_indices_from_dense"],
+    "rocm": ["compute_global_topk_ragged_indices_and_indptr"],
+    "swa": ["_COMPUTE_SWA_INDICES_AND_LENS_KERNEL", "_compute_swa_indices_and_lens_kernel"],
+}, since={"swa._COMPUTE_SWA_INDICES_AND_LENS_KERNEL": "0.30.0"})
 
 
 def build(ctx) -> Family:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from contracts.subjects import Family
+from contracts.subjects.vllm.adapters import needs
 
 #: experts and hidden size of the minimal config (the policy reads neither)
 _EXPERTS, _HIDDEN = 8, 16
@@ -56,6 +57,13 @@ class _FusedMoE(nn.Module):
 
 class _Group:
     device_group = types.SimpleNamespace(size=lambda: 1)
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself)
+NEEDS = needs({
+    "deepseek_v2": ["DeepseekV2MoE"],
+    "grouped_topk": ["grouped_topk"],
+})
 
 
 def build(ctx) -> Family:

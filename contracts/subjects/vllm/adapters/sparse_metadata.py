@@ -55,6 +55,7 @@ import torch
 
 from contracts.subjects import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters.work_partition import FakeAiter, fake_aiter
+from contracts.subjects.vllm.adapters import needs
 from impl.sparse_metadata import BuildCounters, CommonMetadata
 from impl.runtime import triton_mode
 from impl.targets import effective_cu_count, get_target
@@ -283,6 +284,16 @@ def _tile(topk: int) -> int:
     if topk % 128 == 0:
         return 128
     return 1 << (int(topk) - 1).bit_length()
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "builder": [
+        "ROCMAiterMLASparseMetadataBuilder", "fit_kpool_indices_to_aiter",
+        "triton_convert_req_index_to_global_index",
+    ],
+}, since={"builder.fit_kpool_indices_to_aiter": "0.30.0"})
 
 
 def build(ctx) -> Family:

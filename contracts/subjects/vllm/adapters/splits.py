@@ -13,6 +13,7 @@ import contextlib
 from unittest import mock
 
 from contracts.subjects import Family
+from contracts.subjects.vllm.adapters import needs
 
 #: the decode wrapper's head block (``block_h``) and its split-K walk (``block_k``)
 WRAPPER_BLOCK_H = 16
@@ -33,6 +34,13 @@ def pinned_cu(ops, cu_count: int):
     """``ops._decode_cu_count`` returns ``cu_count`` inside the block (upstream's tests patch it the same way)."""
     with mock.patch.object(ops, "_decode_cu_count", lambda: cu_count):
         yield
+
+
+#: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
+#: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
+NEEDS = needs({
+    "ops": ["_decode_gfx950_num_splits", "_decode_num_splits"],
+}, since={"ops._decode_gfx950_num_splits": "0.28.0", "ops._decode_num_splits": "0.24.0"})
 
 
 def build(ctx) -> Family:
