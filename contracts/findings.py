@@ -143,9 +143,17 @@ def function_sha256(root: str, module: str, qualname: str) -> str | None:
     return (module_defs(root, module) or {}).get(qualname)
 
 
+#: the tree whose code findings are matched against, instead of the subject's own (``smv zoo`` sets it to the
+#: unpatched tree while a mutant's audit runs on a patched copy)
+CODE_ROOT_ENV = "SMV_FINDINGS_CODE_ROOT"
+
+
 def subject_root(subject) -> str | None:
-    """The root of a subject's source tree (a vllm subject's ``tree.root``); None for a subject without one (ours)."""
+    """The root of a subject's source tree (a vllm subject's ``tree.root``; :data:`CODE_ROOT_ENV` overrides it for
+    a subject that has one); None for a subject without one (ours)."""
     tree = getattr(subject, "tree", None)
+    if tree is not None and os.environ.get(CODE_ROOT_ENV):
+        return os.environ[CODE_ROOT_ENV]
     root = getattr(tree, "root", None)
     return root if isinstance(root, str) else None
 

@@ -283,3 +283,30 @@ def test_findings_check_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert smv(["findings", "check", "--subject", "ours", "--findings", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"smv findings: error: {bad}: not valid TOML") and err.count("\n") == 1
+
+
+def test_a_mutant_audit_matches_findings_against_the_unpatched_tree(monkeypatch, tmp_path):
+    """smv zoo plants a bug into a copy of the tree: the copy's hashes differ, so the findings are matched against
+    the unpatched tree (CODE_ROOT_ENV), and a finding's usual violation stays known instead of reading as code
+    changed (which would be a kill the planted bug did not earn)."""
+    import types
+
+    from contracts import findings as kf
+    from contracts.zoo import runner as zoo_runner
+
+    sub = types.SimpleNamespace(tree=types.SimpleNamespace(root=str(tmp_path / "patched")))
+    assert kf.subject_root(sub) == str(tmp_path / "patched")
+    monkeypatch.setenv(kf.CODE_ROOT_ENV, str(tmp_path / "original"))
+    assert kf.subject_root(sub) == str(tmp_path / "original")
+    assert kf.subject_root(types.SimpleNamespace()) is None  # ours has no tree, whatever the variable says
+    monkeypatch.delenv(kf.CODE_ROOT_ENV)
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen.update(kw["env"])
+        return types.SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(zoo_runner.subprocess, "run", fake_run)
+    zoo_runner._audit(tmp_path / "r", ["c"], ["gfx942"], budget=1, timeout=1, code_root=tmp_path, cwd=tmp_path,
+                      tree=tmp_path / "patched", findings_root=tmp_path / "original")
+    assert seen[kf.CODE_ROOT_ENV] == str(tmp_path / "original")

@@ -215,7 +215,7 @@ def _findings_file() -> str | None:
 
 def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, code_root: Path, cwd: Path,
            tree: "Path | None" = None, findings: str | None = None,
-           trace: "Path | None" = None) -> subprocess.CompletedProcess:
+           trace: "Path | None" = None, findings_root: "str | Path | None" = None) -> subprocess.CompletedProcess:
     """``smv audit`` of ``contracts`` on ``targets`` in a subprocess (generated cases only, the ci profile's
     derandomized sequence), importing the suite from ``code_root``; under ``vllm@tree`` when given. ``trace``:
     the runner's case trace file (``contracts.runner.CASE_TRACE_ENV``)."""
@@ -237,6 +237,10 @@ def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, c
         from contracts.runner import CASE_TRACE_ENV
 
         env[CASE_TRACE_ENV] = str(trace)
+    if findings_root is not None:
+        from contracts.findings import CODE_ROOT_ENV
+
+        env[CODE_ROOT_ENV] = str(findings_root)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -324,8 +328,11 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
         trace = tmp / "case-trace.json"
         launched = time.time()
         try:
+            # findings match the unpatched tree's code: the planted bug changes a hash, and a finding's usual
+            # violation must stay known rather than read as "code changed" (a kill the bug did not earn)
             proc = _audit(report, m.expect, m.targets, budget=max(cap * 0.6, 5.0), timeout=cap, code_root=code_root,
-                          cwd=cwd, tree=tree if on_subject else None, findings=findings, trace=trace)
+                          cwd=cwd, tree=tree if on_subject else None, findings=findings, trace=trace,
+                          findings_root=root if on_subject else None)
             ended = time.time()
         except subprocess.TimeoutExpired:
             res.status, res.detail = "error", f"time cap of {cap:.0f}s ran out"
