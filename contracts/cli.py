@@ -171,7 +171,7 @@ def _check_release(spec: str) -> None:
     """``vllm==X`` must name a release version (PEP 440, as the index spells them) before anything asks the
     package index about it: a typo costs no download attempt."""
     if spec.startswith("vllm=="):
-        version = spec[len("vllm=="):]
+        version = spec[len("vllm=="):].partition("#")[0]  # a model variant (#deepseek_v41) follows the version
         if not _PEP440.match(version):
             raise UsageError(f"subject {spec}: {version!r} is not a release version (expected e.g. vllm==0.33.0)")
 
@@ -403,7 +403,7 @@ def _select_mutants(args, subject=None):
 
 def cmd_zoo(args) -> int:
     from contracts.reports import ZOO_SCHEMA_VERSION, write_json
-    from contracts.zoo.runner import run_zoo, subject_json, ttk_summary
+    from contracts.zoo.runner import is_release_skip, run_zoo, subject_json, ttk_summary
 
     subject = _subject(args.subject) if args.subject else None
     mutants = _select_mutants(args, subject)
@@ -451,7 +451,8 @@ def cmd_zoo(args) -> int:
         write_json(os.path.join(args.report, "zoo.json"), doc)
     counts: dict[str, int] = {}
     for r in doc["results"]:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        key = "skipped (the subject predates them)" if is_release_skip(r) else r["status"]
+        counts[key] = counts.get(key, 0) + 1
     under = f" planted into {subject.label}" if subject is not None and subject.name != "ours" else ""
     print(f"{total} mutants{under}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
           + f"; kill rate {doc['kill_rate']:.0%} in {doc['seconds']:.0f}s")
@@ -462,7 +463,8 @@ def cmd_zoo(args) -> int:
     for r in doc["results"]:
         if r["status"] != "killed":
             print(f"  {r['status'].upper()}: {r['id']}: {r['detail']}")
-    return 0 if all(r["status"] == "killed" for r in doc["results"]) else 1
+    # an entry skipped because the subject predates its code is no failure (its detail names both releases)
+    return 0 if all(r["status"] == "killed" or is_release_skip(r) for r in doc["results"]) else 1
 
 
 def cmd_fuzz(args) -> int:
@@ -621,7 +623,7 @@ def cmd_subject_fetch(args) -> int:
     if not spec.startswith("vllm==") or spec == "vllm==":
         raise UsageError(f"subject fetch: expected vllm==VERSION (a release to download), got {args.spec!r}")
     _check_release(spec)
-    version = spec[len("vllm=="):]
+    version = spec[len("vllm=="):].partition("#")[0]  # the tree holds every model variant's modules
     dest = os.path.abspath(args.to)
     _check_output_path("--to", args.to, folder=True)
     if os.path.isdir(dest) and os.listdir(dest) and not os.path.exists(os.path.join(dest, "smv-subject.json")):
@@ -631,6 +633,7 @@ def cmd_subject_fetch(args) -> int:
         if (os.path.realpath(cached) != os.path.realpath(dest)
                 and os.path.exists(os.path.join(cached, "smv-subject.json"))
                 and os.path.exists(os.path.join(cached, loader.MARKER))
+                and not loader._not_asked_for(cached)  # else extracted before a module was audited: fetch again
                 and not os.path.exists(os.path.join(dest, "smv-subject.json"))):
             # downloaded before into the user cache: the tree is copied, not downloaded again
             for rel in ("smv-subject.json",) + tuple(loader.NEEDED):

@@ -1,7 +1,9 @@
 """Sparse prefill contracts: the Triton kernel agrees with the float64 oracle, and the OPUS routing guard equals
-SPEC 3's truth table while the entry hands OPUS exactly what the oracle expects (or runs Triton)."""
+SPEC 3's truth table while the entry hands OPUS exactly what the oracle expects (or runs Triton); the gfx942 AITER
+``pa_prefill_sparse`` route (SPEC 10) likewise, and its failure (the op missing or raising) falls back to Triton."""
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from unittest import mock
@@ -158,6 +160,14 @@ def _expected_ragged(inp: fz.PrefillInputs) -> tuple[list[int], list[int]]:
     return ref_prefill.ref_opus_ragged(list(idx), list(ptr), skv)
 
 
+def _row_pointer_violation(op: str, idx: list[int], ptr: list[int], sq: int, where: str) -> list[Violation]:
+    """A CSR row pointer over ``idx`` for ``sq`` rows: ``sq + 1`` entries, non-decreasing, within [0, len(idx)]."""
+    if len(ptr) != sq + 1 or ptr[0] < 0 or ptr[-1] > len(idx) or any(a > b for a, b in zip(ptr, ptr[1:])):
+        return [Violation(f"{op} indptr is not a row pointer over its indices", where,
+                          f"[{sq + 1}] non-decreasing within [0, {len(idx)}]", fmt(ptr))]
+    return []
+
+
 def _check_op_ragged(idx: list[int], ptr: list[int], inp: fz.PrefillInputs, where: str) -> list[Violation]:
     """OPUS's (indices, indptr) must be the oracle's conversion exactly: each row's valid entries in order, packed
     from 0. Told apart, so that each way of missing it has its own message: a pointer that is no CSR row pointer;
@@ -166,9 +176,9 @@ def _check_op_ragged(idx: list[int], ptr: list[int], inp: fz.PrefillInputs, wher
     oracle's."""
     sq, skv = int(inp.q.shape[0]), int(inp.kv.shape[0])
     want_idx, want_ptr = _expected_ragged(inp)
-    if len(ptr) != sq + 1 or ptr[0] < 0 or ptr[-1] > len(idx) or any(a > b for a, b in zip(ptr, ptr[1:])):
-        return [Violation("OPUS indptr is not a row pointer over its indices", where,
-                          f"[{sq + 1}] non-decreasing within [0, {len(idx)}]", fmt(ptr))]
+    bad_ptr = _row_pointer_violation("OPUS", idx, ptr, sq, where)
+    if bad_ptr:
+        return bad_ptr
     rows = [idx[ptr[r]:ptr[r + 1]] for r in range(sq)]
     want_rows = [want_idx[want_ptr[r]:want_ptr[r + 1]] for r in range(sq)]
     v = []
@@ -361,3 +371,325 @@ def opus_routing_guard(case: fz.RoutingCase, target: Target) -> list[Violation]:
     guard), seed 003 (strict guard, silent Triton fallback, upstream's monkeypatched routing tests).
     """
     return _guard_violations(case.guard, target) + _routing_violations(case, target)
+
+
+# --- the gfx942 AITER pa_prefill_sparse route (SPEC 10): aiter-prefill-routing, aiter-prefill-fallback ------------
+
+#: the lanes the fake pa_prefill_sparse writes: k / 256 for k = (37 lane + 7 r + 3 h) mod 251, exact in bf16, fp16
+#: and fp32 (k < 256 needs 8 significant bits) and shifted by a nonzero amount under any lane shift short of 251 (the
+#: prime modulus: a NoPE slice taken 64 lanes off, say, differs in every lane), so a routed result is told apart
+#: from the Triton one and a copy that takes the wrong lanes, rows or heads shows
+PA_PATTERN_MODULUS = 251
+
+#: what a failing fake op raises (AITER's pa_prefill_sparse builds raise each of these for what they cannot serve)
+_PA_FAILURES = {"RuntimeError": RuntimeError, "AssertionError": AssertionError, "TypeError": TypeError,
+                "NotImplementedError": NotImplementedError}
+
+
+def _pa_pattern(sq: int, h: int, d: int, dtype: torch.dtype, device) -> torch.Tensor:
+    r = torch.arange(sq).view(sq, 1, 1)
+    hh = torch.arange(h).view(1, h, 1)
+    lane = torch.arange(d).view(1, 1, d)
+    return (((37 * lane + 7 * r + 3 * hh) % PA_PATTERN_MODULUS).to(torch.float32) / 256).to(dtype=dtype,
+                                                                                          device=device)
+
+
+def _aiter_guard_violations(gcase: fz.AiterGuardCase, target: Target) -> list[Violation]:
+    configs = [[]] + [[p] for p in fz.AITER_GUARD_PERTURBATIONS] + [list(c) for c in gcase.combos]
+    guard = bound(target).prefill.can_use_aiter_pa_prefill_sparse
+    out = []
+    for perts in configs:
+        q, kv = fz.aiter_guard_tensors(gcase, perts)
+        got = guard(q, kv, target=target)
+        attrs = fz.aiter_guard_attributes(target.name, q, kv)
+        fails = ref_prefill.aiter_pa_guard_failures(attrs)
+        want = not fails
+        if got is not want:
+            out.append(Violation("gfx942 AITER guard differs from SPEC 10's truth table",
+                                 f"{target.name}, sq={attrs['q_shape'][0]}, perturbations={perts}",
+                                 f"{want} (broken: {', '.join(fails) or 'none'})", fmt(got)))
+    return out
+
+
+def _pa_expected_rows(inp: fz.PrefillInputs) -> list[list[int]]:
+    skv = int(inp.kv.shape[0])
+    if inp.dense is not None:
+        return ref_prefill.ref_aiter_pa_rows(skv, dense=inp.dense, topk_length=inp.topk_list)
+    return ref_prefill.ref_aiter_pa_rows(skv, indices=inp.ragged, indptr=inp.indptr_list)
+
+
+def _check_pa_call(args, kw, inp: fz.PrefillInputs, where: str) -> list[Violation]:
+    """``pa_prefill_sparse(q, kv [skv, d], indices, indptr, None, None, None, sink, scale, out=)`` as SPEC 10 and
+    AITER's signature have it: the caller's q and kv, int32 1-D index lists whose rows ([indptr[r], indptr[r+1]),
+    what the op reads) are SPEC 10's (``oracles.prefill.ref_aiter_pa_rows``), no extend source, attn_sink[:h]
+    (None without a sink), the scale, and ``out`` None or the caller's out where AITER accepts it (contiguous, q's
+    shape and dtype). The list need not be packed (AITER's gfx942 kernel reads through indptr only)."""
+    v: list[Violation] = []
+    sq, h, d = (int(x) for x in inp.q.shape)
+    skv = int(inp.kv.shape[0])
+    if len(args) != 9 or set(kw) != {"out"}:
+        return [Violation("pa_prefill_sparse called with the wrong arguments", where,
+                          "(q, kv, indices, indptr, kv_extend, indices_extend, indptr_extend, sink, scale, out=)",
+                          f"{len(args)} positional, keywords {sorted(kw)}")]
+    q_, kv_, idx, ptr, ekv, eidx, eptr, sink, scale = args
+    if q_.data_ptr() != inp.q.data_ptr() or tuple(q_.stride()) != tuple(inp.q.stride()):
+        v.append(Violation("pa_prefill_sparse got a different q", where, "the caller's q", "another tensor"))
+    if kv_.dim() != 2 or tuple(kv_.shape) != (skv, d) or kv_.data_ptr() != inp.kv.data_ptr():
+        v.append(Violation("pa_prefill_sparse kv is not the caller's kv as [skv, d]", where, f"[{skv}, {d}] view",
+                           f"{list(kv_.shape)}"))
+    for name, t in (("indices", idx), ("indptr", ptr)):
+        if t.dtype != torch.int32 or t.dim() != 1:
+            v.append(Violation(f"pa_prefill_sparse {name} not int32 1-D", where, "int32 [n]",
+                               f"{t.dtype} {list(t.shape)}"))
+    idx_l, ptr_l = idx.detach().cpu().reshape(-1).tolist(), ptr.detach().cpu().reshape(-1).tolist()
+    bad_ptr = _row_pointer_violation("pa_prefill_sparse", idx_l, ptr_l, sq, where)
+    v += bad_ptr
+    if not bad_ptr:
+        rows = [idx_l[ptr_l[r]:ptr_l[r + 1]] for r in range(sq)]
+        want = _pa_expected_rows(inp)
+        if rows != want:
+            v.append(Violation("pa_prefill_sparse rows differ from SPEC 10's (dense rows converted to their valid "
+                               "entries, ragged rows as given)", where, fmt(want), fmt(rows)))
+    if ekv is not None or eidx is not None or eptr is not None:
+        v.append(Violation("pa_prefill_sparse given an extend source", where, "None, None, None",
+                           fmt([None if t is None else list(t.shape) for t in (ekv, eidx, eptr)])))
+    if inp.attn_sink is None:
+        if sink is not None:
+            v.append(Violation("pa_prefill_sparse given a sink the caller did not pass", where, "None", fmt(sink)))
+    else:
+        want_sink = inp.attn_sink[:h].detach().cpu()
+        if sink is None or sink.dtype != torch.float32 or tuple(sink.shape) != (h,) \
+                or not torch.equal(sink.detach().cpu(), want_sink):
+            v.append(Violation("pa_prefill_sparse sink is not attn_sink[:h] in fp32", where, fmt(want_sink),
+                               fmt(sink)))
+    if not isinstance(scale, float) or scale != inp.softmax_scale:
+        v.append(Violation("pa_prefill_sparse softmax scale", where, fmt(inp.softmax_scale), fmt(scale)))
+    out = kw["out"]
+    if out is not None:
+        if out.data_ptr() != inp.out.data_ptr():
+            v.append(Violation("pa_prefill_sparse got an out that is not the caller's", where, "None or out",
+                               "another tensor"))
+        elif tuple(out.shape) != tuple(inp.q.shape) or out.dtype != inp.q.dtype or not out.is_contiguous():
+            v.append(Violation("pa_prefill_sparse handed an out it does not accept", where,
+                               f"contiguous {list(inp.q.shape)} {inp.q.dtype} (else None and a copy)",
+                               f"{list(out.shape)} {out.dtype} strides {tuple(out.stride())}"))
+    return v
+
+
+def _route_pa(inp: fz.PrefillInputs, target: Target, guard_says: bool | None, op_kind: str | None,
+              failure: str = "RuntimeError", launch_triton: bool = True) -> dict:
+    """Run the entry with the OPUS guard false, the gfx942 guard answering ``guard_says`` (None: the subject's own
+    guard decides) and its loader returning a fake op (``ok``: writes the pattern, in place when handed ``out``;
+    ``raises``: writes NaN into a given out, then raises ``failure``) or None. Records every call; with
+    ``launch_triton`` False a Triton launch is counted but not run (out keeps what it held)."""
+    rec = {"guard": [], "op": [], "triton": 0, "raised": None, "escaped": None}
+    fam = bound(target).prefill
+    triton_impl = fam.sparse_attn_prefill_triton
+
+    def fake_guard(q, kv, *, target=None):
+        rec["guard"].append((q, kv, target))
+        return guard_says
+
+    def fake_op(*args, **kw):
+        rec["op"].append((args, kw))
+        out = kw.get("out")
+        if op_kind == "raises":
+            if out is not None:
+                out.fill_(math.nan)
+            rec["raised"] = _PA_FAILURES[failure](f"fake pa_prefill_sparse: {failure}")
+            raise rec["raised"]
+        q = args[0]
+        res = _pa_pattern(*(int(x) for x in q.shape), q.dtype, q.device)
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+
+    def counting_triton(*args, **kw):
+        rec["triton"] += 1
+        return triton_impl(*args, **kw) if launch_triton else None
+
+    patches = [mock.patch.object(fam, "can_use_aiter_sparse_prefill_opus", lambda *a, **k: False),
+               mock.patch.object(fam, "get_aiter_pa_prefill_sparse", lambda: None if op_kind is None else fake_op),
+               mock.patch.object(fam, "sparse_attn_prefill_triton", counting_triton)]
+    if guard_says is not None:
+        patches.append(mock.patch.object(fam, "can_use_aiter_pa_prefill_sparse", fake_guard))
+    with contextlib.ExitStack() as stack:
+        for p in patches:
+            stack.enter_context(p)
+        try:
+            _run_entry(inp, target)
+        except Exception as exc:
+            if exc is not rec["raised"] and not (op_kind is None and isinstance(exc, ImportError)):
+                raise
+            rec["escaped"] = exc  # the entry let the op's failure (or its missing module) through
+    return rec
+
+
+def _check_pa_guard_args(rec: dict, inp: fz.PrefillInputs, target: Target, where: str) -> list[Violation]:
+    if len(rec["guard"]) != 1:
+        return [Violation("the entry did not ask the gfx942 AITER guard exactly once", where, "1 call",
+                          str(len(rec["guard"])))]
+    q, kv, t = rec["guard"][0]
+    v = []
+    if q.data_ptr() != inp.q.data_ptr() or tuple(q.shape) != tuple(inp.q.shape):
+        v.append(Violation("gfx942 AITER guard asked about another q", where, "the caller's q", "another tensor"))
+    if kv.data_ptr() != inp.kv.data_ptr() or kv.shape[-1] != inp.q.shape[-1] or kv.dtype != inp.kv.dtype:
+        v.append(Violation("gfx942 AITER guard asked about another kv", where, "the caller's kv",
+                           fmt(list(kv.shape))))
+    if t is not target and getattr(t, "name", t) != target.name:
+        v.append(Violation("gfx942 AITER guard asked about another target", where, target.name, fmt(t)))
+    return v
+
+
+def _check_pa_routed(rec: dict, inp: fz.PrefillInputs, where: str) -> list[Violation]:
+    """One op call with SPEC 10's arguments, no Triton launch, and the op's result in out (all lanes, converted)."""
+    v = []
+    if len(rec["op"]) != 1 or rec["triton"] != 0 or rec["escaped"] is not None:
+        v.append(Violation("routing when the gfx942 AITER guard holds and the op exists", where,
+                           "1 pa_prefill_sparse call, 0 Triton launches",
+                           f"{len(rec['op'])} op calls, {rec['triton']} Triton launches"
+                           + (f", {type(rec['escaped']).__name__} escaped" if rec["escaped"] is not None else "")))
+    for args, kw in rec["op"][:1]:
+        v += _check_pa_call(args, kw, inp, where)
+    if len(rec["op"]) == 1 and rec["escaped"] is None:
+        sq, h, d = (int(x) for x in inp.q.shape)
+        want = _pa_pattern(sq, h, d, inp.q.dtype, "cpu")[..., :inp.out.shape[-1]].to(inp.out.dtype)
+        got = inp.out.detach().cpu()
+        same = (got == want) | (torch.isnan(got) & torch.isnan(want))
+        if not bool(same.all()):
+            v.append(Violation("the pa_prefill_sparse result was not returned as is", where,
+                               "out = the op's result (its first out-width lanes, in out's dtype)",
+                               f"{int((~same).sum())} of {same.numel()} lanes differ"))
+    return v
+
+
+def _check_unrouted(rec: dict, inp: fz.PrefillInputs, want_op: int, where: str) -> list[Violation]:
+    """The Triton kernel ran once (after ``want_op`` failed op calls) and its result agrees with the oracle; an op
+    failure that escaped the entry is a violation of its own."""
+    v = []
+    for args, kw in rec["op"][:1]:
+        v += _check_pa_call(args, kw, inp, where)
+    if rec["escaped"] is not None:
+        v.append(Violation("the AITER pa_prefill_sparse failure escaped the entry instead of falling back to Triton",
+                           where, "the failure caught, 1 Triton launch",
+                           f"{type(rec['escaped']).__name__}: {rec['escaped']} ({rec['triton']} Triton launches)"))
+        return v
+    if len(rec["op"]) != want_op or rec["triton"] != 1:
+        v.append(Violation("gfx942 AITER fallback routing", where, f"{want_op} op calls, 1 Triton launch",
+                           f"{len(rec['op'])} op calls, {rec['triton']} Triton launches"))
+    v += _compare_with_oracle(inp.out.detach().cpu().clone(), inp, f"Triton fallback ({where}) vs float64 oracle")
+    return v
+
+
+def _pa_guard_says(inp: fz.PrefillInputs, target: Target) -> bool:
+    return ref_prefill.aiter_pa_guard_expected(fz.aiter_guard_attributes(target.name, inp.q, inp.kv))
+
+
+def _aiter_routing_examples(target: Target) -> list[fz.AiterRoutingCase]:
+    inputs = fz.PrefillCase(seed=31, sq=3, heads=2, d=512, skv=8, mode="dense", width=6, lens=(2, 6, 0),
+                            topk_given=True, topk_quirks=True, dense_3d=True, invalid_rate=0.2, int32_extremes=True,
+                            indptr_offset=0, tail_junk=0, scale=0.11, sink="ordinary", out_width="nope",
+                            out_padded=False, q_layout="contiguous", kv_layout="3d", magnitude=1.0, dtype="bfloat16")
+    guard = fz.AiterGuardCase(sq=512, heads=16, d=512, dtype="bfloat16", gpu="cuda:0", skv=7, combos=())
+    large = target.aiter_pa_prefill_sparse_min_queries is not None
+    return [fz.AiterRoutingCase(inputs=inputs, guard=guard, large=large),
+            # a caller's ragged list with an offset, junk and invalid entries; a full-width out written in place
+            fz.AiterRoutingCase(inputs=inputs.replace(seed=32, mode="ragged", indptr_offset=3, tail_junk=2, d=576,
+                                                      out_width="full", sink="none", dtype="float16"),
+                                guard=guard.replace(sq=511, d=576, dtype="float16"), large=large)]
+
+
+@contract("aiter-prefill-routing", targets=ALL_TARGETS, cases=lambda t: fz.aiter_routing_cases(t),
+          examples=_aiter_routing_examples, min_cases=5, case_type=fz.AiterRoutingCase, numeric=True)
+def aiter_prefill_routing(case: fz.AiterRoutingCase, target: Target) -> list[Violation]:
+    """The gfx942 AITER ``pa_prefill_sparse`` guard equals SPEC 10's truth table, and the entry routes by it.
+
+    Guard: for a drawn configuration (sq around 511/512/513, 1-64 heads, d, bf16/fp16) the guard is evaluated on
+    fake tensors for the base, for every single perturbation (sq 1/511/512/513, fp32 q, fp32 q and kv, fp16, kv of
+    the other half dtype; and ones that keep its answer: q or everything on the CPU, kv [skv, 1, d], heads-major q,
+    a narrow kv, a last-dim-strided kv) and for drawn combinations; each answer must equal
+    oracles.prefill.aiter_pa_guard_expected (gfx942 - CDNA 3 - only, sq >= 512, q bf16/fp16, kv of q's dtype;
+    false on every other target), with AITER's MLA switch on, the route's environment.
+    Routing, on tiny real inputs (1-2 heads) with the OPUS guard false: with the gfx942 guard faked true and a fake
+    op present, the entry asks the guard once about the caller's q and kv, calls the op once with q, kv as
+    [skv, d], int32 1-D (indices, indptr) whose rows are oracles.prefill.ref_aiter_pa_rows (dense rows - with
+    topk_length or counted - converted to their valid entries in order; a caller's ragged rows as given, invalid
+    entries included: AITER's gfx942 kernel skips them), no extend source (None x 3), attn_sink[:h] (None without a
+    sink), the scale, and out= the caller's out only where AITER accepts it (contiguous, q's shape and dtype; else
+    None); no Triton launch, and out then holds the op's result - written in place, or its first out-width lanes
+    copied and converted (nope-wide, padded or other-dtype outs). With the real guard (false for tiny inputs on
+    every target) the op is not called and the Triton kernel runs once and agrees with the float64 oracle (margin:
+    the worst error-to-tolerance ratio). On gfx942 some cases add a real routed call of 512-514 rows (dense and
+    ragged) through the real guard and the fake op, checked the same way (a Triton launch there is counted, not
+    run: 512 rows cost the interpreter seconds, and the tiny inputs judge the kernel); it runs once the tiny inputs
+    pass. Inputs are never modified.
+    What cannot run here: AITER's real kernel (ROCm only); the op is a fake that records its arguments and writes a
+    known pattern. Sources: SPEC 10 (vLLM 0.34.0's _can_use_aiter_pa_prefill_sparse and
+    _rocm_sparse_attn_prefill_aiter), ROCm/aiter aiter/ops/triton/attention/pa_prefill_sparse.py (its arguments).
+    """
+    v = _aiter_guard_violations(case.guard, target)
+    inp = fz.build_prefill_inputs(case.inputs)
+    before = _snapshot(inp)
+    where = "gfx942 guard faked true, op present"
+    rec = _route_pa(inp, target, True, "ok")
+    v += _check_pa_guard_args(rec, inp, target, where)
+    v += _check_pa_routed(rec, inp, where)
+    v += _unchanged(before, inp)
+    # the real guard: tiny inputs are below the threshold everywhere, so the Triton kernel answers
+    inp.out_buffer.fill_(math.nan)
+    routed = _pa_guard_says(inp, target)
+    where = f"real guard ({'true' if routed else 'false'}), op present"
+    rec = _route_pa(inp, target, None, "ok")
+    v += _check_pa_routed(rec, inp, where) if routed else _check_unrouted(rec, inp, 0, where)
+    v += _unchanged(before, inp)
+    if case.large and not v:  # (once the tiny inputs fail, 512 rows add nothing but seconds to every shrink step)
+        big = fz.build_prefill_inputs(fz.large_inputs(case.inputs))
+        before = _snapshot(big)
+        routed = _pa_guard_says(big, target)
+        where = f"real guard ({'true' if routed else 'false'}), op present, sq={int(big.q.shape[0])}"
+        # Triton's launch is counted, not run: 512 rows cost the interpreter seconds, and a subject that fails to
+        # route them would spend them on every case
+        rec = _route_pa(big, target, None, "ok", launch_triton=False)
+        if routed:
+            v += _check_pa_routed(rec, big, where)
+        elif len(rec["op"]) != 0 or rec["triton"] != 1 or rec["escaped"] is not None:
+            v.append(Violation("routing when the gfx942 AITER guard is false", where,
+                               "0 pa_prefill_sparse calls, 1 Triton launch",
+                               f"{len(rec['op'])} op calls, {rec['triton']} Triton launches"))
+        v += _unchanged(before, big)
+    return v
+
+
+def _aiter_fallback_examples(target: Target) -> list[fz.AiterFallbackCase]:
+    inputs = _aiter_routing_examples(target)[0].inputs
+    return [fz.AiterFallbackCase(inputs=inputs, failure="AssertionError"),
+            fz.AiterFallbackCase(inputs=inputs.replace(seed=33, mode="ragged", indptr_offset=2, tail_junk=1,
+                                                       out_width="full"), failure="no_op")]
+
+
+@contract("aiter-prefill-fallback", targets=ALL_TARGETS, cases=lambda t: fz.aiter_fallback_cases(t),
+          examples=_aiter_fallback_examples, min_cases=5, case_type=fz.AiterFallbackCase, numeric=True)
+def aiter_prefill_fallback(case: fz.AiterFallbackCase, target: Target) -> list[Violation]:
+    """When the gfx942 AITER route is taken but its op cannot serve, the prefill still answers, through Triton.
+
+    On tiny real inputs, with the OPUS guard false and the gfx942 guard faked true: the op missing (the loader
+    gives None; upstream's route then imports a module that does not exist) or raising what AITER's published
+    pa_prefill_sparse builds raise for what they cannot serve (AssertionError: builds that serve gfx1250 only;
+    TypeError: builds without out=; RuntimeError, NotImplementedError: inputs it rejects), after writing NaN into an
+    out it was handed. The failure must not reach the caller: the Triton kernel runs once and its output, every
+    lane of out, agrees with the float64 oracle (margin: the worst error-to-tolerance ratio); a failing op is
+    still called with SPEC 10's arguments (see aiter-prefill-routing). Inputs are never modified.
+    Why: the guard asks only the architecture, AITER's MLA switch, sq and dtypes, never which AITER build is
+    installed, so whether a gfx942 prefill of 512 rows or more answers must not depend on it. Sources: SPEC 10
+    (upstream imports the op unconditionally and has no fallback), ROCm/aiter pa_prefill_sparse.py's builds, seed
+    003 (the silent Triton fallback of the OPUS route).
+    """
+    inp = fz.build_prefill_inputs(case.inputs)
+    before = _snapshot(inp)
+    missing = case.failure == "no_op"
+    where = "gfx942 guard faked true, " + ("no op" if missing else f"the op raising {case.failure}")
+    rec = _route_pa(inp, target, True, None if missing else "raises", "RuntimeError" if missing else case.failure)
+    v = _check_unrouted(rec, inp, 0 if missing else 1, where)
+    v += _unchanged(before, inp)
+    return v

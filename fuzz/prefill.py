@@ -762,3 +762,287 @@ def _declare_routing():
 
 
 ROUTING_DIMENSIONS = _declare_routing()
+
+
+# --- the gfx942 AITER pa_prefill_sparse route (SPEC 10) ----------------------------------------------------------
+
+#: SPEC 10's query-row threshold for the gfx942 route; the classes below are drawn around it
+AITER_PA_MIN_QUERIES = 512
+#: perturbations of a configuration for the gfx942 route's guard; each flips one SPEC 10 condition unless noted
+#: "keeps" (the guard asks nothing of devices, layouts, head dims or sinks, so those keep)
+AiterGuardPerturbation = Literal[
+    "sq=1", "sq=511", "sq=512", "sq=513",          # the threshold (512 and 513 keep)
+    "q_fp32", "all_fp32", "all_fp16", "kv_dtype",   # q_fp32 breaks both dtype conditions; all_fp16 keeps
+    "q_cpu", "all_cpu", "kv_3d", "q_heads_major", "kv_narrow", "kv_last_dim_strided",  # all keep
+]
+AITER_GUARD_PERTURBATIONS: tuple[str, ...] = typing.get_args(AiterGuardPerturbation)
+
+
+@dataclass(frozen=True)
+class AiterGuardCase(Case):
+    """A configuration of the gfx942 route's guard: ``sq`` rows, ``heads`` heads, head dim ``d``, ``dtype``, q and
+    kv on ``gpu``, ``skv`` kv rows; checked as is, under every single perturbation and under each of ``combos``."""
+
+    KIND = "aiter-pa-guard"
+    sq: int
+    heads: int
+    d: HeadDim
+    dtype: DTypeName
+    gpu: str
+    skv: int
+    combos: tuple[tuple[AiterGuardPerturbation, ...], ...]
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("sq", "heads", "skv"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
+        kind, _, index = self.gpu.partition(":")
+        if kind != "cuda" or not index.isdigit():
+            raise ValueError(f"gpu: expected a device like 'cuda:0', got {self.gpu!r}")
+
+
+def aiter_guard_cases():
+    return st.builds(
+        AiterGuardCase,
+        sq=st.sampled_from([512, 511, 513, 1024, 1, 8]),
+        heads=st.sampled_from([1, 2, 16, 64]),
+        d=st.sampled_from(HEAD_DIMS),
+        dtype=st.sampled_from(DTYPE_NAMES),
+        gpu=st.just("cuda:0"),
+        skv=st.sampled_from([1, 7, 4096]),
+        combos=st.lists(st.lists(st.sampled_from(AITER_GUARD_PERTURBATIONS), min_size=2, max_size=4,
+                                 unique=True).map(tuple), max_size=3).map(tuple),
+    )
+
+
+def aiter_guard_tensors(case: AiterGuardCase, perts) -> tuple:
+    """(q, kv) fake tensors (metadata only: 512-row shapes and "GPU" tensors cost nothing) for a configuration of
+    the gfx942 route's guard with ``perts`` applied."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    p = set(perts)
+    unknown = sorted(p - set(AITER_GUARD_PERTURBATIONS))
+    if unknown:
+        raise ValueError(f"perts: unknown perturbations {unknown}")
+    if case.gpu not in guard_gpus():
+        raise CaseError(f"gpu: this configuration needs {case.gpu}, and this host fakes only "
+                        f"{', '.join(guard_gpus())}")
+    sq, h, d, skv = case.sq, case.heads, case.d, case.skv
+    for s in ("sq=1", "sq=511", "sq=512", "sq=513"):
+        if s in p:
+            sq = int(s.split("=")[1])
+    base = _DTYPES[case.dtype]
+    if "all_fp16" in p:
+        base = torch.float16
+    if "all_fp32" in p:
+        base = torch.float32
+    q_dt = torch.float32 if "q_fp32" in p else base
+    kv_dt = base
+    if "kv_dtype" in p:
+        kv_dt = torch.float16 if q_dt == torch.bfloat16 else torch.bfloat16
+    q_dev = "cpu" if ("q_cpu" in p or "all_cpu" in p) else case.gpu
+    kv_dev = "cpu" if "all_cpu" in p else case.gpu
+    kd = d - ROPE_DIM if "kv_narrow" in p else d
+    with FakeTensorMode():
+        if "q_heads_major" in p:
+            q = torch.empty(h, sq, d, dtype=q_dt, device=q_dev).transpose(0, 1)
+        else:
+            q = torch.empty(sq, h, d, dtype=q_dt, device=q_dev)
+        if "kv_last_dim_strided" in p:
+            kv = torch.empty(skv, 2 * kd, dtype=kv_dt, device=kv_dev).as_strided((skv, kd), (2 * kd, 2))
+        elif "kv_3d" in p:
+            kv = torch.empty(skv, 1, kd, dtype=kv_dt, device=kv_dev)
+        else:
+            kv = torch.empty(skv, kd, dtype=kv_dt, device=kv_dev)
+    return q, kv
+
+
+def aiter_guard_attributes(target: str, q, kv) -> dict:
+    """The plain attributes the gfx942 route's truth table reads (``oracles.prefill.AITER_PA_CONDITIONS``)."""
+    return {"target": target, "q_shape": tuple(q.shape), "q_dtype": dtype_name(q.dtype),
+            "kv_dtype": dtype_name(kv.dtype), "kv_shape": tuple(kv.shape), "q_device": str(q.device)}
+
+
+@dataclass(frozen=True)
+class AiterRoutingCase(Case):
+    """The gfx942 route's guard checked on ``guard``'s configurations, then the entry's routing on the tiny real
+    ``inputs`` (routed to a fake op with the guard faked true; not routed, with the real guard, which tiny inputs
+    fail); with ``large`` also a real routed call on ``large_inputs(inputs)`` (sq >= 512, the real guard)."""
+
+    KIND = "aiter-pa-routing"
+    inputs: PrefillCase
+    guard: AiterGuardCase
+    large: bool = False
+
+
+#: what the op fails with in an ``AiterFallbackCase``: absent (``no_op``), or raising what AITER's published
+#: ``pa_prefill_sparse`` builds raise for a configuration they cannot serve
+AiterFailure = Literal["no_op", "RuntimeError", "AssertionError", "TypeError", "NotImplementedError"]
+AITER_FAILURES: tuple[str, ...] = typing.get_args(AiterFailure)
+
+
+@dataclass(frozen=True)
+class AiterFallbackCase(Case):
+    """The gfx942 route taken (guard faked true) on the tiny real ``inputs`` while the op is missing or fails as
+    ``failure`` says: the Triton kernel must answer."""
+
+    KIND = "aiter-pa-fallback"
+    inputs: PrefillCase
+    failure: AiterFailure
+
+
+def large_inputs(case: PrefillCase) -> PrefillCase:
+    """``case`` grown to 512-514 query rows (its rows' lengths repeated), everything else as drawn: the real guard
+    routes it on gfx942."""
+    sq = AITER_PA_MIN_QUERIES + case.seed % 3
+    return case.replace(sq=sq, lens=tuple(case.lens[i % len(case.lens)] for i in range(sq)))
+
+
+def _aiter_inputs():
+    # tiny: 1-2 heads (a second head block is not the route's business), the sink may be absent (the op gets None)
+    return prefill_cases(max_sq=4, max_heads=2, max_width=10, max_skv=14, wide_heads=2)
+
+
+def _has_route(target) -> bool:
+    from impl.targets import get_target
+
+    return target is not None and get_target(target).aiter_pa_prefill_sparse_min_queries is not None
+
+
+def aiter_routing_cases(target=None):
+    """Large inputs (sq >= 512) only where the route exists (gfx942): elsewhere the real guard is false and the
+    Triton kernel would run 512 rows under the interpreter for nothing the guard's truth table does not show."""
+    return st.builds(AiterRoutingCase, inputs=_aiter_inputs(), guard=aiter_guard_cases(),
+                     large=st.booleans() if _has_route(target) else st.just(False))
+
+
+def aiter_fallback_cases(target=None):
+    return st.builds(AiterFallbackCase, inputs=_aiter_inputs(), failure=st.sampled_from(AITER_FAILURES))
+
+
+#: how the routed result reaches ``out``: written in place (a contiguous [sq, h, d] out of q's dtype), or copied
+OUT_WRITES = ("inplace", "copied")
+#: the guard base's sq against the 512-row threshold
+AITER_GUARD_SQ_CLASSES = ("at", "above", "below")
+
+
+def _out_write(case: PrefillCase) -> str:
+    same = case.out_dtype in (None, case.dtype)
+    return "inplace" if case.out_width == "full" and not case.out_padded and same else "copied"
+
+
+def _force_out_write(f: dict, want: str, seed: int) -> None:
+    if want == "inplace":
+        f.update(out_width="full", out_padded=False, out_dtype=None)
+    elif _out_write(PrefillCase(**f)) == "inplace":
+        # a copied result: nope wide, or full width but not contiguous (padded: AITER's out must be contiguous),
+        # or of another dtype
+        which = seed % 3
+        if which == 0:
+            f["out_width"] = "nope"
+        elif which == 1:
+            f["out_padded"] = True
+        else:
+            f["out_dtype"] = "float32"
+
+
+def _aiter_guard_sq_class(sq: int) -> str:
+    return "below" if sq < AITER_PA_MIN_QUERIES else ("at" if sq == AITER_PA_MIN_QUERIES else "above")
+
+
+def classify_aiter_routing(case: AiterRoutingCase, target=None) -> dict:
+    inp = case.inputs
+    n = inp.lens[0]
+    return {
+        "index_mode": _index_mode(inp),
+        "invalid": _invalid_kind(inp),
+        "first_row": "empty" if n == 0 else ("one" if n == 1 else "several"),
+        "large": case.large,
+        "out_write": _out_write(inp),
+        "guard_sq": _aiter_guard_sq_class(case.guard.sq),
+        "guard_dtype": case.guard.dtype,
+    }
+
+
+def force_aiter_routing(case: AiterRoutingCase, combo: dict, target=None) -> AiterRoutingCase:
+    f = _set_index_fields(case.inputs, combo)
+    if "out_write" in combo:
+        _force_out_write(f, combo["out_write"], case.inputs.seed)
+    g = case.guard
+    if "guard_sq" in combo:
+        cls = combo["guard_sq"]
+        sq = g.sq if _aiter_guard_sq_class(g.sq) == cls else {"at": 512, "above": 513, "below": 511}[cls]
+        g = g.replace(sq=sq)
+    if "guard_dtype" in combo:
+        g = g.replace(dtype=combo["guard_dtype"])
+    return AiterRoutingCase(inputs=PrefillCase(**f), guard=g, large=combo.get("large", case.large))
+
+
+def _aiter_routing_allowed(c: dict, target=None) -> bool:
+    return not (c.get("large") is True and not _has_route(target))
+
+
+def aiter_routing_family_examples(target=None) -> list[AiterRoutingCase]:
+    inputs = prefill_family_examples()[0]
+    guard = AiterGuardCase(sq=512, heads=1, d=512, dtype="bfloat16", gpu="cuda:0", skv=7, combos=())
+    return [AiterRoutingCase(inputs=inputs, guard=guard, large=False),
+            AiterRoutingCase(inputs=inputs.replace(seed=4, mode="ragged", lens=(0, 2)),
+                             guard=guard.replace(sq=511, dtype="float16", d=576), large=_has_route(target))]
+
+
+def _declare_aiter_routing():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "aiter-pa-routing",
+        (Dimension("index_mode", INDEX_MODES, "the op's rows from dense rows with topk_length, from counted dense "
+                                              "rows (both converted), or a caller's ragged list (passed through)"),
+         Dimension("invalid", INVALID_KINDS, "invalid entries a converted dense row drops and a ragged row keeps"),
+         Dimension("first_row", FIRST_ROW_CLASSES, "the first row empty (indptr repeats), one entry, several"),
+         Dimension("large", (True, False), "a real routed call of 512-514 rows through the real guard (gfx942)"),
+         Dimension("out_write", OUT_WRITES, "the op writes out in place, or its result is copied into a nope-wide, "
+                                            "padded or other-dtype out"),
+         Dimension("guard_sq", AITER_GUARD_SQ_CLASSES, "the guard base's sq against the 512-row threshold"),
+         Dimension("guard_dtype", DTYPE_NAMES, "the guard base's dtype")),
+        (("index_mode", "invalid"), ("index_mode", "first_row"), ("index_mode", "large"),
+         ("index_mode", "out_write")),
+        classify_aiter_routing, force_aiter_routing, _aiter_routing_allowed, aiter_routing_family_examples),
+        "aiter-prefill-routing")
+
+
+AITER_ROUTING_DIMENSIONS = _declare_aiter_routing()
+
+
+def classify_aiter_fallback(case: AiterFallbackCase, target=None) -> dict:
+    return {"failure": case.failure, "index_mode": _index_mode(case.inputs), "out_write": _out_write(case.inputs)}
+
+
+def force_aiter_fallback(case: AiterFallbackCase, combo: dict, target=None) -> AiterFallbackCase:
+    f = _set_index_fields(case.inputs, combo)
+    if "out_write" in combo:
+        _force_out_write(f, combo["out_write"], case.inputs.seed)
+    return AiterFallbackCase(inputs=PrefillCase(**f), failure=combo.get("failure", case.failure))
+
+
+def aiter_fallback_family_examples(target=None) -> list[AiterFallbackCase]:
+    inputs = prefill_family_examples()[0]
+    return [AiterFallbackCase(inputs=inputs, failure="RuntimeError"),
+            AiterFallbackCase(inputs=inputs.replace(seed=4, mode="ragged", lens=(0, 2)), failure="no_op")]
+
+
+def _declare_aiter_fallback():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "aiter-pa-fallback",
+        (Dimension("failure", AITER_FAILURES, "the op absent, or raising what AITER's builds raise for what they "
+                                              "cannot serve"),
+         Dimension("index_mode", INDEX_MODES, "dense rows with topk_length, counted dense rows, ragged"),
+         Dimension("out_write", OUT_WRITES, "the failing op was handed out (and may have written it) or not")),
+        (("failure", "index_mode"), ("failure", "out_write")),
+        classify_aiter_fallback, force_aiter_fallback, None, aiter_fallback_family_examples),
+        "aiter-prefill-fallback")
+
+
+AITER_FALLBACK_DIMENSIONS = _declare_aiter_fallback()

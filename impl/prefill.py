@@ -1,5 +1,5 @@
-"""DSv4 sparse MLA prefill (SPEC section 3): a Triton ragged kernel, and AMD AITER's OPUS kernel behind a strict
-guard on gfx950.
+"""DSv4 sparse MLA prefill (SPEC sections 3 and 10): a Triton ragged kernel, AMD AITER's OPUS kernel behind a
+strict guard on gfx950, and AITER's ``pa_prefill_sparse`` from 512 query rows on gfx942.
 
 ``sparse_attn_prefill`` attends every query row r of ``q [sq, h, d]`` to the rows of an already dequantized
 ``kv [skv, d]`` (or ``[skv, 1, d]``) that its sparse indices name, plus an optional per-head sink logit with a zero
@@ -27,6 +27,18 @@ that every index it is given must be a valid row - and an empty second segment; 
 the Triton kernel runs instead, so the result never depends on whether OPUS accepted the shape. Otherwise the
 Triton kernel ``_sparse_attn_prefill_kernel`` runs (its dense or ragged mode, as the indices came).
 
+The gfx942 AITER route (SPEC 10, vLLM 0.34.0), asked after OPUS and before Triton: ``can_use_aiter_pa_prefill_sparse``
+(the target's ``aiter_pa_prefill_sparse_min_queries``, 512 on gfx942 and None elsewhere; q bf16 or fp16; kv of q's
+dtype) and ``get_aiter_pa_prefill_sparse`` (AITER's op when AMD AITER is importable and its op takes ``out=``, else
+None). Dense rows are converted as for OPUS (valid entries only, packed); a caller's ragged list goes as it is
+(AITER's gfx942 kernel skips -1 and slots past the pool, so filtering would only cost a host read). The op writes
+``out`` in place when it is a contiguous ``[sq, h, d]`` tensor of q's dtype (what AITER accepts as ``out``), else
+its result is copied into ``out`` (the first ``out.shape[-1]`` lanes, converted). Unlike upstream, a failing op
+falls back to Triton: AITER's published ``pa_prefill_sparse`` reports configurations it cannot serve by raising
+(AssertionError in its gfx1250-only builds, TypeError in builds without ``out=``, RuntimeError / ValueError /
+NotImplementedError on inputs it rejects), and a prefill must not depend on which AITER build is installed. The
+Triton kernel rewrites every lane of ``out``, so nothing a failed call left behind survives.
+
 Upstream (vLLM 0.33.0) has a separate dense entry too, but it converts the rows to ragged ones
 (``build_ragged_indices_from_dense``) and runs the ragged kernel; the results are the same, the dense kernel here
 saves the conversion.
@@ -34,12 +46,16 @@ saves the conversion.
 Sources: vllm-project/vllm ``vllm/v1/attention/ops/rocm_aiter_mla_sparse.py`` (``rocm_sparse_attn_prefill``,
 ``_can_use_aiter_sparse_prefill_opus``, ``_get_aiter_sparse_prefill_opus``) as SPEC section 3 and seed 003 restate
 them; the OPUS op's argument order (q, unified_kv, prefix indices/indptr, extend kv, extend indices/indptr, sink,
-scale, out=) from ROCm/aiter ``aiter/ops/pa_sparse_prefill_opus.py``.
+scale, out=) from ROCm/aiter ``aiter/ops/pa_sparse_prefill_opus.py``; the gfx942 route as SPEC 10 restates vLLM
+0.34.0's ``_can_use_aiter_pa_prefill_sparse`` / ``_rocm_sparse_attn_prefill_aiter``, and ``pa_prefill_sparse``'s
+arguments (the same order, the extend trio None for one pool, ``out=`` a contiguous [T, H, D] buffer of q's dtype)
+from ROCm/aiter ``aiter/ops/triton/attention/pa_prefill_sparse.py``.
 """
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import math
 from typing import Callable
 
@@ -60,6 +76,9 @@ OPUS_MIN_QUERIES = 1024
 #: the OPUS op's module and name in AMD AITER
 AITER_OPUS_MODULE = "aiter.ops.pa_sparse_prefill_opus"
 AITER_OPUS_NAME = "pa_sparse_prefill_opus"
+#: the gfx942 prefill op's module and name in AMD AITER (its Triton branch serves gfx942)
+AITER_PA_PREFILL_MODULE = "aiter.ops.triton.attention.pa_prefill_sparse"
+AITER_PA_PREFILL_NAME = "pa_prefill_sparse"
 #: dtypes both paths accept for q (kv must match)
 PREFILL_DTYPES = (torch.bfloat16, torch.float16)
 #: dtypes the Triton path stores into (converting the fp32 result on store); OPUS needs out of q's dtype
@@ -297,6 +316,84 @@ def run_aiter_sparse_prefill_opus(op: Callable, q: torch.Tensor, kv2: torch.Tens
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# AITER pa_prefill_sparse (gfx942): guard, loader, call
+# ----------------------------------------------------------------------------------------------------------------
+
+def can_use_aiter_pa_prefill_sparse(q: torch.Tensor, kv: torch.Tensor, *,
+                                    target: "Target | str | None" = None) -> bool:
+    """Whether these tensors may go to AITER's ``pa_prefill_sparse`` (SPEC 10): the target has the route
+    (``Target.aiter_pa_prefill_sparse_min_queries``: gfx942 only), sq reaches that many rows (512: a measured
+    crossover, not a correctness bound), q is bf16 or fp16 and kv has q's dtype. Nothing else: the op serves any
+    head count, head dim, layout and sink (its out-of-place result is copied into ``out``).
+
+    Reads only metadata, so it is exact on fake tensors. Whether the op exists is ``get_aiter_pa_prefill_sparse``'s
+    business (upstream's guard also asks vLLM's AITER-MLA switch; here that is AMD AITER being importable)."""
+    t = get_target(target)
+    min_queries = t.aiter_pa_prefill_sparse_min_queries
+    if min_queries is None:
+        return False
+    if q.dim() != 3 or q.shape[0] < min_queries:
+        return False
+    return q.dtype in PREFILL_DTYPES and kv.dtype == q.dtype
+
+
+def _accepts_out(op: Callable) -> bool:
+    """Whether ``op`` takes an ``out=`` keyword (AITER's builds before it took one return a fresh tensor)."""
+    try:
+        params = inspect.signature(op).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any((p.name == "out" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) or p.kind is p.VAR_KEYWORD
+               for p in params)
+
+
+@functools.cache
+def get_aiter_pa_prefill_sparse() -> Callable | None:
+    """AITER's ``pa_prefill_sparse``, or None when AMD AITER is not importable (``impl.targets.aiter_status``: the
+    real AITER, never PyPI's unrelated ``aiter``), lacks the op, or has a build of it without ``out=`` (older builds
+    serve gfx1250 only, asserting so, or return a fresh tensor for every call). Cached: it is looked up once."""
+    if not aiter_status().importable:
+        return None
+    try:
+        mod = importlib.import_module(AITER_PA_PREFILL_MODULE)
+    except Exception:  # a partial ROCm install fails in many ways; any of them means "no op"
+        return None
+    op = getattr(mod, AITER_PA_PREFILL_NAME, None)
+    return op if callable(op) and _accepts_out(op) else None
+
+
+def aiter_pa_ragged(dense: torch.Tensor | None, topk_length: torch.Tensor | None, indices: torch.Tensor,
+                    indptr: torch.Tensor | None, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (indices, indptr) the gfx942 route hands AITER: dense rows converted to their valid entries, packed
+    from 0 (``build_ragged_indices_from_dense`` then ``valid_entries_only``, as for OPUS); a caller's ragged list
+    as it is (AITER's gfx942 kernel skips -1 and slots past the pool itself)."""
+    if dense is None:
+        return indices, indptr
+    return valid_entries_only(*build_ragged_indices_from_dense(dense, topk_length, num_rows=num_rows), num_rows)
+
+
+def run_aiter_pa_prefill_sparse(op: Callable, q: torch.Tensor, kv2: torch.Tensor, indices: torch.Tensor,
+                                indptr: torch.Tensor, softmax_scale: float, attn_sink: torch.Tensor | None,
+                                out: torch.Tensor) -> bool:
+    """Call ``pa_prefill_sparse`` on one pool (the extend trio None). ``out`` goes to the op when AITER accepts it
+    (a contiguous tensor of q's shape and dtype), else the op's result is copied into ``out``'s lanes. True when
+    ``out`` holds the result; False when the op raised or returned no ``[sq, h, >= out width]`` tensor, in which
+    case the caller falls back to Triton (see the module docstring for why any exception counts)."""
+    in_place = tuple(out.shape) == tuple(q.shape) and out.dtype == q.dtype and out.is_contiguous()
+    try:
+        res = op(q, kv2, indices, indptr, None, None, None, attn_sink, float(softmax_scale),
+                 out=out if in_place else None)
+    except Exception:
+        return False
+    if not isinstance(res, torch.Tensor) or res.dim() != 3 or tuple(res.shape[:2]) != tuple(out.shape[:2]) \
+            or res.shape[2] < out.shape[2]:
+        return False
+    if res.data_ptr() != out.data_ptr():
+        out.copy_(res[..., :out.shape[2]])
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Entry
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -401,7 +498,7 @@ def sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     for q's dtype), ``[sq, h, d]`` or ``[sq, h, nope]`` (RoPE
     lanes dropped), any strides whose elements do not overlap, apart from every input's memory; allocated like q
     when None. ``rope_head_dim``: the RoPE part of d (SPEC checks only d = nope + rope; 448 + 64 and 512 + 64 both
-    pass). ``target`` decides OPUS eligibility.
+    pass). ``target`` decides OPUS eligibility and the gfx942 AITER route.
     Every argument is validated before anything is launched or written. Returns ``out``."""
     t = get_target(target)
     _require_tensor("q", q)
@@ -480,6 +577,12 @@ def sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
                 r_idx, r_ptr = indices, indptr
             r_idx, r_ptr = valid_entries_only(r_idx, r_ptr, skv)
             if run_aiter_sparse_prefill_opus(op, q, kv2, r_idx, r_ptr, float(softmax_scale), sink_h, out):
+                return out
+    if can_use_aiter_pa_prefill_sparse(q, kv2, target=t):
+        pa_op = get_aiter_pa_prefill_sparse()
+        if pa_op is not None:
+            pa_idx, pa_ptr = aiter_pa_ragged(dense, topk_length, indices, indptr, skv)
+            if run_aiter_pa_prefill_sparse(pa_op, q, kv2, pa_idx, pa_ptr, float(softmax_scale), sink_h, out):
                 return out
     if dense is not None:
         sparse_attn_prefill_triton(q, kv2, dense, None, float(softmax_scale), sink_h, out, rope_head_dim,

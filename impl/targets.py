@@ -5,7 +5,8 @@ fallback) is a field here, never an ``if`` on a global. Functions take ``target=
 detected one, which is what lets the gfx950 logic run on a CPU (Triton interpreter) or on an NVIDIA GPU.
 
 Sources: SPEC.md sections 1.2 (fp8 flavours), 2 (kernel families, split caps, ragged views, adaptive splits),
-4 (writer sanitizing, trust gate), 5 (cp-gather variants), 3 (OPUS eligibility).
+4 (writer sanitizing, trust gate), 5 (cp-gather variants), 3 (OPUS eligibility), 10 (the gfx942 AITER prefill
+route).
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ class Target:
     cp_gather_variant: str
     #: AITER OPUS sparse prefill may be routed to.
     opus_eligible: bool
+    #: AITER's ``pa_prefill_sparse`` prefill route: the query rows from which it is taken (512 on gfx942, CDNA 3:
+    #: a measured crossover against the Triton kernel, SPEC 10), None where the route does not exist.
+    aiter_pa_prefill_sparse_min_queries: int | None
     #: CU count used when emulating this architecture (upstream tests pin 256 for gfx950; MI300X has 304).
     cu_count: int
 
@@ -68,18 +72,21 @@ GFX942 = Target(
     split_selector="gfx942", split_cap=16, sanitizes_writer=False, may_trust_extra_nan_free=False,
     ragged_view_rule="full", adaptive_splits_in_capture=False, cp_gather_variant="legacy",
     opus_eligible=False, cu_count=304,
+    aiter_pa_prefill_sparse_min_queries=512,
 )
 GFX950 = Target(
     name="gfx950", main_cache_fp8="ocp", extra_cache_fp8="ocp", decode_family="gfx950",
     split_selector="gfx950", split_cap=32, sanitizes_writer=True, may_trust_extra_nan_free=True,
     ragged_view_rule="source", adaptive_splits_in_capture=True, cp_gather_variant="gfx950",
     opus_eligible=True, cu_count=256,
+    aiter_pa_prefill_sparse_min_queries=None,
 )
 GENERIC = Target(
     name="generic", main_cache_fp8="ocp", extra_cache_fp8="ocp", decode_family="generic",
     split_selector=None, split_cap=None, sanitizes_writer=False, may_trust_extra_nan_free=False,
     ragged_view_rule="full", adaptive_splits_in_capture=False, cp_gather_variant="legacy",
     opus_eligible=False, cu_count=256,
+    aiter_pa_prefill_sparse_min_queries=None,
 )
 
 TARGETS: dict[str, Target] = {t.name: t for t in (GFX942, GFX950, GENERIC)}

@@ -11,6 +11,9 @@
    underflow floor (see ``prefill_error_model``).
 3. ``opus_guard_expected``: the OPUS routing guard as a table of named conditions, each read off SPEC 3's list,
    over plain attributes (strings, tuples), never over tensors and never through impl/.
+4. ``aiter_pa_guard_expected`` / ``ref_aiter_pa_rows``: the gfx942 AITER ``pa_prefill_sparse`` route of SPEC 10 -
+   its guard as a table of named conditions, and the index rows the op is handed (dense rows converted as for
+   OPUS, a caller's ragged rows as they are).
 """
 from __future__ import annotations
 
@@ -230,3 +233,45 @@ def opus_guard_failures(attrs: dict) -> list[str]:
 
 def opus_guard_expected(attrs: dict) -> bool:
     return not opus_guard_failures(attrs)
+
+
+# --- gfx942 AITER pa_prefill_sparse route (SPEC 10) ----------------------------------------------------------------
+
+#: SPEC 10: the gfx942 route runs from this many query rows on (a measured crossover against the Triton kernel)
+SPEC_AITER_PA_MIN_QUERIES = 512
+#: SPEC 10: ``get_cdna_version() == 3`` - CDNA 3 is gfx942 (MI300X / MI325X) among the targets
+SPEC_AITER_PA_ARCH = "gfx942"
+SPEC_AITER_PA_DTYPES = ("bfloat16", "float16")
+
+#: (condition, predicate over the attribute dict) - SPEC 10's list, one line each, for a host whose AITER has MLA
+#: enabled (the route's environment; without it the guard is false everywhere). Attributes: target (name),
+#: q_shape (tuple), q_dtype / kv_dtype (names like "bfloat16"). Nothing else is asked: not the device, the layout,
+#: the head dim, the sink or the output.
+AITER_PA_CONDITIONS = (
+    ("target is gfx942 (CDNA 3)", lambda a: a["target"] == SPEC_AITER_PA_ARCH),
+    ("sq >= 512", lambda a: a["q_shape"][0] >= SPEC_AITER_PA_MIN_QUERIES),
+    ("q bf16 or fp16", lambda a: a["q_dtype"] in SPEC_AITER_PA_DTYPES),
+    ("kv dtype == q dtype", lambda a: a["kv_dtype"] == a["q_dtype"]),
+)
+
+
+def aiter_pa_guard_failures(attrs: dict) -> list[str]:
+    """The SPEC 10 conditions these attributes break (empty: the gfx942 AITER route may run)."""
+    return [name for name, pred in AITER_PA_CONDITIONS if not pred(attrs)]
+
+
+def aiter_pa_guard_expected(attrs: dict) -> bool:
+    return not aiter_pa_guard_failures(attrs)
+
+
+def ref_aiter_pa_rows(skv: int, *, dense: list[list[int]] | None = None, topk_length: list[int] | None = None,
+                      indices: list[int] | None = None, indptr: list[int] | None = None) -> list[list[int]]:
+    """The index rows SPEC 10's route hands ``pa_prefill_sparse``, one list per query row. Dense input is converted
+    "as the OPUS route does": each row's first clamp(topk_length or count(idx >= 0), 0, k) entries, of which only
+    the valid ones (0 <= slot < skv) stay, in order. A caller's ragged list is passed through: row r is
+    indices[indptr[r]:indptr[r+1]] as given, invalid entries included (AITER's gfx942 kernel skips -1 and slots
+    past the pool)."""
+    if dense is not None:
+        idx, ptr = ref_opus_ragged(*ref_dense_to_ragged(dense, topk_length, skv), skv)
+        return [list(idx[ptr[r]:ptr[r + 1]]) for r in range(len(ptr) - 1)]
+    return [[int(s) for s in indices[indptr[r]:indptr[r + 1]]] for r in range(len(indptr) - 1)]

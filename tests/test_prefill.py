@@ -547,3 +547,222 @@ def test_real_opus_matches_oracle():
     assert pf.run_aiter_sparse_prefill_opus(op, q, kv, indices, indptr, HEAD_DIM ** -0.5, sink, out)
     # OPUS is not the Triton kernel: compare under the native model (bf16 operands, GPU exp)
     _assert_matches_oracle(out, q, kv, HEAD_DIM ** -0.5, sink, indices=indices.tolist(), indptr=indptr.tolist())
+
+
+# --- the gfx942 AITER pa_prefill_sparse route (SPEC 10) -----------------------------------------------------------
+
+_PA_BASE = fz.AiterGuardCase(sq=512, heads=16, d=HEAD_DIM, dtype="bfloat16", gpu="cuda:0", skv=64, combos=())
+
+
+@pytest.mark.parametrize(("sq", "target", "expected"), [
+    (511, "gfx942", False), (512, "gfx942", True), (513, "gfx942", True), (1, "gfx942", False),
+    (512, "gfx950", False), (4096, "gfx950", False), (512, "generic", False)])
+def test_aiter_pa_guard_threshold_and_architecture(sq, target, expected):
+    from impl.targets import get_target
+
+    assert get_target("gfx942").aiter_pa_prefill_sparse_min_queries == 512
+    assert get_target("gfx950").aiter_pa_prefill_sparse_min_queries is None
+    q, kv = fz.aiter_guard_tensors(_PA_BASE.replace(sq=sq), [])
+    assert pf.can_use_aiter_pa_prefill_sparse(q, kv, target=target) is expected
+    assert ref_prefill.aiter_pa_guard_expected(fz.aiter_guard_attributes(target, q, kv)) is expected
+
+
+@pytest.mark.parametrize(("pert", "broken"), [
+    ("q_fp32", ["q bf16 or fp16", "kv dtype == q dtype"]), ("all_fp32", ["q bf16 or fp16"]),
+    ("kv_dtype", ["kv dtype == q dtype"]), ("sq=511", ["sq >= 512"]),
+    # the guard asks nothing of devices, layouts, head dims: these keep it true
+    ("all_fp16", []), ("all_cpu", []), ("q_cpu", []), ("kv_3d", []), ("q_heads_major", []), ("kv_narrow", []),
+    ("kv_last_dim_strided", [])])
+def test_aiter_pa_guard_conditions(pert, broken):
+    q, kv = fz.aiter_guard_tensors(_PA_BASE, [pert])
+    assert ref_prefill.aiter_pa_guard_failures(fz.aiter_guard_attributes("gfx942", q, kv)) == broken
+    assert pf.can_use_aiter_pa_prefill_sparse(q, kv, target="gfx942") is (not broken)
+
+
+def test_aiter_pa_guard_check_catches_an_off_by_one(monkeypatch):
+    from contracts import prefill as cp
+    from impl.targets import get_target
+
+    t = get_target("gfx942")
+    assert all(cp._aiter_guard_violations(_PA_BASE, get_target(n)) == [] for n in ("gfx942", "gfx950", "generic"))
+    real = pf.can_use_aiter_pa_prefill_sparse
+    monkeypatch.setattr(pf, "can_use_aiter_pa_prefill_sparse",
+                        lambda q, kv, *, target=None: real(q, kv, target=target) and q.shape[0] > 512)
+    broken = cp._aiter_guard_violations(_PA_BASE, t)
+    # the base (512 rows) and every perturbation that keeps it eligible at 512 rows
+    assert {v.where.split("perturbations=")[1] for v in broken} == {
+        "[]", "['sq=512']", "['all_fp16']", "['q_cpu']", "['all_cpu']", "['kv_3d']", "['q_heads_major']",
+        "['kv_narrow']", "['kv_last_dim_strided']"}
+    assert {v.message for v in broken} == {"gfx942 AITER guard differs from SPEC 10's truth table"}
+
+
+def test_aiter_pa_rows_oracle():
+    # dense: the first clamp(len, 0, k) entries, valid ones only (-1, past skv and INT32_MAX dropped), in order
+    dense = [[3, -1, 9, 1, 2], [0, 0, 4, 4, 1], [2, 2, 2, 2, 2]]
+    assert ref_prefill.ref_aiter_pa_rows(5, dense=dense, topk_length=[4, 7, -1]) == [[3, 1], [0, 0, 4, 4, 1], []]
+    assert ref_prefill.ref_aiter_pa_rows(5, dense=[[3, 2 ** 31 - 1, 1, -1, 4]]) == [[3, 1]]  # count(idx >= 0) = 4
+    # ragged: the caller's rows as given, invalid entries included, junk outside indptr left out
+    assert ref_prefill.ref_aiter_pa_rows(4, indices=[7, 3, -1, 9, 0, 8], indptr=[1, 4, 4, 5]) == [[3, -1, 9], [], [0]]
+
+
+def _pa_route_inputs(**kw):
+    from contracts import prefill as cp
+    from impl.targets import get_target
+
+    return fz.build_prefill_inputs(cp._aiter_routing_examples(get_target("gfx942"))[0].inputs.replace(**kw))
+
+
+def test_aiter_pa_route_converts_dense_rows_and_copies_a_narrow_result():
+    from contracts import prefill as cp
+    from impl.targets import get_target
+
+    t = get_target("gfx942")
+    inp = _pa_route_inputs()  # dense, topk_length with quirks, invalid entries and INT32 extremes, nope-wide out
+    rec = cp._route_pa(inp, t, True, "ok")
+    assert (len(rec["op"]), rec["triton"], rec["escaped"]) == (1, 0, None)
+    args, kw = rec["op"][0]
+    assert args[2].dtype == torch.int32 and args[3].dtype == torch.int32 and args[3].tolist()[0] == 0
+    ptr = args[3].tolist()
+    rows = [args[2].tolist()[ptr[r]:ptr[r + 1]] for r in range(inp.q.shape[0])]
+    assert rows == ref_prefill.ref_aiter_pa_rows(int(inp.kv.shape[0]), dense=inp.dense, topk_length=inp.topk_list)
+    assert all(0 <= s < inp.kv.shape[0] for row in rows for s in row)
+    assert args[4:7] == (None, None, None) and args[8] == inp.softmax_scale
+    assert torch.equal(args[7].cpu(), inp.attn_sink[:2].cpu())
+    assert kw == {"out": None}  # a nope-wide out is no [sq, h, d] buffer: the result is copied
+    want = cp._pa_pattern(3, 2, HEAD_DIM, torch.bfloat16, "cpu")[..., :HEAD_DIM - 64]
+    assert torch.equal(inp.out.cpu(), want)
+    assert cp._check_pa_call(args, kw, inp, "routed") == []
+
+
+def test_aiter_pa_route_passes_a_ragged_list_through_and_writes_in_place():
+    from contracts import prefill as cp
+    from impl.targets import get_target
+
+    inp = _pa_route_inputs(mode="ragged", indptr_offset=3, tail_junk=2, out_width="full", sink="none")
+    rec = cp._route_pa(inp, get_target("gfx942"), True, "ok")
+    args, kw = rec["op"][0]
+    # the caller's tensors themselves: no conversion, no host read
+    assert args[2].data_ptr() == inp.indices.data_ptr() and args[3].data_ptr() == inp.indptr.data_ptr()
+    assert args[3].tolist()[0] == 3 and args[7] is None
+    assert kw["out"] is not None and kw["out"].data_ptr() == inp.out.data_ptr()
+    assert torch.equal(inp.out.cpu(), cp._pa_pattern(3, 2, HEAD_DIM, torch.bfloat16, "cpu"))
+    assert cp._check_pa_routed(rec, inp, "routed") == []
+
+
+@pytest.mark.parametrize("failure", fz.AITER_FAILURES)
+def test_aiter_pa_failure_falls_back_to_triton(failure):
+    from contracts import prefill as cp
+    from impl.targets import get_target
+
+    inp = _pa_route_inputs(out_width="full")  # in place: a failing op is handed out and poisons it first
+    missing = failure == "no_op"
+    rec = cp._route_pa(inp, get_target("gfx942"), True, None if missing else "raises",
+                       "RuntimeError" if missing else failure)
+    assert (len(rec["op"]), rec["triton"], rec["escaped"]) == (0 if missing else 1, 1, None)
+    assert cp._compare_with_oracle(inp.out.detach().cpu().clone(), inp, "fallback") == []
+
+
+def test_aiter_pa_result_of_the_wrong_shape_falls_back():
+    q = torch.zeros(2, 1, HEAD_DIM, dtype=torch.bfloat16, device=DEV)
+    out = torch.full((2, 1, HEAD_DIM - 64), math.nan, dtype=torch.bfloat16, device=DEV)
+    idx = torch.zeros(0, dtype=torch.int32, device=DEV)
+    ptr = torch.zeros(3, dtype=torch.int32, device=DEV)
+    kv = torch.zeros(1, HEAD_DIM, dtype=torch.bfloat16, device=DEV)
+    assert not pf.run_aiter_pa_prefill_sparse(lambda *a, out=None: torch.zeros(2, 1, 8), q, kv, idx, ptr, 0.1,
+                                              None, out)
+    assert bool(torch.isnan(out).all())  # nothing copied: the caller's Triton kernel writes it
+    assert pf.run_aiter_pa_prefill_sparse(lambda *a, out=None: torch.ones(2, 1, HEAD_DIM, device=DEV), q, kv, idx,
+                                          ptr, 0.1, None, out)
+    assert bool((out == 1).all())
+
+
+@pytest.fixture
+def fresh_pa_loader():
+    pf.get_aiter_pa_prefill_sparse.cache_clear()
+    yield pf.get_aiter_pa_prefill_sparse
+    pf.get_aiter_pa_prefill_sparse.cache_clear()
+
+
+def _fake_pa_aiter(fake_module, op):
+    leaf = fake_module(pf.AITER_PA_PREFILL_MODULE, pa_prefill_sparse=op)
+    attention = fake_module("aiter.ops.triton.attention", pa_prefill_sparse=leaf)
+    triton_pkg = fake_module("aiter.ops.triton", attention=attention)
+    fake_module("aiter", ops=fake_module("aiter.ops", triton=triton_pkg))
+
+
+def test_pa_loader_takes_only_an_op_with_out(fake_module, fresh_pa_loader):
+    def op(q, kv, idx, ptr, ekv, eidx, eptr, sink, scale, has_invalid=None, out=None):
+        return out
+
+    _fake_pa_aiter(fake_module, op)
+    assert fresh_pa_loader() is op
+    fresh_pa_loader.cache_clear()
+
+    def old_op(q, kv, idx, ptr, ekv, eidx, eptr, sink, scale, has_invalid=None):  # builds before out=
+        return q
+
+    _fake_pa_aiter(fake_module, old_op)
+    assert fresh_pa_loader() is None
+
+
+def test_pa_loader_is_none_without_the_module_or_for_pypi_aiter(monkeypatch, fake_module, fresh_pa_loader):
+    fake_module("aiter", ops=fake_module("aiter.ops"))
+    monkeypatch.setitem(sys.modules, pf.AITER_PA_PREFILL_MODULE, None)
+    assert fresh_pa_loader() is None
+    fresh_pa_loader.cache_clear()
+    fake_module("aiter")  # PyPI's async-iterator package: no aiter.ops
+    monkeypatch.setitem(sys.modules, "aiter.ops", None)
+    assert fresh_pa_loader() is None
+
+
+@pytest.mark.parametrize("cls", [fz.AiterRoutingCase, fz.AiterFallbackCase])
+def test_aiter_cases_round_trip(cls):
+    from hypothesis import given, settings
+
+    from impl.targets import get_target
+
+    strategy = fz.aiter_routing_cases("gfx942") if cls is fz.AiterRoutingCase else fz.aiter_fallback_cases()
+    seen_large = []
+
+    @settings(max_examples=30, deadline=None, database=None)
+    @given(strategy)
+    def round_trip(case):
+        doc = json.loads(json.dumps(case.to_json()))
+        assert cls.from_json(doc) == case
+        for f in dataclasses.fields(cls):
+            with pytest.raises(CaseError, match=f"missing field {f.name}"):
+                cls.from_json({k: v for k, v in doc.items() if k != f.name})
+        seen_large.append(getattr(case, "large", False))
+
+    round_trip()
+    if cls is fz.AiterRoutingCase:
+        assert any(seen_large)  # gfx942 draws 512-row calls ...
+        base = _prefill_contracts._aiter_routing_examples(get_target("gfx942"))[0].inputs
+        big = fz.large_inputs(base)
+        assert 512 <= big.sq <= 514 and big.lens[:base.sq] == base.lens and len(big.lens) == big.sq
+
+        @settings(max_examples=20, deadline=None, database=None)
+        @given(fz.aiter_routing_cases("gfx950"))
+        def never_large(case):
+            assert case.large is False  # ... and no other target does
+
+        never_large()
+
+
+@pytest.mark.gfx942
+def test_real_aiter_pa_prefill_sparse_matches_oracle():
+    op = pf.get_aiter_pa_prefill_sparse()
+    if op is None:
+        pytest.skip("needs AMD AITER with aiter.ops.triton.attention.pa_prefill_sparse (taking out=): not "
+                    "importable here")
+    g = torch.Generator().manual_seed(5)
+    sq, h = 512, 16
+    q = (torch.randn(sq, h, HEAD_DIM, generator=g) * 0.125).to(torch.bfloat16).cuda()
+    kv = (torch.randn(64, HEAD_DIM, generator=g) * 0.125).to(torch.bfloat16).cuda()
+    rows = [[(r + j) % 64 for j in range(r % 9)] + [-1] for r in range(sq)]  # -1: the op skips it
+    indices = torch.tensor([i for row in rows for i in row], dtype=torch.int32).cuda()
+    indptr = torch.tensor([0] + [sum(len(x) for x in rows[: r + 1]) for r in range(sq)], dtype=torch.int32).cuda()
+    sink = torch.linspace(-0.25, 0.25, h, dtype=torch.float32).cuda()
+    out = torch.full_like(q, math.nan)
+    assert pf.run_aiter_pa_prefill_sparse(op, q, kv, indices, indptr, HEAD_DIM ** -0.5, sink, out)
+    _assert_matches_oracle(out, q, kv, HEAD_DIM ** -0.5, sink, indices=indices.tolist(), indptr=indptr.tolist())

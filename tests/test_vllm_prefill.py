@@ -188,3 +188,119 @@ def test_router_runs_upstreams_grouped_top_k_and_a_planted_gate_bug_fails(vllm_s
         v = cr.router_oracle_agreement(case, t)
     assert ("gate out dtype differs from SPEC 7's policy", "torch.bfloat16", "torch.float32") in [
         (x.message, x.expected, x.got) for x in v]
+
+
+# --- the gfx942 AITER pa_prefill_sparse route (vLLM 0.34.0 on, SPEC 10) --------------------------------------------
+
+@pytest.fixture(scope="module")
+def vllm034():
+    """vLLM 0.34.0 (the first release with the route): the extracted tree in the checkout, else the user cache's
+    (downloaded once, like the pinned release); skipped, saying why, when it cannot be had."""
+    import pathlib
+
+    from contracts.subjects import SubjectSpecError
+
+    local = pathlib.Path(__file__).resolve().parent.parent / ".smv-subject" / "vllm-0.34.0"
+    if (local / OPS).exists():
+        return parse_subject(f"vllm@{local}")
+    try:
+        return parse_subject("vllm==0.34.0")
+    except SubjectSpecError as exc:
+        pytest.skip(f"the vllm==0.34.0 subject is unavailable here: {exc}")
+
+
+def _pa_examples(name="gfx942"):
+    return cp._aiter_routing_examples(get_target(name))
+
+
+def test_upstream_gfx942_guard_holds_the_truth_table_on_every_target(vllm034):
+    guard = _pa_examples()[0].guard
+    for name in TARGETS:
+        t = get_target(name)
+        with using(vllm034):
+            assert cp._aiter_guard_violations(guard, t) == [], name
+        fam = vllm034.bind(t).prefill
+        # get_cdna_version() as the stand-ins serve it for the target: 3 on gfx942 only
+        for sq in (511, 512):
+            q, kv = fz.aiter_guard_tensors(guard.replace(sq=sq), [])
+            assert fam.can_use_aiter_pa_prefill_sparse(q, kv, target=t) is (name == "gfx942" and sq == 512)
+        assert fam.get_aiter_pa_prefill_sparse() is None  # no AMD AITER here
+
+
+def test_a_release_without_the_route_skips_its_entries_and_keeps_the_family(vllm_subject):
+    from contracts.subjects import SymbolTooNew
+
+    t = get_target("gfx950")
+    fam = vllm_subject.bind(t).prefill
+    q, kv = fz.aiter_guard_tensors(_pa_examples()[0].guard, [])
+    for call in (lambda: fam.can_use_aiter_pa_prefill_sparse(q, kv, target=t), fam.get_aiter_pa_prefill_sparse):
+        with pytest.raises(SymbolTooNew, match=r"_can_use_aiter_pa_prefill_sparse .*came in vLLM 0\.34\.0; this "
+                                               r"subject is 0\.33\.0"):
+            call()
+    with using(vllm_subject), pytest.raises(SymbolTooNew):
+        cp.aiter_prefill_fallback(cp._aiter_fallback_examples(t)[0], t)  # a seam replaced: the same skip
+    # the rest of the family binds and runs
+    assert fam.can_use_aiter_sparse_prefill_opus(*_eligible(), target=t) is True
+
+
+def test_upstream_routed_call_hands_the_op_spec10_rows(vllm034):
+    t = get_target("gfx942")
+    dense_case, ragged_case = (c.inputs for c in _pa_examples())
+    aiter_before = {k for k in sys.modules if k.split(".")[0] == "aiter"}
+    inp = fz.build_prefill_inputs(dense_case)
+    with using(vllm034):
+        rec = cp._route_pa(inp, t, True, "ok")
+    assert (len(rec["op"]), rec["triton"], rec["escaped"]) == (1, 0, None)
+    assert cp._check_pa_guard_args(rec, inp, t, "routed") == [] and cp._check_pa_routed(rec, inp, "routed") == []
+    args, kw = rec["op"][0]
+    # dense rows compacted to their valid entries in a tensor of R * W entries (not packed: the op reads by indptr)
+    assert args[2].numel() == 3 * 6 > args[3].tolist()[-1] and kw == {"out": None}
+    # a caller's ragged list goes through as it is, offset and junk included; an out of q's shape is written in place
+    inp = fz.build_prefill_inputs(ragged_case)
+    with using(vllm034):
+        rec = cp._route_pa(inp, t, True, "ok")
+    args, kw = rec["op"][0]
+    assert args[2].data_ptr() == inp.indices.data_ptr() and args[3].tolist()[0] == 3
+    assert kw["out"].data_ptr() == inp.out.data_ptr() and cp._check_pa_routed(rec, inp, "routed") == []
+    assert {k for k in sys.modules if k.split(".")[0] == "aiter"} == aiter_before  # the fakes lived in the call
+
+
+def test_upstream_routes_512_rows_through_its_real_guard_on_gfx942_only(vllm034):
+    big = fz.large_inputs(_pa_examples()[1].inputs)  # ragged: no conversion kernel to wait for
+    for name, routed in (("gfx942", True), ("gfx950", False)):
+        inp = fz.build_prefill_inputs(big)
+        with using(vllm034):
+            rec = cp._route_pa(inp, get_target(name), None, "ok", launch_triton=False)
+        assert (len(rec["op"]), rec["triton"]) == ((1, 0) if routed else (0, 1)), name
+        if routed:
+            assert cp._check_pa_routed(rec, inp, "large") == []
+
+
+def test_an_aiter_failure_escapes_upstreams_entry_and_ours_falls_back(vllm034):
+    t = get_target("gfx942")
+    case = cp._aiter_fallback_examples(t)[0]  # the op raising AssertionError (AITER's gfx1250-only builds)
+    with using(vllm034):
+        rec = cp._route_pa(fz.build_prefill_inputs(case.inputs), t, True, "raises", "AssertionError")
+        assert isinstance(rec["escaped"], AssertionError) and rec["triton"] == 0
+        # no op: upstream imports a module that is not there
+        rec = cp._route_pa(fz.build_prefill_inputs(case.inputs), t, True, None)
+        assert isinstance(rec["escaped"], ImportError) and rec["triton"] == 0
+        got = {v.message for v in cp.aiter_prefill_fallback(case, t)}
+    assert got == {"the AITER pa_prefill_sparse failure escaped the entry instead of falling back to Triton"}
+    assert cp.aiter_prefill_fallback(case, t) == []  # ours
+
+
+def test_bugs_planted_in_upstreams_route_are_seen(vllm034, tmp_path):
+    t = get_target("gfx942")
+    find = "        and q.shape[0] >= _GFX942_AITER_PA_PREFILL_SPARSE_MIN_QUERIES"
+    planted = _planted(vllm034, tmp_path / "threshold", OPS, find, find.replace(">=", ">"))
+    with using(planted):
+        v = cp._aiter_guard_violations(_pa_examples()[0].guard, t)
+    assert v and {x.message for x in v} == {"gfx942 AITER guard differs from SPEC 10's truth table"}
+    find = "        output.copy_(written[..., : output.shape[-1]])"
+    planted = _planted(vllm034, tmp_path / "copy", OPS, find, "        output.copy_(written[..., -output.shape[-1] :])")
+    inp = fz.build_prefill_inputs(_pa_examples()[0].inputs)  # a nope-wide out: the result is copied
+    with using(planted):
+        rec = cp._route_pa(inp, t, True, "ok")
+    assert [x.message for x in cp._check_pa_routed(rec, inp, "routed")] == [
+        "the pa_prefill_sparse result was not returned as is"]

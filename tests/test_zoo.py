@@ -307,3 +307,54 @@ def case_to_json(case):'''), cap=CAP)
     assert ttk["crash"] is True and ttk["cases"] == cases
     assert (ttk["contract"], ttk["target"]) == ("ue8m0-codec-exact", "gfx950")
     assert 0 < ttk["seconds"] < res.seconds
+
+
+# --- upstream entries newer than the subject ------------------------------------------------------------------------
+
+def test_an_entry_the_subject_predates_is_skipped_naming_both_releases(tmp_path):
+    import types
+
+    from contracts.zoo.runner import is_release_skip, release_skip, run_zoo
+
+    ops = tmp_path / "vllm" / "ops.py"
+    ops.parent.mkdir()
+    ops.write_text("def old():\n    return 1\n")
+
+    def subject(version):
+        return types.SimpleNamespace(name="vllm", version=version, label=f"vllm=={version}", source=str(tmp_path),
+                                     tree=types.SimpleNamespace(root=str(tmp_path)))
+
+    new = _m(id="new-route", file="vllm/ops.py", find="def new_route(", replace="def new_route_(", since="0.34.0")
+    res = run_mutant(new, subject=subject("0.33.0"))
+    assert res.status == "stale" and res.detail.startswith("skipped: vllm==0.33.0 predates")
+    assert "0.34.0" in res.detail and is_release_skip(res.as_json())
+    assert set(res.as_json()) == {"id", "status", "expect", "fired", "seconds", "detail", "time_to_kill"}
+    # a subject as new as the entry (or a branch of no release) that lacks the text: the catalog needs a look
+    for version in ("0.34.0", "0.35.0.dev1+gabc", "unknown"):
+        assert release_skip(new, subject(version)) == ""
+        res = run_mutant(new, subject=subject(version))
+        assert res.status == "stale" and not is_release_skip(res.as_json()) and "occurs 0 times" in res.detail
+    # an entry with no `since`, or on ours, is never skipped
+    assert release_skip(_m(file="vllm/ops.py", find="nowhere", replace="x"), subject("0.33.0")) == ""
+    # a zoo of skipped entries: no baseline audit, nothing judged, nothing failed
+    doc = run_zoo([new], subject=subject("0.33.0"))
+    assert [r["status"] for r in doc["results"]] == ["stale"] and doc["kill_rate"] == 1.0
+
+
+def test_catalog_since_is_a_release(tmp_path):
+    entry = ('[[mutant]]\nid="a"\ntitle="t"\nprovenance="p"\nfile="f"\nfind="x"\nreplace="y"\nexpect=["c"]\n'
+             'targets=["gfx942"]\n')
+    cat = tmp_path / "c.toml"
+    cat.write_text(entry + 'since = "0.34.0"\n')
+    assert load_catalog(cat)[0].since == "0.34.0"
+    cat.write_text(entry + 'since = "next"\n')
+    with pytest.raises(ValueError, match="since must be a release"):
+        load_catalog(cat)
+    cat.write_text(entry + 'sinse = "0.34.0"\n')
+    with pytest.raises(ValueError, match=r"unknown keys \['sinse'\]"):
+        load_catalog(cat)
+    # the upstream catalog's gfx942 AITER entries say when their code came
+    from contracts.zoo.runner import UPSTREAM_CATALOG_DIR
+
+    pa = [m for m in load_catalog(UPSTREAM_CATALOG_DIR / "prefill.toml") if m.id.startswith("vllm-aiter-pa-")]
+    assert len(pa) >= 2 and all(m.since == "0.34.0" for m in pa)

@@ -73,6 +73,14 @@ class SymbolTooNew(SubjectSkip):
         return f"subject {label}: {self}"
 
 
+class SymbolNotInVariant(SubjectSkip):
+    """A model variant's module (``vllm==X#deepseek_v41``) has no own definition of an upstream symbol an adapter
+    needs (its model has no such symbol, or takes it from a module the audit does not load): a ``skipped`` row."""
+
+    def reason(self, label: str) -> str:
+        return f"subject {label}: {self}"
+
+
 def failure_cause(exc: BaseException, subject: "Subject | None" = None) -> str:
     """One line naming what went wrong: the exception, and where the subject's own source raised it
     (``ImportError: cannot import name 'X' from 'vllm.platforms.rocm' (upstream vllm/v1/.../ops.py:26)``): the
@@ -208,15 +216,17 @@ def is_ours() -> bool:
 
 def parse_subject(spec: str) -> Subject:
     """``ours``; ``vllm==X`` (downloaded once into the user cache); ``vllm@PATH`` (a checkout or a fetched tree);
-    ``vllm`` (the installed package). Anything else, or a spec that cannot be resolved, is a
+    ``vllm`` (the installed package); any of the three vllm specs followed by ``#VARIANT`` (a model variant, e.g.
+    ``vllm==0.34.0#deepseek_v41``). Anything else, or a spec that cannot be resolved, is a
     :class:`SubjectSpecError` with one line saying why."""
     s = (spec or "").strip()
     if s in ("", "ours"):
         return ours()
-    if s == "vllm" or s.startswith("vllm==") or s.startswith("vllm@"):
+    if s == "vllm" or s.startswith(("vllm==", "vllm@", "vllm#")):
         from contracts.subjects.vllm import vllm_subject
 
         sub = vllm_subject(s)
         sub.spec = s  # the spec that names it again (a reproducer records it)
         return sub
-    raise SubjectSpecError(f"unknown subject {spec!r}: expected ours, vllm==VERSION, vllm@PATH or vllm")
+    raise SubjectSpecError(f"unknown subject {spec!r}: expected ours, vllm==VERSION, vllm@PATH or vllm "
+                           f"(each optionally #VARIANT)")

@@ -8,6 +8,11 @@ subject (``smv zoo --subject vllm==0.33.0``) ``file`` is relative to the subject
 tree's version files) are copied into a temporary tree, the bug is planted there, and the audit runs with
 ``--subject vllm@<that tree>``. A kill is an expected contract's row ``fail``; a row whose violations are all known
 findings (``known``) is no kill, so the known findings file is handed to the subprocess.
+
+An upstream catalog entry may name the release its code came in (``since = "0.34.0"``). Planted into an older
+subject, where its ``find`` is absent, it is not run: its status stays ``stale`` (zoo.json keeps its four statuses)
+with a ``detail`` that starts with ``skipped:`` and names the subject's release and the entry's (see
+:func:`release_skip`); such an entry fails no command and is left out of the kill rate.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,6 +45,10 @@ UPSTREAM_CATALOG_DIR = CATALOG_DIR / "upstream"
 SUBJECT_META = ("smv-subject.json", "vllm/_version.py")
 DEFAULT_CAP = 90.0
 _REQUIRED = ("id", "title", "provenance", "file", "find", "replace", "expect", "targets")
+#: optional catalog keys: ``since``, the release of the subject (upstream vLLM) whose code the entry plants into
+_OPTIONAL = ("since",)
+#: how a ``stale`` result's detail starts when the subject predates the entry (no failure: see release_skip)
+RELEASE_SKIP_PREFIX = "skipped: "
 
 
 @dataclass
@@ -52,6 +62,8 @@ class Mutant:
     expect: list[str]
     targets: list[str]
     catalog: str = ""
+    #: the subject release the entry's code came in ("" when every audited release has it)
+    since: str = ""
 
 
 @dataclass
@@ -172,8 +184,39 @@ def load_catalog(path: "str | Path") -> list[Mutant]:
         bad = [t for t in m["targets"] if t not in TARGET_NAMES]
         if bad or not m["targets"]:
             raise ValueError(f"catalog {path}: mutant {m['id']} has unknown or no targets {bad}")
-        out.append(Mutant(**{k: m[k] for k in _REQUIRED}, catalog=str(path)))
+        unknown = sorted(set(m) - set(_REQUIRED) - set(_OPTIONAL))
+        if unknown:
+            raise ValueError(f"catalog {path}: mutant {m['id']} has unknown keys {unknown}")
+        since = m.get("since", "")
+        if since and not re.match(r"^\d+(\.\d+)*$", str(since)):
+            raise ValueError(f"catalog {path}: mutant {m['id']}: since must be a release like \"0.34.0\", got "
+                             f"{since!r}")
+        out.append(Mutant(**{k: m[k] for k in _REQUIRED}, catalog=str(path), since=str(since)))
     return out
+
+
+def release_skip(m: Mutant, subject, root: "Path | None" = None) -> str:
+    """Why ``m`` is not run on ``subject`` ("" when it is): an entry whose code came in release ``m.since``, planted
+    into an older subject release whose file lacks its ``find`` (an absent or repeated text in a subject as new as
+    the entry stays a plain ``stale``: the catalog needs a look)."""
+    if not m.since or subject is None or subject.name == "ours":
+        return ""
+    from contracts.subjects.vllm.adapters import predates
+
+    if not predates(subject.version, m.since):
+        return ""
+    src = Path(root or subject_root(subject)) / m.file
+    n = src.read_text().count(m.find) if src.is_file() else 0
+    if n == 1:
+        return ""
+    where = f"`find` occurs {n} times in {m.file}" if src.is_file() else f"{m.file} does not exist"
+    return (f"{RELEASE_SKIP_PREFIX}{subject.label} predates this mutant's code, which came in {subject.name} "
+            f"{m.since} ({where})")
+
+
+def is_release_skip(result: dict) -> bool:
+    """Whether a zoo.json result is an entry skipped for a subject that predates it (:func:`release_skip`)."""
+    return result.get("status") == "stale" and str(result.get("detail", "")).startswith(RELEASE_SKIP_PREFIX)
 
 
 def load_catalogs(paths=None, subject=None) -> list[Mutant]:
@@ -299,6 +342,10 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
     findings = findings if findings is not None else _findings_file()
     t0 = time.monotonic()
     res = MutantResult(m.id, "error", list(m.expect))
+    skip = release_skip(m, subject, root) if on_subject else ""
+    if skip:
+        res.status, res.detail = "stale", skip
+        return res
     src_file = root / m.file
     if not src_file.is_file():
         res.status, res.detail = "stale", f"{m.file} does not exist under {root}"
@@ -400,7 +447,11 @@ def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs:
     t0 = time.monotonic()
     results: dict[str, MutantResult] = {}
     on_subject = subject is not None and subject.name != "ours"
-    base = baseline(mutants, subject, cap=cap, findings=findings) if on_subject and root is None and mutants else {}
+    # entries the subject predates are not run, so they need no baseline either
+    runnable = [m for m in mutants if not (on_subject and release_skip(m, subject, root))]
+    base = baseline(runnable, subject, cap=cap, findings=findings) if on_subject and root is None and runnable else {}
+
+    reporting = threading.Lock()
 
     def one(m: Mutant) -> MutantResult:
         if budget is not None and time.monotonic() - t0 > budget:
@@ -409,18 +460,20 @@ def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs:
             r = judge_against_baseline(run_mutant(m, root=root, cap=cap, subject=subject, findings=findings), m,
                                        base)
         if on_result:
-            on_result(r)
+            with reporting:  # one callback at a time: results that come back at once (skips) must not interleave
+                on_result(r)
         return r
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for r in pool.map(one, mutants):
             results[r.id] = r
     ordered = [results[m.id] for m in mutants]
-    killed = sum(r.status == "killed" for r in ordered)
     from contracts.reports import ZOO_SCHEMA_VERSION
 
     results_json = [r.as_json() for r in ordered]
+    judged = [r for r in results_json if not is_release_skip(r)]
+    killed = sum(r["status"] == "killed" for r in judged)
     return {"schema_version": ZOO_SCHEMA_VERSION, "subject": subject_json(subject),
             "results": results_json, "time_to_kill": ttk_summary(results_json),
-            "kill_rate": round(killed / len(ordered), 4) if ordered else 1.0,
+            "kill_rate": round(killed / len(judged), 4) if judged else 1.0,
             "seconds": round(time.monotonic() - t0, 2)}

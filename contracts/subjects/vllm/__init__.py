@@ -34,6 +34,11 @@ class BoundContext:
     def __getitem__(self, short: str):
         return self.loaded[short]
 
+    def path_of(self, short: str) -> str:
+        """The path of the module a short name stands for in this subject (a model variant's own, if it remaps
+        it)."""
+        return self.loaded.path_of(short)
+
     def call(self, fn, *args, **kwargs):
         """Run upstream's ``fn`` with this target's modules active (and, under the interpreter, corrected)."""
         from contracts.subjects import fidelity
@@ -75,11 +80,21 @@ class _VllmBound:
 
 class VllmSubject(Subject):
     """Upstream vLLM from one :class:`~contracts.subjects.vllm.loader.Tree`; :meth:`bind` imports it afresh per
-    target (once per target per subject)."""
+    target (once per target per subject).
 
-    def __init__(self, tree):
-        super().__init__("vllm", tree.version, tree.source)
+    ``variant`` names a model variant (:data:`~contracts.subjects.vllm.loader.VARIANTS`): its modules are imported
+    too and its short names (``remapped``) resolve to them. The version then says it (``0.34.0#deepseek_v41``, so
+    the label is ``vllm==0.34.0#deepseek_v41`` and the variant's rows are a subject of their own in the reports);
+    ``release`` is the tree's version alone (what a symbol's ``since`` is compared with)."""
+
+    def __init__(self, tree, variant: str | None = None):
+        super().__init__("vllm", tree.version + (f"#{variant}" if variant else ""), tree.source)
+        from contracts.subjects.vllm.loader import VARIANTS
+
         self.tree = tree
+        self.release = tree.version
+        self.variant = variant
+        self.remapped = frozenset(VARIANTS[variant].short) if variant else frozenset()
         self.wheel_sha256 = tree.wheel_sha256
         self._bound: dict = {}
 
@@ -94,7 +109,8 @@ class VllmSubject(Subject):
             for family in adapter_families():
                 importlib.import_module(f"contracts.subjects.vllm.adapters.{family}")
             fp8 = torch.float8_e4m3fnuz if t.main_cache_fp8 == "fnuz" else torch.float8_e4m3fn
-            loaded = self.tree.load(t.name, fp8, t.cu_count, rewrites=fidelity.rewrites_for_host())
+            loaded = self.tree.load(t.name, fp8, t.cu_count, rewrites=fidelity.rewrites_for_host(),
+                                    variant=self.variant)
             for rw in loaded.rewrites:
                 if all(r["id"] != rw["id"] or r["file"] != rw["file"] for r in self.rewrites):
                     self.rewrites.append(rw)
@@ -124,9 +140,17 @@ class VllmSubject(Subject):
 
 
 def vllm_subject(spec: str) -> VllmSubject:
-    """``vllm``, ``vllm==X`` or ``vllm@PATH`` -> the subject (see :func:`contracts.subjects.parse_subject`)."""
+    """``vllm``, ``vllm==X`` or ``vllm@PATH``, each optionally ``#VARIANT`` -> the subject (see
+    :func:`contracts.subjects.parse_subject`). The variant is checked before any tree is looked for (a typo costs no
+    download); the last ``#`` of a spec starts it."""
     from contracts.subjects.vllm import loader
 
+    variant = None
+    if "#" in spec:
+        spec, _, variant = spec.rpartition("#")
+        if variant not in loader.VARIANTS:
+            raise SubjectSpecError(f"{spec}#{variant}: unknown model variant {variant!r} (known: "
+                                   f"{', '.join(sorted(loader.VARIANTS))})")
     if spec == "vllm":
         tree = loader.installed_tree()
     elif spec.startswith("vllm=="):
@@ -136,6 +160,6 @@ def vllm_subject(spec: str) -> VllmSubject:
         if not path:
             raise SubjectSpecError("vllm@: give the path of a vLLM checkout or a fetched tree after the @")
         tree = loader.tree_at(path)
-    else:  # pragma: no cover - parse_subject routes only these
+    else:
         raise SubjectSpecError(f"unknown subject {spec!r}")
-    return VllmSubject(tree)
+    return VllmSubject(tree, variant)

@@ -1,9 +1,10 @@
 """Loads upstream vLLM's audited modules from a source tree, one fresh import per emulated architecture.
 
 The tree is a vLLM checkout, an installed vLLM, or the modules extracted from a release wheel
-(:func:`fetch_tree`). Exactly the modules in :data:`NEEDED` are imported from it; every other ``vllm.*`` module is a
-stand-in (:mod:`.standins`). Arch flags, fp8 dtypes and default arguments bind when a module is imported, so each
-target gets its own import: :meth:`Tree.load` returns a :class:`Loaded`, whose :meth:`~Loaded.active` context puts
+(:func:`fetch_tree`). Exactly the modules in :data:`NEEDED` are imported from it (a model variant's own, in
+:data:`VARIANTS`, only for a subject of that variant); every other ``vllm.*`` module is a stand-in
+(:mod:`.standins`). Arch flags, fp8 dtypes and default arguments bind when a module is imported, so each target
+gets its own import: :meth:`Tree.load` returns a :class:`Loaded`, whose :meth:`~Loaded.active` context puts
 that target's modules into ``sys.modules`` (upstream imports lazily inside functions) and restores the previous
 ones after. Upstream's source is read as it is; the only changes are the named :class:`Rewrite` s, each applied
 only where it is needed, and each listed in the report.
@@ -50,6 +51,10 @@ NEEDED: tuple[str, ...] = (
     "vllm/model_executor/models/deepseek_v2.py",
     "vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py",
     "vllm/v1/attention/backends/mla/sparse_swa.py",
+    # model variant deepseek_v41 (:data:`VARIANTS`): extracted and recorded with the rest, imported only for it
+    "vllm/models/deepseek_v41/amd/rocm.py",
+    "vllm/models/deepseek_v41/amd/ops/__init__.py",
+    "vllm/models/deepseek_v41/amd/ops/topk_pack.py",
 )
 #: third-party packages the audited modules import at top level for names they never use on the audited paths;
 #: always inert during the import (only ``transformers``' config classes, in deepseek_v2)
@@ -61,7 +66,13 @@ MARKER = NEEDED[0]
 
 
 def module_name(path: str) -> str:
-    return path[:-3].replace("/", ".")
+    name = path[:-3].replace("/", ".")
+    return name[:-len(".__init__")] if name.endswith(".__init__") else name
+
+
+def module_path(name: str) -> str:
+    """The path of the audited module ``name`` (a package's ``__init__.py``), relative to the tree's root."""
+    return next((p for p in NEEDED if module_name(p) == name), name.replace(".", "/") + ".py")
 
 
 def _top(name: str) -> str:
@@ -113,13 +124,13 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     :class:`Loaded` is active (a module upstream imports lazily is a stand-in or an inert module)."""
 
     def __init__(self, root: str, standin_mods: dict, rewrites: list[Rewrite], applied: list, *,
-                 importing: bool = True):
+                 importing: bool = True, paths: tuple = NEEDED):
         self.root = root
         self.standins = standin_mods
         self.rewrites = rewrites
         self.applied = applied
         self.importing = importing
-        self.needed = ({module_name(p): p for p in NEEDED if os.path.exists(os.path.join(root, p))}
+        self.needed = ({module_name(p): p for p in paths if os.path.exists(os.path.join(root, p))}
                        if importing else {})
 
     def find_spec(self, fullname, path=None, target=None):
@@ -134,7 +145,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         real = fullname in self.needed
         origin = os.path.join(self.root, self.needed[fullname]) if real else None
         # a stand-in or inert module may have submodules imported from it, which this finder serves as well
-        spec = importlib.machinery.ModuleSpec(fullname, self, origin=origin, is_package=not real)
+        package = not real or self.needed[fullname].endswith("/__init__.py")
+        spec = importlib.machinery.ModuleSpec(fullname, self, origin=origin, is_package=package)
         if not real:
             spec.submodule_search_locations = []
         return spec
@@ -232,16 +244,23 @@ class Loaded:
     lacking: dict = field(default_factory=dict)
     #: every name a stand-in served, at import and in the calls since: ``{(module, name): what it answered}``
     served: dict = field(default_factory=dict)
+    #: short name -> module name: :data:`SHORT`, or a model variant's map over it (:data:`VARIANTS`)
+    short: dict = field(default_factory=lambda: dict(SHORT))
 
     def __getitem__(self, short: str):
-        """``loaded["ops"]`` etc.: the audited modules by short name (see :data:`SHORT`). A module this tree does
-        not have is :class:`EntryMissing` naming it and saying why (a skipped row), also where another audited
-        module imports it (it is then an inert stand-in in :attr:`modules`, never upstream's code)."""
-        name = SHORT[short]
+        """``loaded["ops"]`` etc.: the audited modules by short name (see :data:`SHORT`; a model variant maps some
+        of them to its own modules). A module this tree does not have is :class:`EntryMissing` naming it and
+        saying why (a skipped row), also where another audited module imports it (it is then an inert stand-in in
+        :attr:`modules`, never upstream's code)."""
+        name = self.short[short]
         if name in self.modules and (name in self.present or not self.present):
             return self.modules[name]
-        path = name.replace(".", "/") + ".py"
+        path = module_path(name)
         raise EntryMissing(path, self.lacking.get(path, "this vLLM tree does not have that module"))
+
+    def path_of(self, short: str) -> str:
+        """The path (relative to the tree's root) of the module the short name stands for here."""
+        return module_path(self.short[short])
 
     @contextlib.contextmanager
     def active(self):
@@ -271,6 +290,47 @@ SHORT = {
     "deepseek_v2": "vllm.model_executor.models.deepseek_v2",
     "swa": "vllm.v1.attention.backends.mla.sparse_swa",
 }
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A model variant of the vllm subject (``vllm==X#NAME``): another model's copy of an audited module, audited
+    by the same adapters. ``modules`` (paths, all in :data:`NEEDED`) are imported only for a subject of this
+    variant, after the plain subject's; ``short`` maps short names to the variant's modules over :data:`SHORT`.
+    ``counterparts``: a symbol the adapters need that the variant has under another name, and why that one is not
+    taken for it (shown in the row's skip reason)."""
+
+    name: str
+    modules: tuple
+    short: dict
+    counterparts: dict = field(default_factory=dict)
+
+
+#: the model variants a spec may name after ``#``
+VARIANTS: dict = {
+    "deepseek_v41": Variant(
+        "deepseek_v41",
+        ("vllm/models/deepseek_v41/amd/ops/__init__.py", "vllm/models/deepseek_v41/amd/ops/topk_pack.py",
+         "vllm/models/deepseek_v41/amd/rocm.py"),
+        {"rocm": "vllm.models.deepseek_v41.amd.rocm"},
+        counterparts={
+            "DeepseekV4ROCMAiterMLAAttention": (
+                "its DeepseekV41ROCMAiterMLAAttention is not taken for it: same method names, but its forward_mqa "
+                "reads other layer attributes and metadata keys (compressed_cache_prefix, compress ratio 0 for "
+                "SWA-only, one _use_aiter_sparse_mla flag) and hands _forward_decode no adaptive_splits"),
+            "DeepseekV4ROCMAiterMLASparseMetadataBuilder": (
+                "its DeepseekV41ROCMAiterMLASparseMetadataBuilder is not taken for it: it does not override "
+                "build_for_cudagraph_capture"),
+        }),
+}
+#: the modules only a model variant imports
+VARIANT_MODULES: frozenset = frozenset(p for v in VARIANTS.values() for p in v.modules)
+
+
+def variant_paths(variant: str | None) -> tuple:
+    """The modules a subject imports: :data:`NEEDED` less every variant's, then ``variant``'s own."""
+    base = tuple(p for p in NEEDED if p not in VARIANT_MODULES)
+    return base + (VARIANTS[variant].modules if variant else ())
 
 
 @dataclass
@@ -310,9 +370,10 @@ class Tree:
         return out
 
     def load(self, arch: str, fp8_dtype, cu_count: int, *, rewrites: list[Rewrite] | None = None,
-             extra_standins: dict | None = None) -> Loaded:
+             extra_standins: dict | None = None, variant: str | None = None) -> Loaded:
         """Import the audited modules afresh for one architecture (``gfx942``, ``gfx950``; any other name is a
-        device with neither arch flag, upstream's generic fallback)."""
+        device with neither arch flag, upstream's generic fallback); ``variant`` (a :data:`VARIANTS` name) adds its
+        modules and its short names."""
         rewrites = list(REWRITES if rewrites is None else rewrites)
         for rw in rewrites:
             if rw.path not in NEEDED:
@@ -323,7 +384,7 @@ class Tree:
             m.__dict__.update(attrs)
             mods[name] = m
         applied: list = []
-        finder = _Finder(self.root, mods, rewrites, applied)
+        finder = _Finder(self.root, mods, rewrites, applied, paths=variant_paths(variant))
 
         def hide(name, mod):  # the installed transformers (or aiter) stays out of the import
             return _top(name) in THIRD_PARTY_STANDINS or _hidden_third_party(name, mod)
@@ -341,7 +402,8 @@ class Tree:
                 # the inert transformers served during the import goes; an installed one imported before returns
                 for k in [k for k in sys.modules if _top(k) in THIRD_PARTY_STANDINS and k not in third_before]:
                     del sys.modules[k]
-        return Loaded(arch, loaded, applied, self.root, frozenset(finder.needed), self.lacking(), served)
+        short = dict(SHORT, **(VARIANTS[variant].short if variant else {}))
+        return Loaded(arch, loaded, applied, self.root, frozenset(finder.needed), self.lacking(), served, short)
 
 
 # --- finding a tree --------------------------------------------------------------------------------------------------

@@ -19,21 +19,26 @@ def native_fnuz_unavailable(target, what: str) -> None:
 class Need:
     """One upstream symbol an adapter needs: ``module`` is the loader's short name (``ops``, ``rocm``, ...: see
     ``loader.SHORT``), ``symbol`` a name or dotted path in it (``Class.method``); ``since`` is the release that
-    introduced it, where that is newer than the oldest audited release (a subject older than that predates it)."""
+    introduced it, where that is newer than the oldest audited release (a subject older than that predates it).
+    ``entry`` names the one entry (or route) of the family that uses it, when only one does: such a symbol is
+    checked when that entry runs (``check_needs(..., entry=...)``), not when the family is bound, so a release
+    that predates it skips that entry's rows and keeps the rest of the family."""
 
-    __slots__ = ("module", "symbol", "since")
+    __slots__ = ("module", "symbol", "since", "entry")
 
-    def __init__(self, module: str, symbol: str, since: str | None = None):
-        self.module, self.symbol, self.since = module, symbol, since
+    def __init__(self, module: str, symbol: str, since: str | None = None, entry: str | None = None):
+        self.module, self.symbol, self.since, self.entry = module, symbol, since, entry
 
     def __repr__(self):
-        return f"Need({self.module!r}, {self.symbol!r}" + (f", since={self.since!r})" if self.since else ")")
+        return (f"Need({self.module!r}, {self.symbol!r}" + (f", since={self.since!r}" if self.since else "")
+                + (f", entry={self.entry!r}" if self.entry else "") + ")")
 
 
-def needs(spec: dict, since: dict | None = None) -> tuple:
-    """``{"ops": ["a", "b"], "rocm": [...]}`` (and ``since={"ops.a": "0.34.0"}``) -> a tuple of :class:`Need`."""
-    since = since or {}
-    return tuple(Need(m, s, since.get(f"{m}.{s}")) for m, syms in spec.items() for s in syms)
+def needs(spec: dict, since: dict | None = None, entry: dict | None = None) -> tuple:
+    """``{"ops": ["a", "b"], "rocm": [...]}`` (and ``since={"ops.a": "0.34.0"}``, ``entry={"ops.a": "route"}``)
+    -> a tuple of :class:`Need`."""
+    since, entry = since or {}, entry or {}
+    return tuple(Need(m, s, since.get(f"{m}.{s}"), entry.get(f"{m}.{s}")) for m, syms in spec.items() for s in syms)
 
 
 def _release(version: str):
@@ -55,20 +60,64 @@ def predates(version: str, since: str) -> bool:
     return v is not None and s is not None and v.release < s.release
 
 
-def check_needs(ctx, family: str, required) -> None:
+_ABSENT = object()
+
+
+def _lookup(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = getattr(obj, part, _ABSENT)
+        if obj is _ABSENT:
+            break
+    return obj
+
+
+def _check_variant(ctx, family: str, need, obj, path: str) -> None:
+    """A need in a module the subject's model variant remaps: ``SymbolNotInVariant`` (a ``skipped`` row) when the
+    variant's module lacks the symbol, or has only a stand-in where the plain module defines it (the variant takes
+    it from a module the audit does not load, or inherits it from one)."""
+    from contracts.subjects import SymbolNotInVariant
+    from contracts.subjects.vllm import loader, standins
+
+    got = _lookup(obj, need.symbol)
+    loaded = getattr(ctx, "loaded", None)
+    plain = loaded.modules.get(loader.SHORT[need.module]) if loaded is not None else None
+    own = _lookup(plain, need.symbol) if plain is not None else _ABSENT
+    stand_in = standins.is_placeholder(got) and own is not _ABSENT and not standins.is_placeholder(own)
+    if got is not _ABSENT and not stand_in:
+        return
+    variant = getattr(ctx.subject, "variant", None)
+    plain_path = loader.module_path(loader.SHORT[need.module])
+    what = (f"has only a stand-in for it ({got.__qualname__}: from a module the audit does not load)" if stand_in
+            else "has no such symbol")
+    counterpart = loader.VARIANTS[variant].counterparts.get(need.symbol.split(".")[0]) \
+        if variant in loader.VARIANTS else None
+    raise SymbolNotInVariant(f"the {family} adapter needs {need.symbol} (as in {plain_path}); model variant "
+                             f"{variant}'s {path} {what}" + (f" ({counterpart})" if counterpart else ""))
+
+
+def check_needs(ctx, family: str, required, entry: str | None = None) -> None:
     """Every :class:`Need` of ``family`` present in this subject's modules, else ``SymbolTooNew`` (a ``skipped``
     row: the subject's release predates the symbol) or ``SymbolMissing`` (an ``error`` row: missing or renamed in a
-    tree that should have it), naming the symbol and the module it was looked for in."""
+    tree that should have it), naming the symbol and the module it was looked for in. In a module the subject's
+    model variant remaps (``vllm==X#deepseek_v41``), a symbol the variant does not define is ``SymbolNotInVariant``
+    (a ``skipped`` row). ``entry`` None (the family being bound) checks the needs of no particular entry; an
+    entry's name checks only the needs tagged with it."""
     from contracts.subjects import EntryMissing, SymbolMissing, SymbolTooNew
     from contracts.subjects.vllm import loader
 
-    version = ctx.subject.version
+    version = getattr(ctx.subject, "release", ctx.subject.version)  # a model variant's version names it too
+    remapped = getattr(ctx.subject, "remapped", ())
     for need in required:
+        if getattr(need, "entry", None) != entry:
+            continue
         try:
             obj = ctx[need.module]
         except EntryMissing:
             continue  # the whole module is missing from the tree: the entry that reads it skips, saying why
-        path = loader.SHORT[need.module].replace(".", "/") + ".py"
+        path = ctx.path_of(need.module) if hasattr(ctx, "path_of") else loader.module_path(loader.SHORT[need.module])
+        if need.module in remapped:
+            _check_variant(ctx, family, need, obj, path)
+            continue
         for part in need.symbol.split("."):
             if not hasattr(obj, part):
                 if need.since and predates(version, need.since):
