@@ -28,6 +28,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.metamorphic",
     "contracts.decode_reduce",
     "contracts.dequant",
+    "contracts.layer_rope",
 )
 
 #: more modules to import after the suite's own, comma-separated (a team's own contracts, a test's planted ones):
