@@ -148,14 +148,34 @@ def function_sha256(root: str, module: str, qualname: str) -> str | None:
 CODE_ROOT_ENV = "SMV_FINDINGS_CODE_ROOT"
 
 
+class CodeRoot(str):
+    """A tree's root, and the module paths whose code a model variant takes from another file of it
+    (``remap``: a finding's ``vllm/models/deepseek_v4/amd/rocm.py`` is ``.../deepseek_v41/amd/rocm.py`` for a
+    ``#deepseek_v41`` subject), so a finding is matched against the code the variant's rows actually ran."""
+
+    remap: dict = {}
+
+    def path(self, module: str) -> str:
+        return self.remap.get(module, module)
+
+
 def subject_root(subject) -> str | None:
-    """The root of a subject's source tree (a vllm subject's ``tree.root``; :data:`CODE_ROOT_ENV` overrides it for
-    a subject that has one); None for a subject without one (ours)."""
+    """The root of a subject's source tree (a vllm subject's ``tree.root``, as a :class:`CodeRoot` carrying its
+    model variant's remapped modules; :data:`CODE_ROOT_ENV` overrides the directory for a subject that has one);
+    None for a subject without one (ours)."""
     tree = getattr(subject, "tree", None)
-    if tree is not None and os.environ.get(CODE_ROOT_ENV):
-        return os.environ[CODE_ROOT_ENV]
-    root = getattr(tree, "root", None)
-    return root if isinstance(root, str) else None
+    root = os.environ.get(CODE_ROOT_ENV) if tree is not None else None
+    root = root or getattr(tree, "root", None)
+    if not isinstance(root, str):
+        return None
+    out = CodeRoot(root)
+    variant = getattr(subject, "variant", None)
+    if variant:
+        from contracts.subjects.vllm.loader import SHORT, VARIANTS
+
+        out.remap = {SHORT[short].replace(".", "/") + ".py": name.replace(".", "/") + ".py"
+                     for short, name in VARIANTS[variant].short.items()}
+    return out
 
 
 @dataclass(frozen=True)
@@ -165,7 +185,8 @@ class FunctionRef:
     sha256: tuple
 
     def hash_in(self, root: str) -> str | None:
-        return function_sha256(root, self.module, self.qualname)
+        module = root.path(self.module) if isinstance(root, CodeRoot) else self.module
+        return function_sha256(root, module, self.qualname)
 
     def as_json(self) -> dict:
         return {"module": self.module, "qualname": self.qualname, "sha256": list(self.sha256)}

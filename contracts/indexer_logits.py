@@ -131,6 +131,7 @@ def _compare(got: torch.Tensor, ref: dict, heads: int, label: str, *, record: bo
 
 #: wrong readings and formulas a diagnosis tries, each named in words (the message of its violation)
 READING_WORDS = {"normal": "a SHUFFLE cache read in the NORMAL order",
+                 "shuffle": "a NORMAL cache read in the SHUFFLE order",
                  "token-rows": "the cache read as per-token 132-byte rows ([bs, 1, 132] views), not block-flat"}
 VARIANT_WORDS = {"scale_inside": "the key scale folded into the key before the relu",
                  "relu_drops_nan": "NaN head scores dropped by the relu"}
@@ -313,7 +314,9 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
         ref = paged(case.layout)
 
         def alternatives():
-            readings = [case.layout] + [x for x in ("normal", "token-rows") if x != case.layout]
+            # the 16x16 SHUFFLE tiling exists only where a block holds whole tiles
+            tiled = ("shuffle",) if case.block_size % 16 == 0 else ()
+            readings = [case.layout] + [x for x in ("normal",) + tiled + ("token-rows",) if x != case.layout]
             for reading in readings:
                 for variant in ({}, {"scale_inside": True}, {"relu_drops_nan": True}):
                     if reading == case.layout and not variant:

@@ -136,9 +136,13 @@ def test_function_sha256_is_the_exact_def_with_its_decorators(tmp_path):
 def test_the_repository_findings_are_keyed_by_the_033_code(tree033):
     fs = kf.load()
     assert len(fs) >= 50 and all(f.functions for f in fs)
-    for f in fs:
+    old = [f for f in fs if f.confirmed("0.33.0")]
+    assert len(old) >= 50
+    for f in old:  # the findings of 0.33.0 are keyed by its code; the ones 0.34.0 brought, by 0.34.0's
         assert f.code_matches(tree033), f.id
-        assert f.confirmed("0.33.0"), f.id
+    for f in fs:
+        if f not in old:
+            assert f.confirmed("0.34.0") and not f.code_matches(tree033), f.id
     u2 = _repo_finding("U2")
     assert [(r.module, r.qualname) for r in u2.functions] == [(OPS, "_decode_num_splits")]
 
@@ -151,7 +155,8 @@ def test_each_stored_reproducer_replays_its_finding_contract_on_one_of_its_targe
     for f in stored:
         c, t, _, spec = _load_repro(f.reproducer)
         doc = json.loads(Path(f.reproducer).read_text())
-        assert (c.id, spec) == (f.contract, "vllm==0.33.0") and t.name in f.targets, f.id
+        assert c.id == f.contract and t.name in f.targets, f.id
+        assert spec.startswith("vllm==") and f.confirmed(spec[len("vllm=="):]), f.id  # a release it was seen in
         assert any(f.explains(v["message"]) for v in doc["violations"]), f.id
 
 
@@ -310,3 +315,24 @@ def test_a_mutant_audit_matches_findings_against_the_unpatched_tree(monkeypatch,
     zoo_runner._audit(tmp_path / "r", ["c"], ["gfx942"], budget=1, timeout=1, code_root=tmp_path, cwd=tmp_path,
                       tree=tmp_path / "patched", findings_root=tmp_path / "original")
     assert seen[kf.CODE_ROOT_ENV] == str(tmp_path / "original")
+
+
+def test_a_model_variant_matches_findings_against_its_own_module(tmp_path):
+    """A ``#deepseek_v41`` subject's rows run the V4.1 copy of rocm.py: a finding that names V4's module is matched
+    against the V4.1 file's code, never against the V4 file that merely sits in the same tree."""
+    import types
+
+    from contracts import findings as kf
+
+    v4 = "vllm/models/deepseek_v4/amd/rocm.py"
+    v41 = "vllm/models/deepseek_v41/amd/rocm.py"
+    for rel, body in ((v4, "def f():\n    return 4\n"), (v41, "def f():\n    return 41\n")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(body)
+    tree = types.SimpleNamespace(root=str(tmp_path))
+    plain = kf.subject_root(types.SimpleNamespace(tree=tree, variant=None))
+    variant = kf.subject_root(types.SimpleNamespace(tree=tree, variant="deepseek_v41"))
+    ref = kf.FunctionRef(v4, "f", (kf.function_sha256(str(tmp_path), v4, "f"),))
+    assert variant.path(v4) == v41 and plain.path(v4) == v4
+    assert ref.hash_in(plain) in ref.sha256
+    assert ref.hash_in(variant) == kf.function_sha256(str(tmp_path), v41, "f") not in ref.sha256
