@@ -197,20 +197,32 @@ def _check_op_ragged(idx: list[int], ptr: list[int], inp: fz.PrefillInputs, wher
     return v
 
 
-def _check_op_call(args, kw, inp: fz.PrefillInputs, where: str) -> list[Violation]:
-    v: list[Violation] = []
+def _check_call_head(op: str, signature: str, args, kw, inp: fz.PrefillInputs, where: str):
+    """What both AITER prefill ops' calls share: nine positional arguments and ``out=``, the caller's q as it is and
+    its kv as ``[skv, d]``. Returns the violations and the nine arguments (None when their count is wrong)."""
     sq, h, d = (int(x) for x in inp.q.shape)
     skv = int(inp.kv.shape[0])
     if len(args) != 9 or set(kw) != {"out"}:
-        return [Violation("OPUS called with the wrong arguments", where,
-                          "(q, kv, indices, indptr, extend_kv, extend_indices, extend_indptr, sink, scale, out=)",
-                          f"{len(args)} positional, keywords {sorted(kw)}")]
-    q_, kv_, idx, ptr, ekv, eidx, eptr, sink, scale = args
+        return [Violation(f"{op} called with the wrong arguments", where, signature,
+                          f"{len(args)} positional, keywords {sorted(kw)}")], None
+    v: list[Violation] = []
+    q_, kv_ = args[0], args[1]
     if q_.data_ptr() != inp.q.data_ptr() or tuple(q_.stride()) != tuple(inp.q.stride()):
-        v.append(Violation("OPUS got a different q", where, "the caller's q", "another tensor"))
+        v.append(Violation(f"{op} got a different q", where, "the caller's q", "another tensor"))
     if kv_.dim() != 2 or tuple(kv_.shape) != (skv, d) or kv_.data_ptr() != inp.kv.data_ptr():
-        v.append(Violation("OPUS kv is not the caller's kv as [skv, d]", where, f"[{skv}, {d}] view",
+        v.append(Violation(f"{op} kv is not the caller's kv as [skv, d]", where, f"[{skv}, {d}] view",
                            f"{list(kv_.shape)}"))
+    return v, args
+
+
+def _check_op_call(args, kw, inp: fz.PrefillInputs, where: str) -> list[Violation]:
+    sq, h, d = (int(x) for x in inp.q.shape)
+    v, args = _check_call_head(
+        "OPUS", "(q, kv, indices, indptr, extend_kv, extend_indices, extend_indptr, sink, scale, out=)", args, kw,
+        inp, where)
+    if args is None:
+        return v
+    _, _, idx, ptr, ekv, eidx, eptr, sink, scale = args
     for name, t in (("indices", idx), ("indptr", ptr)):
         if t.dtype != torch.int32:
             v.append(Violation(f"OPUS {name} not int32", where, "int32", str(t.dtype)))
@@ -424,19 +436,13 @@ def _check_pa_call(args, kw, inp: fz.PrefillInputs, where: str) -> list[Violatio
     what the op reads) are SPEC 10's (``oracles.prefill.ref_aiter_pa_rows``), no extend source, attn_sink[:h]
     (None without a sink), the scale, and ``out`` None or the caller's out where AITER accepts it (contiguous, q's
     shape and dtype). The list need not be packed (AITER's gfx942 kernel reads through indptr only)."""
-    v: list[Violation] = []
     sq, h, d = (int(x) for x in inp.q.shape)
-    skv = int(inp.kv.shape[0])
-    if len(args) != 9 or set(kw) != {"out"}:
-        return [Violation("pa_prefill_sparse called with the wrong arguments", where,
-                          "(q, kv, indices, indptr, kv_extend, indices_extend, indptr_extend, sink, scale, out=)",
-                          f"{len(args)} positional, keywords {sorted(kw)}")]
-    q_, kv_, idx, ptr, ekv, eidx, eptr, sink, scale = args
-    if q_.data_ptr() != inp.q.data_ptr() or tuple(q_.stride()) != tuple(inp.q.stride()):
-        v.append(Violation("pa_prefill_sparse got a different q", where, "the caller's q", "another tensor"))
-    if kv_.dim() != 2 or tuple(kv_.shape) != (skv, d) or kv_.data_ptr() != inp.kv.data_ptr():
-        v.append(Violation("pa_prefill_sparse kv is not the caller's kv as [skv, d]", where, f"[{skv}, {d}] view",
-                           f"{list(kv_.shape)}"))
+    v, args = _check_call_head(
+        "pa_prefill_sparse", "(q, kv, indices, indptr, kv_extend, indices_extend, indptr_extend, sink, scale, out=)",
+        args, kw, inp, where)
+    if args is None:
+        return v
+    _, _, idx, ptr, ekv, eidx, eptr, sink, scale = args
     for name, t in (("indices", idx), ("indptr", ptr)):
         if t.dtype != torch.int32 or t.dim() != 1:
             v.append(Violation(f"pa_prefill_sparse {name} not int32 1-D", where, "int32 [n]",

@@ -378,6 +378,16 @@ def guard_perturbations() -> tuple[str, ...]:
     return tuple(p for p in GUARD_PERTURBATIONS if p not in SECOND_GPU_PERTURBATIONS)
 
 
+def _check_guard_base(case) -> None:
+    """The eligible base both guards' cases share: ``sq``, ``heads`` and ``skv`` at least 1, ``gpu`` a CUDA device."""
+    for name in ("sq", "heads", "skv"):
+        if getattr(case, name) < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {getattr(case, name)!r}")
+    kind, _, index = case.gpu.partition(":")
+    if kind != "cuda" or not index.isdigit():
+        raise ValueError(f"gpu: expected a device like 'cuda:0', got {case.gpu!r}")
+
+
 @dataclass(frozen=True)
 class GuardCase(Case):
     """An OPUS-guard configuration: an eligible base (``sq`` rows, ``heads`` heads, head dim ``d``, ``dtype``, every
@@ -395,12 +405,7 @@ class GuardCase(Case):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("sq", "heads", "skv"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
-        kind, _, index = self.gpu.partition(":")
-        if kind != "cuda" or not index.isdigit():
-            raise ValueError(f"gpu: expected a device like 'cuda:0', got {self.gpu!r}")
+        _check_guard_base(self)
 
 
 def guard_cases():
@@ -794,12 +799,7 @@ class AiterGuardCase(Case):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("sq", "heads", "skv"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
-        kind, _, index = self.gpu.partition(":")
-        if kind != "cuda" or not index.isdigit():
-            raise ValueError(f"gpu: expected a device like 'cuda:0', got {self.gpu!r}")
+        _check_guard_base(self)
 
 
 def aiter_guard_cases():
