@@ -21,7 +21,8 @@ import xml.etree.ElementTree as ET
 #: interpreter: the keys Triton would form from the row's launch arguments)
 #: 8: ``run.jobs``: the worker processes that ran the rows side by side (``smv audit --jobs``; 1: one process)
 #: 9: ``run.subjects[].standins`` for a vllm subject: every name a stand-in served its code, with what it answered
-#: on each target (``[{"name", "served": {target: what}}]``); ``run.lifecycle`` when the audit has more than one
+#: on each target (``[{"name", "served": {target: what}}]``), and ``not_run`` (``[{"what", "why"}]``: its code no row
+#: can run here); ``run.lifecycle`` when the audit has more than one
 #: subject: for every known finding and every new failure, which subjects show it
 AUDIT_SCHEMA_VERSION = 9
 TIME_SPLIT_KEYS = ("compile", "kernel", "oracle", "harness")
@@ -54,6 +55,8 @@ AUDIT_JSON_SCHEMA = {
                 "properties": {"name": {"type": "string"}, "version": {"type": "string"},
                                "source": {"type": "string"}, "modules": {"type": "object"},
                                "rewrites": {"type": "array"},
+                               "not_run": {"type": "array", "items": {
+                                   "type": "object", "required": ["what", "why"]}},
                                "standins": {"type": "array", "items": {
                                    "type": "object", "required": ["name", "served"],
                                    "properties": {"name": {"type": "string"}, "served": {"type": "object"}}}}}}},
@@ -279,6 +282,8 @@ def _md_subjects(doc: dict) -> list[str]:
         for rw in d.get("rewrites") or []:
             lines.append(f"  - rewrite `{rw.get('id')}` in `{rw.get('file', '')}`: {_md_escape(rw.get('why', ''))}")
         lines += _md_standins(d.get("standins") or [])
+        for n in d.get("not_run") or []:
+            lines.append(f"  - not run here: `{n['what']}`: {_md_escape(n['why'])}")
     return lines + [""]
 
 

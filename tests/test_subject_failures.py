@@ -250,6 +250,21 @@ def test_the_report_lists_what_the_standins_served(vllm_subject, tmp_path):
     assert "stand-in `vllm.platforms.rocm._ON_GFX950`: gfx942: _ON_GFX950 = False; gfx950: _ON_GFX950 = True" in md
     saved = json.loads((tmp_path / "report" / "audit.json").read_text())
     assert saved["schema_version"] >= 9 and saved["run"]["subjects"][0]["standins"] == d["standins"]
+    # what no row can run here is listed with its reason; a function the tree lacks is not (0.33.0 has no fused mask)
+    what = [n["what"] for n in d["not_run"]]
+    assert any(w.startswith("aiter.ops.triton.attention.pa_prefill_sparse") for w in what)
+    assert not any("_mask_candidates_fused_kernel" in w for w in what)
+    assert "not run here: `aiter.ops.triton.attention.pa_prefill_sparse" in md
+
+
+def test_the_newest_release_lists_its_fused_mask_as_not_run(tmp_path, vllm_subject):
+    def edit(root):  # a branch that gained the single-launch mask kernel (its body does not matter here)
+        src = (root / OPS).read_text()
+        (root / OPS).write_text(src + "\n\ndef _mask_candidates_fused_kernel(x):\n    return x\n")
+
+    d = _tree(vllm_subject, tmp_path, edit).describe()
+    assert any(n["what"] == f"{OPS}::_mask_candidates_fused_kernel" and "inline assembly" in n["why"]
+               for n in d["not_run"])
 
 
 def test_the_nightly_lists_every_final_release_since_the_first_with_dsv4_rocm():

@@ -77,7 +77,7 @@ def test_fetched_release_records_the_wheel_and_is_reused_offline(vllm_subject, m
     assert again.tree.root == tree.root and again.wheel_sha256 == tree.wheel_sha256
 
     d = again.describe()
-    assert set(d) == {"name", "version", "source", "modules", "rewrites", "wheel_sha256", "standins"}
+    assert set(d) == {"name", "version", "source", "modules", "rewrites", "wheel_sha256", "standins", "not_run"}
     assert (d["name"], d["version"], d["wheel_sha256"]) == ("vllm", "0.33.0", meta["wheel_sha256"])
     assert d["modules"] == meta["modules"] and tree.root in d["source"] and meta["wheel"] in d["source"]
 

@@ -126,7 +126,20 @@ class VllmSubject(Subject):
         if self.wheel_sha256:
             d["wheel_sha256"] = self.wheel_sha256
         d["standins"] = self.standins_served()
+        d["not_run"] = self.not_run()
         return d
+
+    def not_run(self) -> list:
+        """Upstream code of this tree the audit cannot run here, each with the reason: ``[{"what", "why"}]`` (an
+        entry about a function lists it only where the tree has that function)."""
+        from contracts.findings import module_defs
+
+        out = []
+        for module, qualname, why in NOT_RUN:
+            if module and qualname not in (module_defs(self.tree.root, module) or {}):
+                continue
+            out.append({"what": f"{module}::{qualname}" if module else qualname, "why": why})
+        return out
 
     def standins_served(self) -> list:
         """Every name a stand-in served to this subject's code, with what it answered on each target bound so far:
@@ -137,6 +150,24 @@ class VllmSubject(Subject):
             for (module, name), what in b.ctx.loaded.served.items():
                 out.setdefault(f"{module}.{name}", {})[tname] = what
         return [{"name": k, "served": v} for k, v in sorted(out.items())]
+
+
+#: upstream code no row can run here, and why: (module path or "" for code outside the tree, name, reason)
+NOT_RUN = (
+    ("vllm/v1/attention/ops/rocm_aiter_mla_sparse.py", "_mask_candidates_fused_kernel",
+     "the single-launch decode candidate mask (gfx942/gfx950, 0.34.0) uses inline assembly (s_waitcnt vmcnt(0)), "
+     ".cv loads and workgroup barriers: neither the Triton interpreter nor an NVIDIA GPU runs it, and no contract "
+     "reaches it"),
+    ("", "aiter.ops.triton.attention.pa_prefill_sparse and aiter.ops.pa_sparse_prefill_opus",
+     "AITER's prefill kernels are ROCm-only: upstream's routes to them are judged with fakes that record what "
+     "upstream hands them (aiter-prefill-routing, opus-routing-guard); the kernels themselves are not"),
+    ("", "AITER's triton_sparse_mla_fwd (its store's inverse RoPE)",
+     "ROCm-only: inverse-rope-exactly-once drives forward_mqa with a fake store that rotates exactly the rows it is "
+     "given positions for"),
+    ("vllm/models/deepseek_v41/amd/rocm.py", "DeepseekV41ROCMAiterMLAAttention",
+     "DeepSeek-V4.1's layer reads other attributes and metadata than V4's stand-in layer gives: the layer-level "
+     "contracts skip it (vllm==X#deepseek_v41 runs the helpers it shares with V4)"),
+)
 
 
 def vllm_subject(spec: str) -> VllmSubject:
