@@ -280,3 +280,25 @@ def test_the_nightly_lists_every_final_release_since_the_first_with_dsv4_rocm():
     assert mod.releases("0.22.0", listing) == ["0.22.0", "0.22.1", "0.33.0", "0.34.0"]
     assert mod.releases("0.34.0", listing) == ["0.34.0"]
     assert mod.releases("0.22.0", "ERROR: no network") == []
+
+
+def test_the_lifecycle_says_which_releases_show_each_finding_and_each_new_failure():
+    from contracts import reports
+
+    def row(version, contract, status, findings=(), msg="m"):
+        return {"contract": contract, "target": "gfx942", "status": status, "reason": msg, "findings": list(findings),
+                "subject": {"name": "vllm", "version": version},
+                "violations": [{"message": msg, "where": "", "expected": "", "got": ""}]}
+
+    rows = [row("0.33.0", "a", "known", ["F1", "F2"]), row("0.34.0", "a", "known", ["F2"]),
+            row("0.34.0", "b", "fail", msg="new thing"), row("0.33.0", "b", "pass")]
+    life = reports.lifecycle(rows, ["vllm==0.33.0", "vllm==0.34.0"], ["F1", "F2", "F3"])
+    seen = {f["id"]: f["seen"] for f in life["findings"]}
+    assert seen == {"F1": {"vllm==0.33.0": True, "vllm==0.34.0": False},
+                    "F2": {"vllm==0.33.0": True, "vllm==0.34.0": True},
+                    "F3": {"vllm==0.33.0": False, "vllm==0.34.0": False}}
+    assert life["new_failures"] == [{"contract": "b", "target": "gfx942", "message": "new thing",
+                                     "seen": {"vllm==0.33.0": False, "vllm==0.34.0": True}}]
+    md = "\n".join(reports._md_lifecycle(life))
+    assert "| F1 | shown | - |" in md and "| b on gfx942: new thing | - | fail |" in md
+    assert "2 of 3 known findings shown by at least one subject; 1 failures no finding explains" in md
