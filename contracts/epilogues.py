@@ -139,6 +139,12 @@ def _check_rope(case: RopeCase, epi) -> list[Violation]:
         i = tuple(idx)
         out.append(Violation("inverse RoPE outside the float32 error bound", f"row {i[:2]} lane {head + i[2]}",
                              f"{w_r[i].item()!r} +- {bound[i].item():.3g}", fmt(g_r[i].item())))
+    if case.alias in ("restrided", "shifted") and out:
+        # an out that overlaps x without being x, accepted, and a wrong result: one violation naming that (the
+        # lanes it got wrong are where the writes landed on lanes still to be read); refusing it is the contract
+        first = out[0]
+        return [Violation(f"an out overlapping x without being x ({case.alias}) was accepted and the result is "
+                          f"wrong", first.where, "a ValueError naming out, or the oracle's rows", first.got)]
     return out
 
 
