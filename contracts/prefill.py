@@ -137,16 +137,23 @@ def _guard_violations(gcase: fz.GuardCase, target: Target) -> list[Violation]:
     # the single perturbations this host can fake (a second GPU only where one exists: fz.guard_gpus)
     configs = [[]] + [[p] for p in fz.guard_perturbations()] + [list(c) for c in gcase.combos]
     guard = bound(target).prefill.can_use_aiter_sparse_prefill_opus
+    def judge(perts):
+        q, kv, sink, o = fz.guard_tensors(gcase, perts)
+        attrs = fz.tensor_attributes(target.name, q, kv, sink, o)
+        return guard(q, kv, sink, o, target=target), attrs, ref_prefill.opus_guard_failures(attrs)
+
+    return _guard_table("OPUS guard differs from SPEC 3's truth table", configs, judge, target)
+
+
+def _guard_table(what: str, configs, judge, target: Target) -> list[Violation]:
+    """A guard against its truth table: for each perturbation set, ``judge(perts)`` gives the guard's answer, the
+    tensors' attributes and the oracle's broken conditions; the guard must be true exactly when none is broken."""
     out = []
     for perts in configs:
-        q, kv, sink, o = fz.guard_tensors(gcase, perts)
-        got = guard(q, kv, sink, o, target=target)
-        attrs = fz.tensor_attributes(target.name, q, kv, sink, o)
-        fails = ref_prefill.opus_guard_failures(attrs)
+        got, attrs, fails = judge(perts)
         want = not fails
         if got is not want:
-            out.append(Violation("OPUS guard differs from SPEC 3's truth table",
-                                 f"{target.name}, sq={attrs['q_shape'][0]}, perturbations={perts}",
+            out.append(Violation(what, f"{target.name}, sq={attrs['q_shape'][0]}, perturbations={perts}",
                                  f"{want} (broken: {', '.join(fails) or 'none'})", fmt(got)))
     return out
 
@@ -409,18 +416,12 @@ def _pa_pattern(sq: int, h: int, d: int, dtype: torch.dtype, device) -> torch.Te
 def _aiter_guard_violations(gcase: fz.AiterGuardCase, target: Target) -> list[Violation]:
     configs = [[]] + [[p] for p in fz.AITER_GUARD_PERTURBATIONS] + [list(c) for c in gcase.combos]
     guard = bound(target).prefill.can_use_aiter_pa_prefill_sparse
-    out = []
-    for perts in configs:
+    def judge(perts):
         q, kv = fz.aiter_guard_tensors(gcase, perts)
-        got = guard(q, kv, target=target)
         attrs = fz.aiter_guard_attributes(target.name, q, kv)
-        fails = ref_prefill.aiter_pa_guard_failures(attrs)
-        want = not fails
-        if got is not want:
-            out.append(Violation("gfx942 AITER guard differs from SPEC 10's truth table",
-                                 f"{target.name}, sq={attrs['q_shape'][0]}, perturbations={perts}",
-                                 f"{want} (broken: {', '.join(fails) or 'none'})", fmt(got)))
-    return out
+        return guard(q, kv, target=target), attrs, ref_prefill.aiter_pa_guard_failures(attrs)
+
+    return _guard_table("gfx942 AITER guard differs from SPEC 10's truth table", configs, judge, target)
 
 
 def _pa_expected_rows(inp: fz.PrefillInputs) -> list[list[int]]:

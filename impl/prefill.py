@@ -268,13 +268,19 @@ def get_aiter_sparse_prefill_opus() -> Callable | None:
 
     Upstream also requires vLLM's AITER-MLA switch; this project has no such configuration, so "AITER MLA enabled"
     reduces to AMD AITER being importable (``impl.targets.aiter_status``). Cached: it is looked up once."""
+    return _aiter_op(AITER_OPUS_MODULE, AITER_OPUS_NAME)
+
+
+def _aiter_op(module: str, name: str) -> Callable | None:
+    """``module.name`` from AMD AITER when it is importable and callable, else None (AITER absent, a partial ROCm
+    install failing in any of its many ways, or a build without that op)."""
     if not aiter_status().importable:
         return None
     try:
-        mod = importlib.import_module(AITER_OPUS_MODULE)
-    except Exception:  # a partial ROCm install fails in many ways; any of them means "no OPUS"
+        mod = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - any failure means "no such op"
         return None
-    op = getattr(mod, AITER_OPUS_NAME, None)
+    op = getattr(mod, name, None)
     return op if callable(op) else None
 
 
@@ -352,14 +358,8 @@ def get_aiter_pa_prefill_sparse() -> Callable | None:
     """AITER's ``pa_prefill_sparse``, or None when AMD AITER is not importable (``impl.targets.aiter_status``: the
     real AITER, never PyPI's unrelated ``aiter``), lacks the op, or has a build of it without ``out=`` (older builds
     serve gfx1250 only, asserting so, or return a fresh tensor for every call). Cached: it is looked up once."""
-    if not aiter_status().importable:
-        return None
-    try:
-        mod = importlib.import_module(AITER_PA_PREFILL_MODULE)
-    except Exception:  # a partial ROCm install fails in many ways; any of them means "no op"
-        return None
-    op = getattr(mod, AITER_PA_PREFILL_NAME, None)
-    return op if callable(op) and _accepts_out(op) else None
+    op = _aiter_op(AITER_PA_PREFILL_MODULE, AITER_PA_PREFILL_NAME)
+    return op if op is not None and _accepts_out(op) else None
 
 
 def aiter_pa_ragged(dense: torch.Tensor | None, topk_length: torch.Tensor | None, indices: torch.Tensor,

@@ -292,10 +292,7 @@ class RocmModule(types.ModuleType):
         if answer is None:
             value = _inert(f"{self.__name__}.{name}")
             record(self.__name__, name, "not answered (inert: a row that reaches it is an error)")
-        elif name.startswith("get_"):
-            value = _constant(name, answer)
-            record(self.__name__, name, f"{name}() = {answer}")
-        elif name.startswith("on_"):
+        elif name.startswith(("get_", "on_")):  # a probe or a version getter: a function returning the answer
             value = _constant(name, answer)
             record(self.__name__, name, f"{name}() = {answer}")
         else:
