@@ -279,11 +279,11 @@ def test_shards_share_a_redis_database_and_merge_deduplicates(tmp_path, redis_ur
     common = ["--round", "6", "--jobs", "1", "--seed", "4", "--contract", "planted-rare", "--contract", "planted-odd",
               "--target", "gfx950", "--database", redis_url]
     a, b = tmp_path / "shard1", tmp_path / "shard2"
-    ra = _fuzz(a, "--budget", "6", "--shard", "1/2", *common)
+    ra = _fuzz(a, "--budget", "14", "--shard", "1/2", *common)
     assert ra.returncode == 1, ra.stderr
     first = [i for i in _items(a) if i["key"] == "planted-rare/gfx950" and i["status"] == "fail"]
     assert first and first[0]["first_violation"]["cases"] > 1  # found by generation, not replayed
-    rb = _fuzz(b, "--budget", "6", "--shard", "2/2", *common)
+    rb = _fuzz(b, "--budget", "14", "--shard", "2/2", *common)
     assert rb.returncode == 1, rb.stderr
     ga, gb = {i["g"] for i in _items(a)}, {i["g"] for i in _items(b)}
     assert not ga & gb and all((g // 2 + g % 2) % 2 == 0 for g in ga) and all((g // 2 + g % 2) % 2 == 1 for g in gb)
