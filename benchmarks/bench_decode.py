@@ -6,7 +6,7 @@ this runs them through ``smv bench`` and prints its table.
 """
 import sys
 
-from contracts.bench import cli
+from contracts.cli.bench import cli
 
 if __name__ == "__main__":
     sys.exit(cli(["-k", "bench_decode", *sys.argv[1:]]))

@@ -5,7 +5,7 @@ It is a pytest-benchmark test in ``tests/benchmarks/bench_metadata.py``; this ru
 """
 import sys
 
-from contracts.bench import cli
+from contracts.cli.bench import cli
 
 if __name__ == "__main__":
     sys.exit(cli(["-k", "bench_metadata", *sys.argv[1:]]))

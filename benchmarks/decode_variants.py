@@ -119,7 +119,7 @@ class Work:
     with caller-owned ``out`` and workspace."""
 
     def __init__(self, batch: int, device, heads: int, swa: int, extra: int):
-        from contracts import bench
+        from contracts.cli import bench
 
         self.batch, self.device = batch, device
         self.w = bench.DecodeWorkload(batch, device, heads=heads, swa=swa, extra=extra)
@@ -282,7 +282,7 @@ def diff(a, b) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 
 def StatsWatch(kernels):  # noqa: N802 - the shared helper, kept under its class name
-    from contracts import bench
+    from contracts.cli import bench
 
     return bench.StatsWatch(kernels)
 
@@ -472,7 +472,7 @@ def faulted_jobs(results: list[dict]) -> dict:
 
 
 def figures(batch, heads, swa, extra) -> dict:
-    from contracts import bench
+    from contracts.cli import bench
 
     return bench.decode_figures(batch, heads, swa, extra)
 
@@ -719,7 +719,7 @@ def main(argv=None) -> int:
 
 
 def _stats_text(st) -> str:
-    from contracts import bench
+    from contracts.cli import bench
 
     return bench.format_stats({k.split()[-1]: v for k, v in (st or {}).items()})
 

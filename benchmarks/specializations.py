@@ -1,7 +1,7 @@
 """Which launch arguments multiply a kernel contract's Triton specializations (benchmarks/GPU_THROUGHPUT.md).
 
 Runs each named contract on one target for a fixed number of generated cases (the audit's own runner, under the
-interpreter the keys are predicted from the launch arguments: contracts/specializations.py), then prints per
+interpreter the keys are predicted from the launch arguments: contracts/engine/specializations.py), then prints per
 kernel the distinct keys, the launches, and each parameter whose specialization varies, with its distinct values.
 
     .venv/bin/python benchmarks/specializations.py --contract decode-oracle-agreement --target gfx942 \
@@ -18,8 +18,8 @@ import time
 def measure(contract_id: str, target: str, max_cases: int, seed: int, profile: str = "dev",
             budget: float = 600.0) -> dict:
     """One row's figures: cases, seconds, cases/s, ``{kernel: {"keys", "launches", "varying": {param: n}}}``."""
-    from contracts import specializations as sp
-    from contracts.audit import run_audit
+    from contracts.engine import specializations as sp
+    from contracts.engine.audit import run_audit
 
     sp.reset_process_keys()
     t0 = time.monotonic()

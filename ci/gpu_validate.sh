@@ -61,8 +61,8 @@ for step in $steps; do
       # is drawn where matplotlib is installed (the `plot` extra) and skipped with a line where it is not
       # with a vLLM tree, upstream's decode families run as columns beside ours (SMV_BENCH_SUBJECT)
       [ -d "$tree" ] && export SMV_BENCH_SUBJECT="vllm@$tree"
-      timeout "$lim" python3 -m contracts.bench --require-gpu --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || status=1
-      [ -s "$out/bench.json" ] && python3 -m contracts.bench --plot "$out/bench.json" --out "$out/roofline.png" ;;
+      timeout "$lim" python3 -m contracts.cli.bench --require-gpu --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || status=1
+      [ -s "$out/bench.json" ] && python3 -m contracts.cli.bench --plot "$out/bench.json" --out "$out/roofline.png" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import strategies as st
 
 from contracts import core, reports
-from contracts.audit import run_audit
-from contracts.cli import main as smv
+from contracts.engine.audit import run_audit
+from contracts.cli.smv import main as smv
 from contracts.zoo.runner import CODE_FOLDERS, default_root
 
 
@@ -159,7 +159,7 @@ def test_max_cases_is_the_row_total_across_both_passes(register):
     assert (row["pinned_cases"], row["generated_cases"], row["cases"]) == (2, 20, 22)
     assert row["stopped_by"] == "max_cases" and len(seen) == 22
     # the two passes are one generated sequence: the same cases a single run of 20 checks, none twice
-    from contracts.runner import run_contract
+    from contracts.engine.runner import run_contract
 
     first_two_passes = list(seen)
     seen.clear()
@@ -255,7 +255,7 @@ def test_table_and_markdown_show_margin_stopped_by_and_the_split(register, tmp_p
                        report_dir=str(tmp_path))
     (row,) = doc["results"]
     assert row["margin"] == 0.25 and row["pinned_cases"] == 1 and row["generated_cases"] == 6
-    from contracts.audit import format_table
+    from contracts.engine.audit import format_table
 
     table = format_table(doc)
     line = next(ln for ln in table.splitlines() if ln.startswith("test-numeric"))
@@ -269,7 +269,7 @@ def test_nothing_passed_is_not_ok_unless_allowed(tmp_path):
     assert code == 1 and doc["run"]["ok"] is False
     assert all(r["status"] == "skipped" for r in doc["results"])
     assert "no row passed" in doc["run"]["reason"]
-    from contracts.audit import format_table
+    from contracts.engine.audit import format_table
 
     assert "no row passed" in format_table(doc) and "no row passed" in (tmp_path / "audit.md").read_text()
     doc, code = run_audit(["split-bounds"], ["generic"], budget=30, progress=False, allow_empty=True)
@@ -360,7 +360,7 @@ def test_the_profiles_own_count_is_exhausted_not_a_case_limit(register):
 
 
 def test_the_default_budget_follows_the_profile(register):
-    from contracts.audit import DEFAULT_BUDGETS
+    from contracts.engine.audit import DEFAULT_BUDGETS
 
     register("test-cheap", _cheap, min_cases=1)
     for profile in ("dev", "ci"):
@@ -372,7 +372,7 @@ def test_the_default_budget_follows_the_profile(register):
 def test_the_cli_keeps_the_ci_profiles_count_and_dev_its_hundred(register, tmp_path):
     import json
 
-    from contracts.cli import main as smv
+    from contracts.cli.smv import main as smv
 
     register("test-cheap", _cheap, min_cases=1)
     for profile, want in (("ci", None), ("dev", 100)):

@@ -16,8 +16,8 @@ import pytest
 from planted_env import ROOT
 from planted_env import planted_env as _env
 
-from contracts import reports
-from contracts.audit import run_audit
+from contracts.engine import reports
+from contracts.engine.audit import run_audit
 
 def _audit_cmd(report, *args):
     return [sys.executable, "-m", "contracts.cli", "audit", "--report", str(report), "--no-progress", *args]

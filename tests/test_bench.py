@@ -1,4 +1,4 @@
-"""``smv bench`` and ``contracts.bench``: everything that does not need a GPU.
+"""``smv bench`` and ``contracts.cli.bench``: everything that does not need a GPU.
 
 The JSON the table and the plot read is written by pytest-benchmark itself (through ``pytester``), from a bench module
 that times a fake GPU through the same ``CudaEventClock`` and ``install_clock`` the GPU benchmarks use: each call
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts import bench
+from contracts.cli import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ NUM_SPLITS = 4
 
 FAKE_BENCH = '''
 import pytest
-from contracts import bench
+from contracts.cli import bench
 
 class FakeGpu:
     now_ms = 0.0
@@ -495,7 +495,7 @@ def test_smv_bench_on_a_cpu_host_skips_the_gpu_benchmarks_and_exits_0(pytester, 
 def test_python_m_contracts_bench_on_a_cpu_host_exits_0(tmp_path):
     """The same through a real subprocess, as CI calls it (slow: a second interpreter imports torch)."""
     out = tmp_path / "b.json"
-    res = subprocess.run([sys.executable, "-m", "contracts.bench", "--json", str(out), "-k", "bench_decode"],
+    res = subprocess.run([sys.executable, "-m", "contracts.cli.bench", "--json", str(out), "-k", "bench_decode"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.splitlines()[0].startswith("smv bench: no GPU here")
@@ -559,7 +559,7 @@ def test_the_gpu_benchmark_module_runs_end_to_end_on_fakes(triton_imported, pyte
 
     import torch
 
-    import contracts.pytest_plugin as plugin
+    import contracts.plugin as plugin
 
     class HostEvent:
         def record(self):

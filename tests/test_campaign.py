@@ -18,7 +18,7 @@ import pytest
 from planted_env import ROOT
 from planted_env import planted_env as _env
 
-from contracts.campaign import failure_signature, mask_numbers, parse_duration, parse_shard
+from contracts.engine.campaign import failure_signature, mask_numbers, parse_duration, parse_shard
 
 
 
@@ -219,7 +219,7 @@ def test_two_workers_share_one_directory_database(tmp_path):
     fails on its first case, which only the shared folder could have given it."""
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    from contracts.runner import database_key
+    from contracts.engine.runner import database_key
 
     rep, db = tmp_path / "camp", tmp_path / "db"
     r = _fuzz(rep, "--budget", "12", "--round", "8", "--jobs", "2", "--seed", "0", "--contract", "planted-slow",
@@ -274,7 +274,7 @@ def redis_url(tmp_path):
 
 
 def test_shards_share_a_redis_database_and_merge_deduplicates(tmp_path, redis_url):
-    from contracts.cli import main as smv
+    from contracts.cli.smv import main as smv
 
     common = ["--round", "6", "--jobs", "1", "--seed", "4", "--contract", "planted-rare", "--contract", "planted-odd",
               "--target", "gfx950", "--database", redis_url]
@@ -305,7 +305,7 @@ def test_shards_share_a_redis_database_and_merge_deduplicates(tmp_path, redis_ur
 
 
 def test_fuzz_usage_errors(tmp_path, capsys):
-    from contracts.cli import main as smv
+    from contracts.cli.smv import main as smv
 
     for bad in (["--shard", "3/2"], ["--jobs", "0"], ["--case-timeout", "0"]):
         with pytest.raises(SystemExit) as exc:

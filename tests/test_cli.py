@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts import cli
+from contracts.cli import smv as cli
 from contracts.core import Violation
 from contracts.registry import get_contract, load_all
 from contracts.zoo.runner import load_catalogs
@@ -199,13 +199,13 @@ def test_version(flag, capsys):
 def _no_runs(monkeypatch):
     """A usage error must stop the command before it runs anything (and a regression must not run an audit,
     a campaign or the zoo for real)."""
-    import contracts.audit
-    import contracts.campaign
-    import contracts.runner
+    import contracts.engine.audit
+    import contracts.engine.campaign
+    import contracts.engine.runner
     import contracts.zoo.runner
 
-    for mod, name in ((contracts.audit, "run_audit"), (contracts.campaign, "run_campaign"),
-                      (contracts.zoo.runner, "run_zoo"), (contracts.runner, "replay")):
+    for mod, name in ((contracts.engine.audit, "run_audit"), (contracts.engine.campaign, "run_campaign"),
+                      (contracts.zoo.runner, "run_zoo"), (contracts.engine.runner, "replay")):
         monkeypatch.setattr(mod, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran despite a usage error"))
 
 
@@ -257,11 +257,11 @@ def test_report_folder_that_cannot_be_created_is_rejected_before_the_run(cmd, tm
 
 
 def test_report_folder_may_be_created_with_its_parents(tmp_path, capsys, monkeypatch):
-    import contracts.audit
+    import contracts.engine.audit
 
     calls = []
-    monkeypatch.setattr(contracts.audit, "run_audit", lambda *a, **k: calls.append(k) or ({"results": []}, 0))
-    monkeypatch.setattr(contracts.audit, "format_table", lambda doc: "table")
+    monkeypatch.setattr(contracts.engine.audit, "run_audit", lambda *a, **k: calls.append(k) or ({"results": []}, 0))
+    monkeypatch.setattr(contracts.engine.audit, "format_table", lambda doc: "table")
     rep = tmp_path / "new" / "deeper"
     code, out, _ = smv(["audit", "--report", str(rep), "--junit", str(rep / "junit.xml")], capsys)
     assert code == 0 and calls and calls[0]["report_dir"] == str(rep)
@@ -314,7 +314,7 @@ def test_audit_with_nothing_run_fails_unless_allowed(capsys):
 def _valid_repro(tmp_path):
     from hypothesis import find
 
-    from contracts.runner import write_repro
+    from contracts.engine.runner import write_repro
     from impl.targets import get_target
 
     c, t = get_contract("split-bounds"), get_target("gfx942")
@@ -374,8 +374,8 @@ def test_repro_exit_codes_follow_the_case(tmp_path, capsys, monkeypatch):
 
 
 def test_bench_is_a_subcommand_of_smv(capsys):
-    """``smv bench`` reaches contracts.bench: its own usage check answers (nothing is run for --out alone)."""
-    from contracts.cli import main
+    """``smv bench`` reaches contracts.cli.bench: its own usage check answers (nothing is run for --out alone)."""
+    from contracts.cli.smv import main
 
     assert main(["bench", "--out", "x.png"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -384,8 +384,8 @@ def test_bench_is_a_subcommand_of_smv(capsys):
 
 def test_reports_record_the_version_smv_prints(capsys):
     """audit.json's versions.smv is what ``smv --version`` says (an editable install's metadata may lag)."""
-    from contracts.cli import main
-    from contracts.reports import versions
+    from contracts.cli.smv import main
+    from contracts.engine.reports import versions
 
     with pytest.raises(SystemExit):
         main(["--version"])

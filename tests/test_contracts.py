@@ -5,9 +5,9 @@ which keeps plain pytest within ten minutes on 2 cores. A failing row writes its
 ``--smv-repro-dir`` and its failure ends with the ``smv repro`` line."""
 import pytest
 
-from contracts.pytest_plugin import row_failure
+from contracts.plugin import row_failure
 from contracts.registry import load_all
-from contracts.runner import run_contract
+from contracts.engine.runner import run_contract
 
 CONTRACTS = load_all()
 

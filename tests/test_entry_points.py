@@ -98,7 +98,7 @@ def measure(contract_ids=None) -> dict:
     (``exercised``: ``"module.qualname"`` -> the contracts under which it ran, for module-level functions and the
     methods of classes)."""
     from contracts import registry
-    from contracts.runner import run_contract
+    from contracts.engine.runner import run_contract
 
     impl_prefix = str(IMPL_DIR) + os.sep
     hits: dict[tuple[str, str], set[str]] = {}

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts import findings as kf
-from contracts.cli import main as smv
+from contracts.engine import findings as kf
+from contracts.cli.smv import main as smv
 from contracts.core import Violation
 from contracts.registry import get_contract
-from contracts.runner import run_contract
+from contracts.engine.runner import run_contract
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
@@ -148,7 +148,7 @@ def test_the_repository_findings_are_keyed_by_the_033_code(tree033):
 
 
 def test_each_stored_reproducer_replays_its_finding_contract_on_one_of_its_targets():
-    from contracts.runner import _load_repro
+    from contracts.engine.runner import _load_repro
 
     stored = [f for f in kf.load() if os.path.exists(f.reproducer)]
     assert len(stored) >= 48
@@ -296,7 +296,7 @@ def test_a_mutant_audit_matches_findings_against_the_unpatched_tree(monkeypatch,
     changed (which would be a kill the planted bug did not earn)."""
     import types
 
-    from contracts import findings as kf
+    from contracts.engine import findings as kf
     from contracts.zoo import runner as zoo_runner
 
     sub = types.SimpleNamespace(tree=types.SimpleNamespace(root=str(tmp_path / "patched")))
@@ -322,7 +322,7 @@ def test_a_model_variant_matches_findings_against_its_own_module(tmp_path):
     against the V4.1 file's code, never against the V4 file that merely sits in the same tree."""
     import types
 
-    from contracts import findings as kf
+    from contracts.engine import findings as kf
 
     v4 = "vllm/models/deepseek_v4/amd/rocm.py"
     v41 = "vllm/models/deepseek_v41/amd/rocm.py"

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from contracts.markers import HARDWARE_MARKERS, marker_status
-from contracts.pytest_plugin import row_failure
+from contracts.plugin import row_failure
 from contracts.registry import load_all
-from contracts.runner import run_contract
+from contracts.engine.runner import run_contract
 from impl import prefill as pf
 from impl import runtime, targets
 from impl.targets import TARGETS, Target

@@ -86,7 +86,7 @@ def test_a_note_ends_a_passing_rows_reason():
     from hypothesis import strategies as st
 
     from contracts.core import Contract, record_note
-    from contracts.runner import run_contract
+    from contracts.engine.runner import run_contract
 
     def check(case, target):
         record_note("path 'x' not run: the subject has none")

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("cosmic_ray", reason="smv mutate needs the mutate extra (pip install -e .[mutate])")
 
-from contracts import mutate
+from contracts.cli import mutate
 from contracts.zoo import runner as zoo_runner
 
 TINY = '''\

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import strategies as st
 
 from contracts.core import ALL_TARGETS, Contract, Violation
-from contracts.runner import RowResult, run_contract
+from contracts.engine.runner import RowResult, run_contract
 from fuzz import dimensions as D
 from impl.targets import TARGET_NAMES, get_target
 
@@ -135,7 +135,7 @@ def test_array_failure_is_shrunk_within_its_row(declared):
 
 
 def test_audit_merge_unions_the_two_passes(declared):
-    from contracts.audit import _merge
+    from contracts.engine.audit import _merge
 
     req = [(("a", 0),), (("a", 1),)]
     a = RowResult("x", "generic", "pass", reach_required=req, reach_covered={req[0]}, reach_enforced=True)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import strategies as st
 
 from contracts import core
-from contracts.runner import REPRO_SCHEMA_VERSION, ReproError, replay, run_contract, write_repro
+from contracts.engine.runner import REPRO_SCHEMA_VERSION, ReproError, replay, run_contract, write_repro
 from fuzz.cases import Case, CaseError
 from impl.targets import get_target
 

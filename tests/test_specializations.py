@@ -1,4 +1,4 @@
-"""The specialization-key predictor (contracts/specializations.py) and the bound on what a kernel contract compiles.
+"""The specialization-key predictor (contracts/engine/specializations.py) and the bound on what a kernel contract compiles.
 
 * The predicted key of each argument equals what Triton's own binder (``create_function_from_signature`` with the
   base backend, run on the host) forms, for several signatures: plain ints of each class, ints under
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from contracts import specializations as sp
+from contracts.engine import specializations as sp
 from impl.runtime import triton_mode
 
 INTERPRETER = triton_mode() == "interpreter"
@@ -116,7 +116,7 @@ GENERIC_KERNEL = "impl.decode._sparse_decode_generic_kernel"
 
 def _generic_decode_keys() -> int:
     from contracts.registry import get_contract, load_all
-    from contracts.runner import run_contract
+    from contracts.engine.runner import run_contract
 
     load_all()
     row = run_contract(get_contract("decode-oracle-agreement"), "generic", profile="dev", budget=60, seed=1,
@@ -142,8 +142,8 @@ def test_generic_decode_specializations_stay_bounded_and_a_planted_one_breaks_th
 # --- audit.json 7 ---------------------------------------------------------------------------------------------------
 
 def test_schema_7_requires_each_rows_specializations(tmp_path):
-    from contracts import reports
-    from contracts.audit import run_audit
+    from contracts.engine import reports
+    from contracts.engine.audit import run_audit
 
     doc, code = run_audit(["indexer-writer-exact"], ["generic"], budget=60, profile="dev", max_cases=6, seed=1,
                           progress=False, report_dir=str(tmp_path))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import impl  # noqa: F401
 from contracts import splits as _split_contracts  # noqa: F401  (registers the contract)
 from contracts.core import CONTRACTS
-from contracts.runner import run_contract
+from contracts.engine.runner import run_contract
 from fuzz import splits as fz
 from fuzz.cases import CaseError
 from fuzz.splits import SplitCase

@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from contracts.audit import run_audit
+from contracts.engine.audit import run_audit
 from contracts.subjects import SymbolMissing, SymbolTooNew, parse_subject
 from contracts.subjects.vllm import adapters, loader, standins
 
@@ -107,7 +107,7 @@ def test_a_missing_module_skips_only_the_rows_that_need_it(vllm_subject, tmp_pat
 
 
 def test_repro_of_a_tree_that_cannot_import_is_exit_2_naming_the_cause(vllm_subject, tmp_path, capsys):
-    from contracts.cli import main
+    from contracts.cli.smv import main
 
     sub = _tree(vllm_subject, tmp_path)
     doc, _, rows = _audit(sub, tmp_path)
@@ -283,7 +283,7 @@ def test_the_nightly_lists_every_final_release_since_the_first_with_dsv4_rocm():
 
 
 def test_the_lifecycle_says_which_releases_show_each_finding_and_each_new_failure():
-    from contracts import reports
+    from contracts.engine import reports
 
     def row(version, contract, status, findings=(), msg="m"):
         return {"contract": contract, "target": "gfx942", "status": status, "reason": msg, "findings": list(findings),

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import strategies as st
 
-from contracts import findings as kf
-from contracts import reports
-from contracts.audit import format_table, run_audit
-from contracts.cli import main as smv
+from contracts.engine import findings as kf
+from contracts.engine import reports
+from contracts.engine.audit import format_table, run_audit
+from contracts.cli.smv import main as smv
 from contracts.core import Violation
-from contracts.runner import REPRO_SCHEMA_VERSION, replay_row, run_contract, write_repro
+from contracts.engine.runner import REPRO_SCHEMA_VERSION, replay_row, run_contract, write_repro
 from contracts.subjects import (EntryMissing, Family, FidelityError, Subject, SubjectUnavailable, bound,
                                 current)
 from impl.targets import get_target
@@ -358,12 +358,12 @@ def test_repro_replays_under_its_subject_and_reads_version_2(register, tmp_path,
     (["subject", "fetch", "vllm==0.33.0", "--to", "{tmp}"], "not empty"),
 ])
 def test_bad_subject_spec_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys, monkeypatch, argv, what):
-    import contracts.audit
+    import contracts.engine.audit
     import contracts.subjects.vllm.loader as loader
     import contracts.zoo.runner
 
     (tmp_path / "something").write_text("not vllm")
-    monkeypatch.setattr(contracts.audit, "run_audit", lambda *a, **k: pytest.fail("the audit ran"))
+    monkeypatch.setattr(contracts.engine.audit, "run_audit", lambda *a, **k: pytest.fail("the audit ran"))
     monkeypatch.setattr(contracts.zoo.runner, "run_zoo", lambda *a, **k: pytest.fail("the zoo ran"))
     monkeypatch.setattr(loader, "fetch_tree", lambda *a, **k: pytest.fail("a download was attempted"))
     t0 = time.monotonic()

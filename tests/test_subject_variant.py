@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from contracts.audit import run_audit
+from contracts.engine.audit import run_audit
 from contracts.subjects import EntryMissing, SubjectSpecError, SymbolMissing, SymbolNotInVariant, parse_subject
 from contracts.subjects.vllm import adapters, loader, standins
 

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from contracts import cli
+from contracts.cli import smv as cli
 from impl import runtime, targets
 from impl.targets import GENERIC, GFX942, GFX950, TARGETS, Target
 

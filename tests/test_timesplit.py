@@ -1,4 +1,4 @@
-"""audit.json's per-row time_split: compile / kernel / oracle / harness, measured (contracts/timesplit.py)."""
+"""audit.json's per-row time_split: compile / kernel / oracle / harness, measured (contracts/engine/timesplit.py)."""
 from __future__ import annotations
 
 import time
@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from contracts import reports, timesplit
-from contracts.runner import RowResult, run_contract
+from contracts.engine import reports, timesplit
+from contracts.engine.runner import RowResult, run_contract
 from contracts.subjects import Family, Subject, bound
 from impl.targets import get_target
 
@@ -142,7 +142,7 @@ def test_every_public_oracle_function_is_timed_and_the_comparison_is_not():
 
 
 def test_the_audit_merges_its_two_passes_splits():
-    from contracts.audit import _merge
+    from contracts.engine.audit import _merge
 
     a = RowResult("c", "gfx942", "pass", pinned_cases=1, generated_cases=2, seconds=3.0,
                   time_split={"compile": 1.0, "kernel": 1.0, "oracle": 0.5, "harness": 0.5})
@@ -154,7 +154,7 @@ def test_the_audit_merges_its_two_passes_splits():
 
 
 def test_schema_6_requires_each_rows_time_split(tmp_path):
-    from contracts.audit import format_table, run_audit
+    from contracts.engine.audit import format_table, run_audit
 
     doc, code = run_audit(["split-bounds"], ["gfx942"], budget=60, profile="dev", progress=False,
                           report_dir=str(tmp_path))

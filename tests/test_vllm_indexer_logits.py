@@ -10,7 +10,7 @@ import torch
 
 from contracts import indexer_logits as cl
 from contracts.registry import get_contract
-from contracts.runner import checked
+from contracts.engine.runner import checked
 from contracts.subjects import EntryMissing, parse_subject, using
 from contracts.subjects.vllm.loader import planted_copy
 from fuzz.indexer_logits import IndexerLogitsCase, build_decode_inputs

@@ -9,8 +9,8 @@ import torch
 
 from contracts import indexer_writer as ciw
 from contracts.core import CONTRACTS
-from contracts.findings import parse
-from contracts.runner import run_contract
+from contracts.engine.findings import parse
+from contracts.engine.runner import run_contract
 from contracts.subjects import SubjectUnavailable, parse_subject, using
 from contracts.subjects.vllm.loader import planted_copy
 from fuzz.indexer_writer import DirectCase, IndexerCompressorCase, IndexerWriterCase, build_compressor_inputs, \

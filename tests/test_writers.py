@@ -12,7 +12,7 @@ import impl  # noqa: F401  (selects the Triton mode before Triton is imported)
 import contracts.cache_writers as cw
 import contracts.int64_probes  # noqa: F401  (registers int64-addressing, run below with the writers' contracts)
 from contracts.core import CONTRACTS, collecting_margins
-from contracts.runner import run_contract
+from contracts.engine.runner import run_contract
 from fuzz import cache_writers as fw
 from fuzz.cases import CASE_SCHEMA_VERSION, CaseError
 from impl.cache_writers import quantize_and_insert_k_cache, trust_extra_cache_nan_free

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from contracts.cli import main as smv
+from contracts.cli.smv import main as smv
 from contracts.zoo.runner import Mutant, load_catalog, load_catalogs, run_mutant
 
 MUTANTS = load_catalogs()
@@ -175,7 +175,7 @@ def test_plain_pytest_still_kills_a_planted_bug_of_every_contract():
 
 def _sequence(register, cid, n, **kw):
     """The row's generated cases in order (ci profile, seed 0), recorded by a check that passes them all."""
-    from contracts.runner import run_contract
+    from contracts.engine.runner import run_contract
 
     seen = []
 
@@ -201,7 +201,7 @@ def _fails_on(bad):
 
 
 def test_first_violation_is_the_case_index_of_the_planted_bug(register):
-    from contracts.runner import run_contract
+    from contracts.engine.runner import run_contract
 
     seq = _sequence(register, "test-ttk-record", 12)
     k = next(i for i in range(5, len(seq)) if seq[i] not in seq[:i])  # a case first drawn at index k
@@ -216,8 +216,8 @@ def test_first_violation_is_the_case_index_of_the_planted_bug(register):
 
 
 def test_first_violation_in_the_second_pass_counts_the_first(register, tmp_path):
-    from contracts import reports
-    from contracts.audit import run_audit
+    from contracts.engine import reports
+    from contracts.engine.audit import run_audit
 
     seq = _sequence(register, "test-ttk-record2", 12, min_cases=3)
     k = next(i for i in range(6, len(seq)) if seq[i] not in seq[:i])  # past pass 1's three cases
@@ -237,7 +237,7 @@ def test_crash_mid_row_is_timed_from_the_case_trace(register, tmp_path, monkeypa
     import signal
     import time
 
-    from contracts.runner import CASE_TRACE_ENV, run_contract
+    from contracts.engine.runner import CASE_TRACE_ENV, run_contract
     from contracts.zoo.runner import _crash_time_to_kill
 
     calls = []
@@ -293,7 +293,7 @@ def test_time_to_kill_of_a_mutant_is_its_slowest_expected_contract():
 def test_crash_at_a_known_case_of_a_zoo_run(at, cases):
     """A planted crash at a known generated case of ue8m0-codec-exact (min_cases 5: case 7 is in the audit's second
     pass) is reported at that case, through the subprocess, the case trace and the saved first pass."""
-    res = run_mutant(_m(file="contracts/runner.py", expect=["ue8m0-codec-exact"], find='''    os.replace(tmp, path)
+    res = run_mutant(_m(file="contracts/engine/runner.py", expect=["ue8m0-codec-exact"], find='''    os.replace(tmp, path)
 
 
 def case_to_json(case):''', replace=f'''    os.replace(tmp, path)

@@ -160,7 +160,7 @@ class _OursBound:
 
 class OursSubject(Subject):
     def __init__(self):
-        from contracts.reports import package_version
+        from contracts.engine.reports import package_version
 
         super().__init__("ours", package_version(), os.path.dirname(os.path.dirname(os.path.dirname(
             os.path.abspath(__file__)))))
@@ -169,7 +169,7 @@ class OursSubject(Subject):
     def bind(self, target: Target):
         t = get_target(target)
         if t.name not in self._bound:
-            from contracts.timesplit import timed_bound
+            from contracts.engine.timesplit import timed_bound
 
             self._bound[t.name] = timed_bound(_OursBound(t))  # calls report their time (audit.json time_split)
         return self._bound[t.name]
@@ -204,8 +204,8 @@ def using(subject: Subject | None):
 
 def bound(target: "Target | str"):
     """The current subject's entry points on ``target`` (families as attributes), each call timed as the
-    subject's (:mod:`contracts.timesplit`)."""
-    from contracts.timesplit import timed_bound
+    subject's (:mod:`contracts.engine.timesplit`)."""
+    from contracts.engine.timesplit import timed_bound
 
     return timed_bound(current().bind(get_target(target)))
 

@@ -251,7 +251,7 @@ def _copy_subject_tree(root: Path, dest: Path, extra: str) -> None:
 
 
 def _findings_file() -> str | None:
-    from contracts.findings import default_path
+    from contracts.engine.findings import default_path
 
     return default_path() if os.path.exists(default_path()) else None
 
@@ -261,7 +261,7 @@ def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, c
            trace: "Path | None" = None, findings_root: "str | Path | None" = None) -> subprocess.CompletedProcess:
     """``smv audit`` of ``contracts`` on ``targets`` in a subprocess (generated cases only, the ci profile's
     derandomized sequence), importing the suite from ``code_root``; under ``vllm@tree`` when given. ``trace``:
-    the runner's case trace file (``contracts.runner.CASE_TRACE_ENV``)."""
+    the runner's case trace file (``contracts.engine.runner.CASE_TRACE_ENV``)."""
     cmd = [sys.executable, "-m", "contracts.cli", "audit", "--profile", "ci", "--no-progress", "--generator-only",
            "--max-cases", "0", "--budget", str(budget), "--report", str(report)]
     if tree is not None:
@@ -277,11 +277,11 @@ def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, c
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.pop("SMV_TARGET", None)
     if trace is not None:
-        from contracts.runner import CASE_TRACE_ENV
+        from contracts.engine.runner import CASE_TRACE_ENV
 
         env[CASE_TRACE_ENV] = str(trace)
     if findings_root is not None:
-        from contracts.findings import CODE_ROOT_ENV
+        from contracts.engine.findings import CODE_ROOT_ENV
 
         env[CODE_ROOT_ENV] = str(findings_root)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -468,7 +468,7 @@ def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs:
         for r in pool.map(one, mutants):
             results[r.id] = r
     ordered = [results[m.id] for m in mutants]
-    from contracts.reports import ZOO_SCHEMA_VERSION
+    from contracts.engine.reports import ZOO_SCHEMA_VERSION
 
     results_json = [r.as_json() for r in ordered]
     judged = [r for r in results_json if not is_release_skip(r)]

@@ -8,14 +8,14 @@ Not collected by plain ``pytest`` (the file pattern is ``bench_*.py``); run it b
 DSv4 decode shapes: 64 heads, each query row attends SWA 128 main tokens plus 512 extra (compressed) tokens, batch 1,
 64 and 512. The families are portable Triton, so each runs on any GPU with its own target's semantics (split
 selector and CU count, fp8 flavour of the main cache). Every round is timed on the GPU between CUDA events
-(``contracts.bench.CudaEventClock``) after an L2 flush outside the timing; ``extra_info`` holds the figures and the
+(``contracts.cli.bench.CudaEventClock``) after an L2 flush outside the timing; ``extra_info`` holds the figures and the
 ratios to the torch baseline and to the ceilings, all measured in this run. A benchmark asserts nothing about time.
 """
 from __future__ import annotations
 
 import pytest
 
-from contracts import bench
+from contracts.cli import bench
 
 pytestmark = pytest.mark.gpu
 

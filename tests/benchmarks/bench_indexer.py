@@ -11,7 +11,7 @@ token) at random places of the pool, the cache a padded-stride view. A gather re
 scale bytes once and writes them once, and reads its token_to_seq entry: ``bytes`` counts those (table and cu_seqlen
 reads are a rounding error). Ours runs with ``check_metadata=False`` (the kernel alone, as upstream's host function
 is: no host check). Every round is timed on the GPU between CUDA events after an L2 flush outside the timing
-(``contracts.bench``); ``extra_info`` holds the figures and ``fraction_of_copy_ceiling`` against the copy measured in
+(``contracts.cli.bench``); ``extra_info`` holds the figures and ``fraction_of_copy_ceiling`` against the copy measured in
 this run (read + write counted as the gather's bytes are), ``fraction_of_same_size_copy`` against one contiguous copy of the
 132 B a token moves (a launch of this size cannot beat it), and the torch baseline's time beside ours. A benchmark
 asserts nothing about time.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import bench
+from contracts.cli import bench
 
 pytestmark = pytest.mark.gpu
 

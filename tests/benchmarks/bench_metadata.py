@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import bench
+from contracts.cli import bench
 
 TARGET = "gfx950"
 ROUNDS = 200

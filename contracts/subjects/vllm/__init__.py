@@ -132,7 +132,7 @@ class VllmSubject(Subject):
     def not_run(self) -> list:
         """Upstream code of this tree the audit cannot run here, each with the reason: ``[{"what", "why"}]`` (an
         entry about a function lists it only where the tree has that function)."""
-        from contracts.findings import module_defs
+        from contracts.engine.findings import module_defs
 
         out = []
         for module, qualname, why in NOT_RUN:

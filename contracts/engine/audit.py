@@ -7,10 +7,10 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from contracts import reports, specializations
+from contracts.engine import reports, specializations
 from contracts.registry import get_contract, load_all
-from contracts.runner import RowResult, run_contract
-from contracts.timesplit import add_splits, cases_per_second, format_split, zero_split
+from contracts.engine.runner import RowResult, run_contract
+from contracts.engine.timesplit import add_splits, cases_per_second, format_split, zero_split
 from impl.runtime import detect_device, triton_mode
 from impl.targets import TARGET_NAMES, get_target
 
@@ -161,10 +161,10 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
     ``subjects``: the code under audit, subjects or specs (default: ours); each one runs every row with the whole
     ``budget`` (default: :data:`DEFAULT_BUDGETS` of the profile), one subject after the other. ``findings_path``: the known findings (default: the repository's
     findings.toml); a ``known`` row is accepted like a pass. ``jobs``: worker processes that run the rows side by
-    side (contracts.audit_pool; 1: every row in this process); with workers, a case that runs past ``case_timeout``
+    side (contracts.engine.audit_pool; 1: every row in this process); with workers, a case that runs past ``case_timeout``
     seconds (default: the contract's limit, else 300 natively and 600 on the interpreter) is a hang."""
-    from contracts import findings as known_findings
-    from contracts.runner import resolve_subject
+    from contracts.engine import findings as known_findings
+    from contracts.engine.runner import resolve_subject
 
     if budget is None:
         budget = DEFAULT_BUDGETS.get(profile, DEFAULT_BUDGET)
@@ -232,7 +232,7 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
         for sub in subs:
             d = sub.describe()  # after the rows ran: the modules loaded and the rewrites applied are filled in
             if sub.label in described_by_workers:
-                from contracts.audit_pool import merge_describe
+                from contracts.engine.audit_pool import merge_describe
 
                 d = merge_describe(d, described_by_workers[sub.label])
             d.update({"label": sub.label, "spec": _spec(sub), "seconds": round(sub_seconds.get(sub.label, 0.0), 3),
@@ -273,7 +273,7 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
     try:
         for sub in subs:
             if jobs > 1:
-                from contracts import audit_pool
+                from contracts.engine import audit_pool
 
                 audit_pool.audit_subject(
                     sub, ids, targets, jobs=jobs, budget=budget, profile=profile, seed=seed, repro_dir=repro_dir,
@@ -303,7 +303,7 @@ def run_audit(contract_ids=None, target_names=None, *, budget: float | None = No
 
 
 def _spec(sub) -> str:
-    from contracts.runner import subject_spec
+    from contracts.engine.runner import subject_spec
 
     return subject_spec(sub)
 
@@ -400,7 +400,7 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
     a failure or a harness error of the second pass wins, then a known case of either; the second pass running
     out of budget is no loss (the first already reached the minimum). A second-pass failure's ``first_violation``
     counts the first pass's cases and seconds too."""
-    from contracts.runner import known_reason, with_notes
+    from contracts.engine.runner import known_reason, with_notes
 
     margins = [m for m in (first.margin, second.margin) if m is not None]
     merged = RowResult(first.contract, first.target, first.status, first.reason, first.pinned_cases,
@@ -408,7 +408,7 @@ def _merge(first: RowResult, second: RowResult) -> RowResult:
                        first.violations, first.repro, first.case, second.stopped_by or first.stopped_by,
                        max(margins) if margins else None, first.limit, subject=first.subject,
                        findings=list(first.findings) + [f for f in second.findings if f not in first.findings])
-    from contracts.runner import reach_verdict
+    from contracts.engine.runner import reach_verdict
     from fuzz.dimensions import reach_doc
 
     merged.time_split = add_splits(first.time_split or zero_split(first.seconds),

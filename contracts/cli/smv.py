@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 import impl  # noqa: F401  - decides the Triton mode before anything imports Triton
-from contracts.reports import package_version
+from contracts.engine.reports import package_version
 
 SCHEMA_VERSION = 1
 #: ``smv list --json`` (DESIGN.md "Interfaces"): add fields, never remove; bump on any change of meaning
@@ -113,7 +113,7 @@ def _int_at_least(minimum: int, what: str):
 
 
 def _duration(text: str) -> float:
-    from contracts.campaign import parse_duration
+    from contracts.engine.campaign import parse_duration
 
     try:
         return parse_duration(text)
@@ -122,7 +122,7 @@ def _duration(text: str) -> float:
 
 
 def _shard(text: str):
-    from contracts.campaign import parse_shard
+    from contracts.engine.campaign import parse_shard
 
     try:
         parse_shard(text)
@@ -178,7 +178,7 @@ def _check_release(spec: str) -> None:
 
 def _subject(spec: str):
     """A ``--subject`` value as a subject; a spec that names none is one line and exit 2."""
-    from contracts.runner import resolve_subject
+    from contracts.engine.runner import resolve_subject
     from contracts.subjects import SubjectSpecError
 
     spec = (spec or "").strip()
@@ -190,7 +190,7 @@ def _subject(spec: str):
 
 
 def _check_findings(path: str | None) -> None:
-    from contracts.findings import FindingsError, load
+    from contracts.engine.findings import FindingsError, load
     from contracts.registry import load_all
 
     try:
@@ -200,7 +200,7 @@ def _check_findings(path: str | None) -> None:
 
 
 def _subjects(specs) -> list:
-    from contracts.runner import subject_spec
+    from contracts.engine.runner import subject_spec
 
     subs = [_subject(s) for s in (specs or ["ours"])]
     for i, a in enumerate(subs):
@@ -292,7 +292,7 @@ def _source_of(c) -> str:
         line = inspect.getsourcelines(c.check)[1]
     except (OSError, TypeError):
         return c.module
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rel = os.path.relpath(path, root) if path else c.module
     return f"{rel}:{line}"
 
@@ -344,8 +344,8 @@ def cmd_show(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    from contracts.audit import format_table, run_audit
-    from contracts.campaign import WorkerStartError
+    from contracts.engine.audit import format_table, run_audit
+    from contracts.engine.campaign import WorkerStartError
     from fuzz.profiles import default_profile
 
     import signal
@@ -402,7 +402,7 @@ def _select_mutants(args, subject=None):
 
 
 def cmd_zoo(args) -> int:
-    from contracts.reports import ZOO_SCHEMA_VERSION, write_json
+    from contracts.engine.reports import ZOO_SCHEMA_VERSION, write_json
     from contracts.zoo.runner import is_release_skip, run_zoo, subject_json, ttk_summary
 
     subject = _subject(args.subject) if args.subject else None
@@ -468,7 +468,7 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    from contracts.campaign import CampaignBusy, WorkerStartError, run_campaign
+    from contracts.engine.campaign import CampaignBusy, WorkerStartError, run_campaign
 
     _check_contract_ids(args.contract)
     _check_output_path("--report", args.report, folder=True)
@@ -500,7 +500,7 @@ def _print_failures(doc: dict) -> None:
 
 
 def cmd_fuzz_merge(args) -> int:
-    from contracts.campaign import merge_campaigns
+    from contracts.engine.campaign import merge_campaigns
 
     _check_output_path("--report", args.report, folder=True)
     try:
@@ -555,7 +555,7 @@ def _replay_in_subprocess(path: str, outcome: dict, timeout: float | None) -> in
 
     with tempfile.TemporaryDirectory(prefix="smv-repro-") as tmp:
         ready = os.path.join(tmp, "ready")
-        proc = subprocess.Popen([sys.executable, "-m", "contracts.campaign_worker", "--replay", path],
+        proc = subprocess.Popen([sys.executable, "-m", "contracts.engine.campaign_worker", "--replay", path],
                                 start_new_session=True, env=dict(os.environ, SMV_REPLAY_READY=ready))
         started = time.monotonic()
         since = None  # the limit counts from the end of the child's imports, as a worker's counts per case
@@ -590,7 +590,7 @@ def _replay_in_subprocess(path: str, outcome: dict, timeout: float | None) -> in
 
 
 def cmd_repro(args) -> int:
-    from contracts.runner import replay_row
+    from contracts.engine.runner import replay_row
 
     outcome = _repro_outcome(args.file)
     if outcome is not None and not args.subject:
@@ -598,7 +598,7 @@ def cmd_repro(args) -> int:
     subject = _subject(args.subject) if args.subject else None
     try:
         r = replay_row(args.file, subject)
-    except (OSError, ValueError) as exc:  # contracts.runner.ReproError is a ValueError
+    except (OSError, ValueError) as exc:  # contracts.engine.runner.ReproError is a ValueError
         print(f"smv repro: {_repro_error(args.file, exc)}", file=sys.stderr)
         return 2
     shown = r.case.to_json() if hasattr(r.case, "to_json") else r.case
@@ -653,7 +653,7 @@ def cmd_subject_fetch(args) -> int:
 
 
 def cmd_subject_show(args) -> int:
-    from contracts.runner import subject_spec
+    from contracts.engine.runner import subject_spec
 
     sub = _subject(args.spec)
     doc = sub.describe()
@@ -665,7 +665,7 @@ def cmd_subject_show(args) -> int:
 def cmd_findings_check(args) -> int:
     """Replay every known finding's stored reproducer under one subject; exit 0 whatever the statuses, 2 when the
     subject or the findings file cannot be loaded."""
-    from contracts import findings as known_findings
+    from contracts.engine import findings as known_findings
     from contracts.registry import load_all
 
     subject = _subject(args.spec)
@@ -760,9 +760,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only this module, relative to the root, e.g. impl/decode.py (repeatable; default impl/*.py)")
     mu.add_argument("--target", action="append", choices=TARGET_NAMES, help="target (repeatable; default: all)")
     mu.add_argument("--equivalents", metavar="FILE",
-                    help="inspected equivalent mutants (default contracts/mutate_equivalent.toml)")
+                    help="inspected equivalent mutants (default contracts/cli/mutate_equivalent.toml)")
     mu.add_argument("--no-progress", action="store_true", help="no per-mutant progress lines on stderr")
-    mu.set_defaults(func=lambda args: __import__("contracts.mutate", fromlist=["main_cli"]).main_cli(args))
+    mu.set_defaults(func=lambda args: __import__("contracts.cli.mutate", fromlist=["main_cli"]).main_cli(args))
     z = sub.add_parser("zoo", help="plant each catalogued bug and prove its contracts catch it")
     z.add_argument("--catalog", action="append", help="TOML catalog (repeatable; default: the built-in ones)")
     z.add_argument("--mutant", action="append", help="only this mutant id (repeatable)")
@@ -833,7 +833,7 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("--findings", metavar="FILE", help="known findings (default: the suite's findings.toml); the "
                     "reproducers are FILE's folder's findings/<id>.json")
     fc.set_defaults(func=cmd_findings_check)
-    from contracts import bench
+    from contracts.cli import bench
 
     bench.add_parser(sub)
     return p

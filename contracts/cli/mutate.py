@@ -7,7 +7,7 @@ that cover the mutated module run on it through the zoo's subprocess audit (``co
 profile, generated cases only, every target, a time cap per mutant).
 
 Verdicts per mutant: ``killed`` (a covering contract's row failed, or the run crashed), ``survived`` (every covering
-contract passed), ``equivalent`` (listed in ``contracts/mutate_equivalent.toml`` with why: not run, not scored),
+contract passed), ``equivalent`` (listed in ``contracts/cli/mutate_equivalent.toml`` with why: not run, not scored),
 ``timeout`` (the cap ran out), ``error`` (no verdict: a row errored or no report), ``incompetent`` (the mutated
 source does not compile), ``uncovered`` (no contract maps to the module). ``score = killed / (killed + survived)``.
 
@@ -336,7 +336,7 @@ def summarize(results: list[MutantResult]) -> dict:
 
 
 def _commit(root: Path) -> str:
-    from contracts.reports import git_commit
+    from contracts.engine.reports import git_commit
 
     head, dirty = git_commit(str(root))
     return "unknown (not a checkout)" if head is None else head + (" (dirty)" if dirty else "")
@@ -350,7 +350,7 @@ def run_session(sample: int, *, seed: int = 0, root: "Path | None" = None, modul
     the code's commit where ``root`` is an exported snapshot rather than a checkout."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from contracts.reports import write_json
+    from contracts.engine.reports import write_json
     from contracts.zoo.runner import default_root
 
     root = Path(root) if root else default_root()

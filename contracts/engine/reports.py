@@ -13,10 +13,10 @@ import xml.etree.ElementTree as ET
 #: 4: per row ``reach``: ``{"pairs_declared", "pairs_covered", "missing", "exhaustive"}`` (fuzz/dimensions.py)
 #: 5: per row ``first_violation``: ``{"cases", "seconds"}`` until the first case that failed the row, or null
 #: 6: per row ``time_split``: ``{"compile", "kernel", "oracle", "harness"}``, where the row's seconds went
-#: (contracts/timesplit.py: Triton compilation, the subject's calls less their compilation, the oracles' functions,
+#: (contracts/engine/timesplit.py: Triton compilation, the subject's calls less their compilation, the oracles' functions,
 #: the rest); the four add up to ``seconds``
 #: 7: per row ``specializations``: ``{kernel: n}``, the distinct Triton specializations (compile keys) of each
-#: kernel the row launched (contracts/specializations.py), and ``run.specializations_source``: ``"compiled"``
+#: kernel the row launched (contracts/engine/specializations.py), and ``run.specializations_source``: ``"compiled"``
 #: (native: what Triton's compile hook saw the row compile, new to the process) or ``"predicted"`` (the
 #: interpreter: the keys Triton would form from the row's launch arguments)
 #: 8: ``run.jobs``: the worker processes that ran the rows side by side (``smv audit --jobs``; 1: one process)
@@ -169,7 +169,7 @@ def package_version() -> str:
     install's metadata keeps the version it was installed at), else the installed distribution's metadata."""
     from importlib import metadata
 
-    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "pyproject.toml")
     try:
         try:
             import tomllib
@@ -204,7 +204,7 @@ def versions() -> dict:
 
 def code_root() -> str:
     """The folder the suite's code was imported from (the parent of ``contracts/``)."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def git_commit(root: str | None = None) -> tuple[str | None, bool | None]:
@@ -324,7 +324,7 @@ def _md_split(r: dict) -> str:
 
 
 def audit_markdown(doc: dict) -> str:
-    from contracts.audit import by_contract_target, subject_columns
+    from contracts.engine.audit import by_contract_target, subject_columns
 
     rows = doc["results"]
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}

@@ -1,7 +1,7 @@
-"""One worker process of ``smv fuzz`` (and of ``smv audit --jobs``, contracts.audit_pool): runs the rows its
+"""One worker process of ``smv fuzz`` (and of ``smv audit --jobs``, contracts.engine.audit_pool): runs the rows its
 supervisor hands it, one at a time, and answers each.
 
-The supervisor (``contracts.campaign``) starts it as ``python -m contracts.campaign_worker --dir WDIR``, pinned to
+The supervisor (``contracts.engine.campaign``) starts it as ``python -m contracts.engine.campaign_worker --dir WDIR``, pinned to
 one device by the environment (``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES``), with ``SMV_CASE_FILE`` naming
 the file the runner rewrites before every check. Commands arrive on stdin as JSON lines (``{"item": {...}}`` or
 ``{"exit": true}``); answers leave on the process's original stdout, which is kept for them alone: anything else
@@ -11,7 +11,7 @@ The worker never outlives its supervisor: on Linux the kernel sends it SIGKILL w
 (``PR_SET_PDEATHSIG``), and a watchdog thread exits it when its parent changes or its command pipe closes, so a
 SIGKILLed campaign leaves no orphan holding a GPU.
 
-``python -m contracts.campaign_worker --replay FILE`` replays a reproducer in this process (``smv repro`` runs it in
+``python -m contracts.engine.campaign_worker --replay FILE`` replays a reproducer in this process (``smv repro`` runs it in
 a subprocess for a crash or hang reproducer, so that the crash ends that process, not the command): exit 0 when
 the case passes now, 1 when it gives violations, 2 when the file cannot be replayed.
 """
@@ -49,7 +49,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _run_item(item: dict, wdir: str, subjects: dict) -> dict:
     from contracts.registry import get_contract
-    from contracts.runner import resolve_subject, run_contract
+    from contracts.engine.runner import resolve_subject, run_contract
 
     spec = item["subject"]
     if spec not in subjects:
@@ -82,7 +82,7 @@ def serve(wdir: str, parent: int) -> int:
     load_all()
     answers.write(json.dumps({"ready": os.getpid()}) + "\n")
     subjects: dict = {}
-    held: dict = {}  # an audit's first passes, for their second passes (contracts.audit_pool)
+    held: dict = {}  # an audit's first passes, for their second passes (contracts.engine.audit_pool)
     case_file = os.environ.get("SMV_CASE_FILE")
     for line in sys.stdin:
         msg = json.loads(line)
@@ -95,7 +95,7 @@ def serve(wdir: str, parent: int) -> int:
               f"seed {item['seed']}", flush=True)
         try:
             if "audit" in item:
-                from contracts.audit_pool import run_item
+                from contracts.engine.audit_pool import run_item
 
                 out = run_item(item, subjects, held)
             else:
@@ -109,7 +109,7 @@ def serve(wdir: str, parent: int) -> int:
 
 def replay(path: str) -> int:
     from contracts.registry import load_all
-    from contracts.runner import replay_row
+    from contracts.engine.runner import replay_row
 
     load_all()
     ready = os.environ.get("SMV_REPLAY_READY")
@@ -127,7 +127,7 @@ def replay(path: str) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m contracts.campaign_worker")
+    p = argparse.ArgumentParser(prog="python -m contracts.engine.campaign_worker")
     p.add_argument("--dir")
     p.add_argument("--parent", type=int)
     p.add_argument("--replay", metavar="FILE")

@@ -6,7 +6,7 @@ Item ``g`` is row ``g % R`` of round ``g // R``; ``--shard K/N`` keeps the items
 ``K``, so the shards of a CI matrix or a Slurm array split the space without talking to each other, together run
 exactly what one host would, and each meets every row as the rounds go on.
 
-A small supervisor (this module) runs the items on ``--jobs`` worker processes (``contracts.campaign_worker``),
+A small supervisor (this module) runs the items on ``--jobs`` worker processes (``contracts.engine.campaign_worker``),
 each pinned to one device by ``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` (round-robin when there are more
 workers than GPUs). Items go, in order, to whichever worker is idle. Every worker shares one Hypothesis example
 database (a folder, or ``redis://`` through Hypothesis' Redis database), so a failure found anywhere is replayed
@@ -333,7 +333,7 @@ class Worker:
             env["CUDA_VISIBLE_DEVICES"] = dev
         elif kind == "rocm":
             env["HIP_VISIBLE_DEVICES"] = dev
-        self.proc = subprocess.Popen([sys.executable, "-m", "contracts.campaign_worker", "--dir", self.dir,
+        self.proc = subprocess.Popen([sys.executable, "-m", "contracts.engine.campaign_worker", "--dir", self.dir,
                                       "--parent", str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, start_new_session=True, text=True, bufsize=1)
         self.started = time.monotonic()
@@ -549,7 +549,7 @@ def run_campaign(budget: float, report_dir: str, *, contract_ids=None, target_na
     """Run (or resume) the campaign in ``report_dir`` for ``budget`` seconds on ``jobs`` workers; returns the
     campaign document and the exit code (1 when any failure was found, in this session or an earlier one)."""
     from contracts.registry import get_contract, load_all
-    from contracts.runner import resolve_subject, subject_spec
+    from contracts.engine.runner import resolve_subject, subject_spec
     from fuzz.profiles import DATABASE_ENV, check_database_spec, database_spec
     from impl.targets import TARGET_NAMES, get_target
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from hypothesis import event as hyp_event
 from hypothesis import given, settings
 
-from contracts import findings as known_findings
-from contracts import specializations, timesplit
+from contracts.engine import findings as known_findings
+from contracts.engine import specializations, timesplit
 from contracts.core import Contract, Violation, collecting_margins, collecting_notes
 from contracts.subjects import Subject, SubjectError, SubjectSkip, failure_cause, ours, using
 from fuzz import dimensions
@@ -73,11 +73,11 @@ class RowResult:
     #: what the row's checks said they left unchecked (contracts.core.record_note); a pass or known row's reason
     #: ends with them
     notes: list = field(default_factory=list, repr=False)
-    #: where the row's seconds went, ``{"compile", "kernel", "oracle", "harness"}`` (contracts.timesplit; None: all
+    #: where the row's seconds went, ``{"compile", "kernel", "oracle", "harness"}`` (contracts.engine.timesplit; None: all
     #: harness, for a row that checked nothing)
     time_split: dict | None = None
     #: ``{kernel: {repr(key): key}}``: the distinct Triton specializations the row's checks compiled (natively) or
-    #: would compile (predicted under the interpreter; contracts.specializations); audit.json counts them per kernel
+    #: would compile (predicted under the interpreter; contracts.engine.specializations); audit.json counts them per kernel
     spec_keys: dict | None = field(default=None, repr=False)
 
     @property
@@ -253,7 +253,7 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
     ``fail`` if any case failed so, else ``known`` if any case was known, else pass or incomplete. A finding
     applies when the subject's tree holds its functions' code as confirmed, or its version is confirmed; a failing
     case that only a finding on since-changed code would explain fails the row with a reason that says so
-    (:func:`contracts.findings.code_changed`).
+    (:func:`contracts.engine.findings.code_changed`).
     ``known_repro=False`` writes no reproducer for a known row (the audit's second pass of a row whose first pass
     already wrote one).
 

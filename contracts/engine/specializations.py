@@ -16,11 +16,11 @@ arguments (``triton/runtime/jit.py``: ``create_function_from_signature`` and the
 
 :func:`specialization_key` derives that key on the host from the kernel's own JIT metadata (Triton's
 ``KernelParam`` objects), so it works under the interpreter, where nothing compiles; the tests check it against
-Triton's real binder. Per row, while a check runs (:class:`contracts.timesplit.measuring` starts and stops the
+Triton's real binder. Per row, while a check runs (:class:`contracts.engine.timesplit.measuring` starts and stops the
 recorder):
 
 * **natively** the count is of what Triton compiled: its ``jit_cache_hook`` (installed by
-  :mod:`contracts.timesplit`) fires once per in-memory cache miss with the kernel and the key; a kernel an earlier
+  :mod:`contracts.engine.timesplit`) fires once per in-memory cache miss with the kernel and the key; a kernel an earlier
   row of the same process compiled is not compiled again, so a row counts the specializations that were new to
   the process (``run.specializations_source`` = ``"compiled"``);
 * **under the interpreter** the count is *predicted*: every launch (``InterpretedFunction.run``) is keyed with

@@ -254,7 +254,7 @@ class Finding:
 
 def default_path() -> str:
     """``findings.toml`` beside FINDINGS.md at the root of the suite's checkout."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "findings.toml")
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "findings.toml")
 
 
 def _str_list(path, where, key, value) -> tuple:
@@ -472,7 +472,7 @@ def check(findings, subject) -> list[dict]:
 
     The subject is bound to every target the reproducers to replay use before any is replayed; a subject that
     cannot load raises :class:`SubjectLoadError`."""
-    from contracts.runner import replay_row
+    from contracts.engine.runner import replay_row
     from contracts.subjects import FidelityError, SubjectSkip, using
     from impl.targets import TARGET_NAMES
 

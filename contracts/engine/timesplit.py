@@ -31,7 +31,7 @@ import inspect
 import sys
 import time
 
-from contracts import specializations
+from contracts.engine import specializations
 
 KEYS = ("compile", "kernel", "oracle", "harness")
 #: oracle modules whose time is the harness's: the comparison helpers (DESIGN "Tolerances")

@@ -11,7 +11,7 @@ collect, so they never slow the test suite); this module holds what they share a
 - ``derived_figures``: what every benchmark stores in ``benchmark.extra_info`` (GB/s, TFLOP/s, ratio to the torch
   baseline and to the measured ceilings), so pytest-benchmark's own JSON carries the side-by-side ratios;
 - ``format_table`` and ``plot_roofline``, which read only that JSON (any machine);
-- ``add_parser(subparsers)`` / ``main(args)``: the ``smv bench`` command (also ``python -m contracts.bench``).
+- ``add_parser(subparsers)`` / ``main(args)``: the ``smv bench`` command (also ``python -m contracts.cli.bench``).
 
 Exit codes of ``smv bench``: 0 when every selected benchmark ran, or was skipped because this machine has no GPU
 (one line says so; host-side benchmarks still run); 1 when a benchmark failed or errored, or ``--require-gpu`` was
@@ -820,7 +820,7 @@ def plot_roofline(doc: dict, out) -> Path:
 
 def bench_dir() -> Path:
     """Where the benchmark tests live: ``tests/benchmarks`` of the checkout this package runs from."""
-    return Path(__file__).resolve().parent.parent / "tests" / "benchmarks"
+    return Path(__file__).resolve().parents[2] / "tests" / "benchmarks"
 
 
 _DESCRIPTION = ("Run the benchmarks (tests/benchmarks/bench_*.py) through pytest-benchmark and print the side-by-side "
@@ -978,7 +978,7 @@ def main(args) -> int:
 
 
 def cli(argv=None) -> int:
-    """``python -m contracts.bench [options]``: the same as ``smv bench``."""
+    """``python -m contracts.cli.bench [options]``: the same as ``smv bench``."""
     p = argparse.ArgumentParser(prog="smv bench", description=_DESCRIPTION)
     _add_arguments(p)
     return main(p.parse_args(argv))

@@ -2,11 +2,11 @@
 
 A native audit on a cold GPU host is bound by Triton compilation (audit.json's ``time_split``: 94% of a cold H200
 audit's seconds), which runs on one core per process while the host has many. The rows are independent, so N
-worker processes (``contracts.campaign_worker``, the campaign's workers, pinned round-robin to the visible GPUs)
+worker processes (``contracts.engine.campaign_worker``, the campaign's workers, pinned round-robin to the visible GPUs)
 compile N rows' kernels at once and share the on-disk Triton cache.
 
-The verdicts are the serial audit's: each row runs the same two passes (:func:`contracts.audit.first_pass`, then,
-once every row has had its first pass, :func:`contracts.audit.second_pass` over what is left of the budget) with
+The verdicts are the serial audit's: each row runs the same two passes (:func:`contracts.engine.audit.first_pass`, then,
+once every row has had its first pass, :func:`contracts.engine.audit.second_pass` over what is left of the budget) with
 the same seed, profile, case limits and known findings; a row's first-pass result stays in the worker that ran it,
 which also runs its second pass and merges the two. Only the budget's sharing differs: rows run side by side, each
 first pass may take up to half of what is left (as serially), and the second passes of one worker's rows share what
@@ -27,7 +27,7 @@ import time
 from collections import deque
 
 from contracts.registry import get_contract
-from contracts.runner import RowResult, run_contract
+from contracts.engine.runner import RowResult, run_contract
 
 #: seconds between the heartbeat lines that say what the workers are doing
 HEARTBEAT_S = 30.0
@@ -52,7 +52,7 @@ class RowDoc:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Worker side (called by contracts.campaign_worker for an item that carries "audit")
+# Worker side (called by contracts.engine.campaign_worker for an item that carries "audit")
 # ---------------------------------------------------------------------------------------------------------------
 
 #: the pass number of a row run whole (first pass, then second) on a new worker: the worker that held its first pass
@@ -62,10 +62,10 @@ AGAIN = 3
 
 def run_item(item: dict, subjects: dict, held: dict) -> dict:
     """One pass of one row in a worker; ``held`` keeps each row's result for its second pass."""
-    from contracts import audit
-    from contracts import findings as known_findings
+    from contracts.engine import audit
+    from contracts.engine import findings as known_findings
     from contracts.registry import load_all
-    from contracts.runner import resolve_subject
+    from contracts.engine.runner import resolve_subject
 
     a = item["audit"]
     spec = item["subject"]
@@ -127,10 +127,10 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                   on_row, seconds: dict, described: dict, work_dir: str | None, stream,
                   case_timeout: float | None = None) -> None:
     """Every row of one subject on ``jobs`` workers, within ``budget`` (appended to ``results`` in row order)."""
-    from contracts.audit import not_started
-    from contracts.campaign import Worker, _case_limit, _label_suffix, poll_answers, \
+    from contracts.engine.audit import not_started
+    from contracts.engine.campaign import Worker, _case_limit, _label_suffix, poll_answers, \
         start_error, stop_workers, unwatch, visible_devices
-    from contracts.runner import subject_spec
+    from contracts.engine.runner import subject_spec
 
     spec = subject_spec(sub)
     rows = [(cid, t) for cid in ids for t in targets]

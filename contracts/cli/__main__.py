@@ -1,0 +1,5 @@
+import sys
+
+from contracts.cli.smv import main
+
+sys.exit(main())
