@@ -21,7 +21,7 @@ import torch
 from hypothesis import strategies as st
 
 from contracts.core import ALL_TARGETS, Violation, contract, fmt
-from contracts.engine.specializations import (  # noqa: F401 - re-exported: the tests and the adapter use them here
+from contracts.compile_keys import (  # noqa: F401 - re-exported: the tests and the adapter use them here
     kernel_params, key_differences, specialization_key, specialize_value)
 from contracts.subjects import bound
 from fuzz import cp_gather as fg
@@ -126,7 +126,7 @@ def gather_oracle_exact(case: CpGatherCase, target: Target) -> list[Violation]:
 
 # --- the specialization key ---------------------------------------------------------------------------------------
 
-# kernel_params, specialize_value, specialization_key and key_differences live in contracts.engine.specializations
+# kernel_params, specialize_value, specialization_key and key_differences live in contracts.compile_keys
 # (the audit's per-row count uses them for every kernel); imported here under their old names.
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from contracts.engine import findings as kf
+from contracts.engine.findings_check import check
 from contracts.cli.smv import main as smv
 from contracts.core import Violation
 from contracts.registry import get_contract
@@ -270,11 +271,11 @@ def test_findings_check_on_a_changed_but_unfixed_tree_is_present_with_code_chang
     os.remove(tmp_path / "findings" / "U2.json")
     fs = kf.load(ff)
     moved = dev_subjects["moved"]
-    (r,) = kf.check(fs, moved)
+    (r,) = check(fs, moved)
     assert (r["status"], r["code_changed"], r["detail"]) == ("no_reproducer", True,
                                                              "no findings/U2.json beside findings.toml")
     shutil.copyfile(_repo_finding("U2").reproducer, tmp_path / "findings" / "U2.json")
-    (r,) = kf.check(fs, moved)
+    (r,) = check(fs, moved)
     assert (r["status"], r["code_changed"]) == ("present", True)
     assert r["detail"] == "gfx942: split count differs from the re-derived formula: both segments empty"
 

@@ -74,7 +74,7 @@ def test_an_unknown_variant_is_one_line_before_any_tree_is_looked_for(spec, monk
 
 
 def test_the_cli_takes_a_release_with_a_variant():
-    from contracts.cli import UsageError, _check_release
+    from contracts.cli.smv import UsageError, _check_release
 
     _check_release("vllm==0.34.0#deepseek_v41")  # the version is checked without the variant
     with pytest.raises(UsageError, match="'latest' is not a release version"):

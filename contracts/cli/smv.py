@@ -666,13 +666,14 @@ def cmd_findings_check(args) -> int:
     """Replay every known finding's stored reproducer under one subject; exit 0 whatever the statuses, 2 when the
     subject or the findings file cannot be loaded."""
     from contracts.engine import findings as known_findings
+    from contracts.engine.findings_check import SubjectLoadError, check
     from contracts.registry import load_all
 
     subject = _subject(args.spec)
     try:
         fs = known_findings.load(args.findings, known_contracts=set(load_all()))
-        rows = known_findings.check(fs, subject)
-    except (known_findings.FindingsError, known_findings.SubjectLoadError) as exc:
+        rows = check(fs, subject)
+    except (known_findings.FindingsError, SubjectLoadError) as exc:
         raise UsageError(_one_line(exc)) from None
     if args.json:
         print(json.dumps({"schema_version": known_findings.CHECK_SCHEMA_VERSION, "subject": subject.label,

@@ -128,7 +128,7 @@ def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, 
                   case_timeout: float | None = None) -> None:
     """Every row of one subject on ``jobs`` workers, within ``budget`` (appended to ``results`` in row order)."""
     from contracts.engine.audit import not_started
-    from contracts.engine.campaign import Worker, _case_limit, _label_suffix, poll_answers, \
+    from contracts.engine.workers import Worker, _case_limit, _label_suffix, poll_answers, \
         start_error, stop_workers, unwatch, visible_devices
     from contracts.engine.runner import subject_spec
 

@@ -49,6 +49,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from contracts.subjects.code import _defs_of, function_sha256, module_defs  # noqa: F401 - findings match code by them
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -78,70 +80,6 @@ class FindingsError(ValueError):
 
 
 # --- the code a finding is about -------------------------------------------------------------------------------------
-
-#: ``(module file, mtime_ns, size) -> {qualname: sha256}``: each module is parsed once per content
-_DEFS: dict = {}
-
-
-def _defs_of(source: str) -> dict:
-    """``{qualname: sha256}`` of every def and class a module defines at its top level (also inside module-level
-    ``if``/``try``/``with`` blocks) and of their methods and nested classes; a name defined twice keeps its last
-    definition, the one that binds."""
-    tree = ast.parse(source)
-    out: dict = {}
-    # ast's lines (ends kept): \r\n, \r or \n end one, nothing else does; its column offsets count UTF-8 bytes
-    lines = [ln.encode("utf-8") for ln in re.split(r"(?<=\n)|(?<=\r)(?!\n)", source)]
-
-    def segment(node) -> str:
-        """What ``ast.get_source_segment`` gives from the first decorator's '@' (at the def's own column; the
-        decorator's col_offset is past it) to the end of the def, without splitting the source once per def."""
-        first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-        start, end = first - 1, node.end_lineno - 1
-        if start == end:
-            return lines[start][node.col_offset:node.end_col_offset].decode("utf-8")
-        return b"".join([lines[start][node.col_offset:], *lines[start + 1:end],
-                         lines[end][:node.end_col_offset]]).decode("utf-8")
-
-    def visit(stmts, prefix: str) -> None:
-        for node in stmts:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = prefix + node.name
-                out[name] = hashlib.sha256(segment(node).encode("utf-8")).hexdigest()
-                if isinstance(node, ast.ClassDef):
-                    visit(node.body, name + ".")
-            elif not prefix and isinstance(node, (ast.If, ast.Try, ast.With)):
-                for block in ("body", "orelse", "handlers", "finalbody"):
-                    for part in getattr(node, block, ()):
-                        visit(part.body if isinstance(part, ast.ExceptHandler) else [part], prefix)
-
-    visit(tree.body, "")
-    return out
-
-
-def module_defs(root: str, module: str) -> dict | None:
-    """``{qualname: sha256}`` for ``module`` (a path relative to ``root``); None when the tree has no such file or
-    it does not parse. Cached per file and content (size and modification time)."""
-    path = os.path.join(root, module)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
-    if key not in _DEFS:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                _DEFS[key] = _defs_of(fh.read())
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
-            _DEFS[key] = None
-    return _DEFS[key]
-
-
-def function_sha256(root: str, module: str, qualname: str) -> str | None:
-    """The sha256 of the source of ``qualname`` (``f``, ``Class``, ``Class.method``) in the tree at ``root``: the
-    exact source segment of its ``def`` or ``class``, decorators included (from the first decorator's ``@`` to the
-    end of the last statement), UTF-8 encoded. None when the module or the name is absent."""
-    return (module_defs(root, module) or {}).get(qualname)
-
 
 #: the tree whose code findings are matched against, instead of the subject's own (``smv zoo`` sets it to the
 #: unpatched tree while a mutant's audit runs on a patched copy)
@@ -444,82 +382,3 @@ def code_changed(violations, findings, contract: str, subject: str, version: str
         if any(f.explains(v.message if hasattr(v, "message") else str(v)) for v in violations):
             return f"the code of {changed.qualname} changed since finding {f.id} was confirmed"
     return None
-
-
-# --- smv findings check ----------------------------------------------------------------------------------------------
-
-class SubjectLoadError(ValueError):
-    """The subject a check replays under cannot be loaded; one line."""
-
-
-def _repro_target(path: str) -> str | None:
-    try:
-        with open(path) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        return None  # the replay says what is wrong with the file
-    t = doc.get("target") if isinstance(doc, dict) else None
-    return t if isinstance(t, str) else None
-
-
-def check(findings, subject) -> list[dict]:
-    """Replay each finding's stored reproducer under ``subject`` (a :class:`~contracts.subjects.Subject`):
-    ``{"id", "status", "code_changed", "detail"}`` per finding, in file order. ``status``: ``present`` (a violation
-    matches the finding's signature), ``fixed`` (none does, whatever the code), ``not_applicable`` (a listed
-    function is gone from the subject's tree, or the finding is not about this subject), ``no_reproducer`` (none is
-    stored), ``error`` (the reproducer cannot be replayed; ``detail`` says why). ``code_changed``: no hash of some
-    listed function matches the subject's tree (None where that cannot be told: no tree, no functions).
-
-    The subject is bound to every target the reproducers to replay use before any is replayed; a subject that
-    cannot load raises :class:`SubjectLoadError`."""
-    from contracts.engine.runner import replay_row
-    from contracts.subjects import FidelityError, SubjectSkip, using
-    from impl.targets import TARGET_NAMES
-
-    root = subject_root(subject)
-    out, replays = [], []
-    for f in findings:
-        changed = None
-        if root is not None and f.functions:
-            changed = not f.code_matches(root)
-        row = {"id": f.id, "status": "", "code_changed": changed, "detail": ""}
-        out.append(row)
-        gone = [fn for fn in f.functions if root is not None and fn.hash_in(root) is None]
-        path = f.reproducer
-        if subject.name not in f.subjects:
-            row["status"], row["detail"] = "not_applicable", f"about {', '.join(f.subjects)}, not {subject.name}"
-        elif gone:
-            row["status"], row["detail"] = "not_applicable", f"{gone[0].module} has no {gone[0].qualname}"
-        elif not path or not os.path.exists(path):
-            where = os.path.relpath(path, os.path.dirname(f.source)) if path else "reproducer"
-            row["status"], row["detail"] = "no_reproducer", f"no {where} beside {os.path.basename(f.source)}"
-        else:
-            replays.append((f, row))
-    targets = []
-    for f, _ in replays:
-        t = _repro_target(f.reproducer)
-        if t in TARGET_NAMES and t not in targets:  # anything else: the replay says what is wrong, per finding
-            targets.append(t)
-    for t in targets:
-        try:
-            with using(subject):
-                subject.bind(t)
-        except (SubjectSkip, FidelityError):
-            continue  # a target this host cannot run: the replay says so, per finding
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the subject's code does not import
-            msg = " ".join(f"{type(exc).__name__}: {exc}".split())
-            raise SubjectLoadError(f"subject {subject.label} could not be loaded for {t}: {msg}") from None
-    for f, row in replays:
-        try:
-            r = replay_row(f.reproducer, subject, findings=[f])
-        except (OSError, ValueError) as exc:  # ReproError is a ValueError
-            row["status"], row["detail"] = "error", " ".join(str(exc).split())
-            continue
-        hits = [v for v in r.violations if f.explains(v.message)]
-        row["status"] = "present" if hits else "fixed"
-        row["detail"] = (f"{r.target.name}: {hits[0].message}" if hits else
-                         f"{r.target.name}: " + (f"other violations only: {r.violations[0].message}"
-                                                 if r.violations else "no violation"))
-    return out

@@ -5,6 +5,8 @@ import json
 import os
 import xml.etree.ElementTree as ET
 
+from contracts.engine.timesplit import cases_per_second, format_split
+
 #: 2: run.seed (always), run.commit, run.dirty, run.versions, run.reason, run.allow_empty; per row pinned_cases,
 #: generated_cases, stopped_by, margin
 #: 3: subjects: per row ``subject`` ({name, version}) and ``findings`` (ids of the known findings that explained
@@ -161,30 +163,7 @@ def _dist_version(*names: str) -> str | None:
     return None
 
 
-DIST_NAME = "sparse-mla-verify"
-
-
-def package_version() -> str:
-    """The suite's version: a source checkout's pyproject.toml when this code runs from one (an editable
-    install's metadata keeps the version it was installed at), else the installed distribution's metadata."""
-    from importlib import metadata
-
-    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "pyproject.toml")
-    try:
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib
-        with open(pyproject, "rb") as fh:
-            project = tomllib.load(fh).get("project", {})
-        if project.get("name") == DIST_NAME and project.get("version"):
-            return str(project["version"])
-    except (OSError, ValueError):
-        pass
-    try:
-        return metadata.version(DIST_NAME)
-    except metadata.PackageNotFoundError:
-        return "unknown"
+from contracts.subjects.base import DIST_NAME, package_version  # noqa: E402,F401 - the suite's version
 
 
 def versions() -> dict:
@@ -324,7 +303,6 @@ def _md_split(r: dict) -> str:
 
 
 def audit_markdown(doc: dict) -> str:
-    from contracts.engine.audit import by_contract_target, subject_columns
 
     rows = doc["results"]
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
@@ -448,3 +426,127 @@ def audit_junit(doc: dict) -> bytes:
     root = ET.Element("testsuites")
     root.append(suite)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+# --- the audit's text table (what `smv audit` prints) --------------------------------------------------------
+
+
+def _verdict_cell(r: dict) -> str:
+    cell = f"{r['status']} {r['cases']}" if r["status"] not in ("skipped",) else r["status"]
+    if r["status"] == "known" and r.get("findings"):
+        cell += f" ({','.join(r['findings'])})"
+    return cell
+
+
+def subject_columns(doc: dict) -> list[tuple[str, str, str]]:
+    """(label, name, version) of each subject, in run order (from ``run.subjects``, else from the rows)."""
+    cols = [(d.get("label") or (d["name"] if d["name"] == "ours" else f"{d['name']}=={d['version']}"),
+             d["name"], d["version"]) for d in doc["run"].get("subjects") or []]
+    if not cols:
+        for r in doc["results"]:
+            s = r.get("subject") or {"name": "ours", "version": ""}
+            lab = s["name"] if s["name"] == "ours" else f"{s['name']}=={s['version']}"
+            if all(c[0] != lab for c in cols):
+                cols.append((lab, s["name"], s["version"]))
+    return cols or [("ours", "ours", "")]
+
+
+def by_contract_target(doc: dict) -> tuple[list, dict]:
+    """The (contract, target) pairs in report order, and each pair's row per subject label."""
+    labels = {(n, v): lab for lab, n, v in subject_columns(doc)}
+    pairs: list = []
+    cells: dict = {}
+    for r in doc["results"]:
+        s = r.get("subject") or {"name": "ours", "version": None}
+        lab = labels.get((s["name"], s["version"])) or (s["name"] if s["name"] == "ours" else
+                                                        f"{s['name']}=={s['version']}")
+        k = (r["contract"], r["target"])
+        if k not in cells:
+            pairs.append(k)
+            cells[k] = {}
+        cells[k][lab] = r
+    return pairs, cells
+
+
+def _subject_line(doc: dict) -> str:
+    out = []
+    for d in doc["run"].get("subjects") or []:
+        lab = d.get("label") or d["name"]
+        extra = f" {d['version']}" if d["name"] == "ours" else ""
+        src = f" from {d['source']}" if d.get("source") and d["name"] != "ours" else ""
+        rw = f", {len(d.get('rewrites') or [])} rewrites" if d.get("rewrites") else ""
+        out.append(f"{lab}{extra}{src}{rw}")
+    return "subject" + ("s" if len(out) > 1 else "") + ": " + ("; ".join(out) if out else "ours")
+
+
+def _footer(doc: dict) -> list[str]:
+    run = doc["run"]
+    c = run["counts"]
+    out = [f"{sum(c.values())} rows: " + ", ".join(f"{v} {k}" for k, v in c.items() if v)
+           + f" in {run['seconds']:.1f}s -> {'OK' if run['ok'] else 'FAILED'}"
+           + (f": {run['reason']}" if run.get("reason") else "")]
+    out.append(f"seed {run.get('seed')}, commit {(run.get('commit') or 'none')[:12]}"
+               + (" (dirty)" if run.get("dirty") else "")
+               + (", " + ", ".join(f"{k} {v}" for k, v in run["versions"].items()) if run.get("versions") else ""))
+    return out
+
+
+def format_table(doc: dict) -> str:
+    cols = subject_columns(doc)
+    if len(cols) > 1:
+        return _format_multi(doc, cols)
+    rows = doc["results"]
+    w = max([len(r["contract"]) for r in rows] + [8])
+    out = [_subject_line(doc),
+           f"{'contract':<{w}}  {'target':<8}  {'status':<10}  {'cases':>5}  {'pin+gen':>9}  {'stopped by':<10}  "
+           f"{'margin':>7}  {'secs':>6}  {'case/s':>6}  {'compile/kernel/oracle/harness s':<31}  reason",
+           "-" * (w + 120)]
+    for r in rows:
+        split = f"{r.get('pinned_cases', 0)}+{r.get('generated_cases', r['cases'])}"
+        m = r.get("margin")
+        out.append(f"{r['contract']:<{w}}  {r['target']:<8}  {r['status']:<10}  {r['cases']:>5}  {split:>9}  "
+                   f"{r.get('stopped_by') or '-':<10}  {'-' if m is None else f'{m:.3g}':>7}  "
+                   f"{r['seconds']:>6.1f}  {_rate(r):>6}  {_split_cell(r):<31}  {r['reason'][:80]}")
+    return "\n".join(out + _footer(doc))
+
+
+def _rate(r: dict) -> str:
+    """Cases per second of a row (``-`` for a row that checked nothing)."""
+    v = cases_per_second(r.get("cases", 0), r.get("seconds", 0.0))
+    return "-" if v is None else (f"{v:.3g}" if v < 100 else f"{v:.0f}")
+
+
+def _split_cell(r: dict) -> str:
+    """The row's compile/kernel/oracle/harness seconds (``-`` for a row that checked nothing, or a report that
+    predates them)."""
+    return format_split(r["time_split"]) if r.get("time_split") and r.get("cases") else "-"
+
+
+def _format_multi(doc: dict, cols) -> str:
+    """One line per contract x target, a verdict column (status and cases) per subject; the reasons of rows that
+    are not a plain pass follow the table."""
+    pairs, cells = by_contract_target(doc)
+    w = max([len(c) for c, _ in pairs] + [8])
+    cw = [max(len(lab), 14, *(len(_verdict_cell(cells[p][lab])) for p in pairs if lab in cells[p]))
+          for lab, _, _ in cols]
+    out = [_subject_line(doc),
+           f"{'contract':<{w}}  {'target':<8}  " + "  ".join(f"{lab:<{n}}" for (lab, _, _), n in zip(cols, cw)),
+           "-" * (w + 12 + sum(n + 2 for n in cw))]
+    notes = []
+    for p in pairs:
+        row = cells[p]
+        out.append(f"{p[0]:<{w}}  {p[1]:<8}  " + "  ".join(
+            f"{(_verdict_cell(row[lab]) if lab in row else '-'):<{n}}" for (lab, _, _), n in zip(cols, cw)))
+        skipped_alike = len({(r["status"], r["reason"]) for r in row.values()}) == 1 and len(row) == len(cols)
+        for lab, _, _ in cols:
+            r = row.get(lab)
+            if r is None or r["status"] == "pass" or (r["status"] == "skipped" and skipped_alike):
+                continue
+            notes.append(f"  {lab}: {p[0]} on {p[1]}: {r['status']}: {r['reason'][:140]}"
+                         + (f" (replay: smv repro {r['repro']})" if r.get("repro") else ""))
+    per = []
+    for d in doc["run"].get("subjects") or []:
+        c = d.get("counts") or {}
+        per.append(f"{d.get('label') or d['name']}: " + (", ".join(f"{v} {k}" for k, v in c.items() if v) or "no rows")
+                   + f" in {d.get('seconds', 0):.1f}s")
+    return "\n".join(out + (["", "not a plain pass:"] + notes if notes else []) + [""] + per + _footer(doc))

@@ -425,6 +425,9 @@ def install() -> None:
     if _INSTALLED:
         return
     _INSTALLED = True
+    from contracts.subjects.base import set_call_timer
+
+    set_call_timer(timed_bound)  # every subject's entry-point calls report their time to the running row
     for name, mod in list(sys.modules.items()):
         if mod is not None and _is_oracle_module(name):
             wrap_oracle_module(mod)

@@ -428,7 +428,7 @@ def active() -> bool:
 
 
 def _check_host() -> None:
-    from contracts.subjects import FidelityError
+    from contracts.subjects.base import FidelityError
 
     version = triton_version()
     if version not in KNOWN_TRITON:
@@ -451,7 +451,7 @@ def corrected():
     if not interpreting():
         yield
         return
-    from contracts.subjects import FidelityError
+    from contracts.subjects.base import FidelityError
 
     _check_host()
     failures = self_test()

@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from contracts.subjects import EntryMissing, Subject, SubjectSpecError
+from contracts.subjects.base import EntryMissing, Subject, SubjectSpecError
 from contracts.subjects.vllm.adapters import check_needs
+from contracts.subjects.vllm.context import BoundContext
 from impl.targets import Target, get_target
 
 #: adapter modules, one per family (``contracts/subjects/vllm/adapters/<family>.py``); each defines
@@ -21,30 +22,6 @@ def adapter_families() -> list[str]:
     from contracts.subjects.vllm import adapters
 
     return sorted(m.name for m in pkgutil.iter_modules(adapters.__path__) if not m.name.startswith("_"))
-
-
-class BoundContext:
-    """What an adapter gets: the target, its fresh import of upstream's modules, and :meth:`call`."""
-
-    def __init__(self, subject: "VllmSubject", target: Target, loaded):
-        self.subject = subject
-        self.target = target
-        self.loaded = loaded
-
-    def __getitem__(self, short: str):
-        return self.loaded[short]
-
-    def path_of(self, short: str) -> str:
-        """The path of the module a short name stands for in this subject (a model variant's own, if it remaps
-        it)."""
-        return self.loaded.path_of(short)
-
-    def call(self, fn, *args, **kwargs):
-        """Run upstream's ``fn`` with this target's modules active (and, under the interpreter, corrected)."""
-        from contracts.subjects import fidelity
-
-        with self.loaded.active(), fidelity.corrected():
-            return fn(*args, **kwargs)
 
 
 class _VllmBound:
@@ -132,7 +109,7 @@ class VllmSubject(Subject):
     def not_run(self) -> list:
         """Upstream code of this tree the audit cannot run here, each with the reason: ``[{"what", "why"}]`` (an
         entry about a function lists it only where the tree has that function)."""
-        from contracts.engine.findings import module_defs
+        from contracts.subjects.code import module_defs
 
         out = []
         for module, qualname, why in NOT_RUN:

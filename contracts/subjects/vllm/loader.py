@@ -38,7 +38,7 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 
-from contracts.subjects import EntryMissing, SubjectSpecError
+from contracts.subjects.base import EntryMissing, SubjectSpecError
 from contracts.subjects.vllm import standins
 
 #: the audited modules, as paths relative to the tree's root (SPEC section 9)

@@ -42,7 +42,7 @@ import re
 import types
 
 
-from contracts.subjects import SubjectError
+from contracts.subjects.base import SubjectError
 
 
 class StandInCalled(SubjectError):

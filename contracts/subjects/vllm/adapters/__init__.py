@@ -9,7 +9,7 @@ def native_fnuz_unavailable(target, what: str) -> None:
     upstream's ``FP8_DTYPE`` there) in a Triton kernel on an NVIDIA GPU: Triton there has no FNUZ type and refuses
     to compile it, so the row cannot run on this host (under the interpreter, or on gfx942 itself, it does).
     ``what`` says which of upstream's kernels, e.g. "decode reads its main (SWA) cache"."""
-    from contracts.subjects import SubjectUnavailable
+    from contracts.subjects.base import SubjectUnavailable
 
     if target.main_cache_fp8 == "fnuz" and triton_mode() == "native" and detect_device().kind == "cuda":
         raise SubjectUnavailable(f"upstream's {target.name} {what} as FNUZ fp8, which does not exist on NVIDIA GPUs "
@@ -75,7 +75,7 @@ def _check_variant(ctx, family: str, need, obj, path: str) -> None:
     """A need in a module the subject's model variant remaps: ``SymbolNotInVariant`` (a ``skipped`` row) when the
     variant's module lacks the symbol, or has only a stand-in where the plain module defines it (the variant takes
     it from a module the audit does not load, or inherits it from one)."""
-    from contracts.subjects import SymbolNotInVariant
+    from contracts.subjects.base import SymbolNotInVariant
     from contracts.subjects.vllm import loader, standins
 
     got = _lookup(obj, need.symbol)
@@ -102,7 +102,7 @@ def check_needs(ctx, family: str, required, entry: str | None = None) -> None:
     model variant remaps (``vllm==X#deepseek_v41``), a symbol the variant does not define is ``SymbolNotInVariant``
     (a ``skipped`` row). ``entry`` None (the family being bound) checks the needs of no particular entry; an
     entry's name checks only the needs tagged with it."""
-    from contracts.subjects import EntryMissing, SymbolMissing, SymbolTooNew
+    from contracts.subjects.base import EntryMissing, SymbolMissing, SymbolTooNew
     from contracts.subjects.vllm import loader
 
     version = getattr(ctx.subject, "release", ctx.subject.version)  # a model variant's version names it too

@@ -6,7 +6,7 @@ reason). The compressor is its own family (:mod:`.compressor`).
 """
 from __future__ import annotations
 
-from contracts.subjects import EntryMissing, Family
+from contracts.subjects.base import EntryMissing, Family
 from contracts.subjects.vllm.adapters import needs
 from impl.targets import get_target
 

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from contracts.subjects import Family, SubjectUnavailable
+from contracts.subjects.base import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters import needs
 from impl.runtime import triton_mode
 from impl.targets import effective_cu_count, get_target

@@ -21,7 +21,7 @@ millisecond of host time, which would be timed instead of upstream's code); unde
 from __future__ import annotations
 
 from contracts.subjects.vllm.adapters import native_fnuz_unavailable
-from contracts.subjects import Family, SubjectUnavailable
+from contracts.subjects.base import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters import needs
 from impl.runtime import triton_mode
 from impl.targets import get_target

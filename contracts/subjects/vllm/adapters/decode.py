@@ -32,7 +32,7 @@ from unittest import mock
 import torch
 
 from contracts.subjects.vllm.adapters import native_fnuz_unavailable
-from contracts.subjects import Family, SubjectUnavailable
+from contracts.subjects.base import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters.splits import pinned_cu
 from contracts.subjects.vllm.loader import Rewrite, register_rewrite
 from contracts.subjects.vllm.adapters import needs
@@ -128,7 +128,7 @@ def _with_host_rewrite(ctx):
     (the interpreter), a context over a fresh import of upstream's modules that has it (listed in the report like
     every rewrite)."""
     from contracts.subjects import fidelity
-    from contracts.subjects.vllm import BoundContext
+    from contracts.subjects.vllm.context import BoundContext
 
     needed = any(rw.id == HOST_CPU_REWRITE.id for rw in fidelity.rewrites_for_host())
     if not needed or any(rw["id"] == HOST_CPU_REWRITE.id for rw in ctx.loaded.rewrites):

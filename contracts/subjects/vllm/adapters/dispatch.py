@@ -28,7 +28,7 @@ from unittest import mock
 
 import torch
 
-from contracts.subjects import Family
+from contracts.subjects.base import Family
 from contracts.subjects.vllm.adapters import decode as dec_adapter
 from contracts.subjects.vllm.adapters.splits import pinned_cu
 from contracts.subjects.vllm.adapters import aiter_flags_off, needs

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from contracts.subjects import EntryMissing, Family
+from contracts.subjects.base import EntryMissing, Family
 from contracts.subjects.vllm.adapters import needs
 
 ROPE_DIM = 64

@@ -10,7 +10,7 @@ our signature and are settled here:
 """
 from __future__ import annotations
 
-from contracts.subjects import Family
+from contracts.subjects.base import Family
 from contracts.subjects.vllm.adapters import needs
 from impl.targets import get_target
 

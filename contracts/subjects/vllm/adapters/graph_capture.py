@@ -38,7 +38,7 @@ from unittest import mock
 
 import torch
 
-from contracts.subjects import Family
+from contracts.subjects.base import Family
 from contracts.subjects.vllm.adapters.decode import (DEFAULT_SCALE, _call_public, _Launches,
                                                       _native_fnuz_unavailable, plan_from_launches)
 from contracts.subjects.vllm.adapters.graph_buffers import same_target

@@ -36,7 +36,7 @@ import types
 import torch
 
 from contracts.subjects.vllm.adapters import native_fnuz_unavailable
-from contracts.subjects import EntryMissing, Family, SubjectUnavailable
+from contracts.subjects.base import EntryMissing, Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters import needs
 from impl.formats import default_indexer_layout
 from impl.runtime import triton_mode

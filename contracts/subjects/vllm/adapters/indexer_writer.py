@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from contracts.subjects.vllm.adapters import native_fnuz_unavailable
-from contracts.subjects import Family, SubjectUnavailable
+from contracts.subjects.base import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters.compressor import _array, _patched
 from contracts.subjects.vllm.adapters import needs
 from impl.runtime import triton_mode

@@ -37,7 +37,7 @@ from unittest import mock
 
 import torch
 
-from contracts.subjects import Family, SymbolMissing, SymbolTooNew
+from contracts.subjects.base import Family, SymbolMissing, SymbolTooNew
 from contracts.subjects.vllm.adapters import aiter_flags_off, needs, predates
 from contracts.subjects.vllm.adapters import decode as dec_adapter
 from contracts.subjects.vllm.adapters.splits import pinned_cu

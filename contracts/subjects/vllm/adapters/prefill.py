@@ -49,7 +49,7 @@ import types
 
 import torch
 
-from contracts.subjects import Family, FidelityError
+from contracts.subjects.base import Family, FidelityError
 from contracts.subjects.vllm.loader import REWRITES, Rewrite, register_rewrite
 from contracts.subjects.vllm.adapters import check_needs, needs
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from contracts.subjects import EntryMissing, Family
+from contracts.subjects.base import EntryMissing, Family
 from contracts.subjects.vllm import standins
 from contracts.subjects.vllm.adapters import needs
 

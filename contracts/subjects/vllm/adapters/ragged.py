@@ -50,7 +50,7 @@ import inspect
 import numpy as np
 import torch
 
-from contracts.subjects import Family
+from contracts.subjects.base import Family
 from contracts.subjects.vllm.adapters import needs
 from impl.runtime import triton_mode
 

@@ -26,7 +26,7 @@ import types
 import torch
 from torch import nn
 
-from contracts.subjects import Family
+from contracts.subjects.base import Family
 from contracts.subjects.vllm.adapters import needs
 
 #: experts and hidden size of the minimal config (the policy reads neither)

@@ -53,7 +53,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 
-from contracts.subjects import Family, SubjectUnavailable
+from contracts.subjects.base import Family, SubjectUnavailable
 from contracts.subjects.vllm.adapters.work_partition import FakeAiter, fake_aiter
 from contracts.subjects.vllm.adapters import needs
 from impl.sparse_metadata import BuildCounters, CommonMetadata
@@ -298,7 +298,7 @@ NEEDS = needs({
 
 def build(ctx) -> Family:
     from contracts.subjects import fidelity
-    from contracts.subjects.vllm import BoundContext
+    from contracts.subjects.vllm.context import BoundContext
 
     target = ctx.target
     fp8 = torch.float8_e4m3fnuz if target.main_cache_fp8 == "fnuz" else torch.float8_e4m3fn

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from unittest import mock
 
-from contracts.subjects import Family
+from contracts.subjects.base import Family
 from contracts.subjects.vllm.adapters import needs
 
 #: the decode wrapper's head block (``block_h``) and its split-K walk (``block_k``)

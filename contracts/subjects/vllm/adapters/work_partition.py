@@ -27,7 +27,7 @@ import types
 import numpy as np
 import torch
 
-from contracts.subjects import Family
+from contracts.subjects.base import Family
 from impl.targets import effective_cu_count
 from impl.work_partition import (PARTITION_BUFFERS, compute_work_partition, partition_capacity,
                                  sparse_decode_from_partition)
