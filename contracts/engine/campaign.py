@@ -33,6 +33,7 @@ import shutil
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
 from contracts.engine.workers import (  # noqa: F401 - WorkerStartError is re-exported (smv fuzz catches it here)
     OUTSIDE_SIGNALS, Worker, WorkerStartError, _atomic_json, _case_limit, _label_suffix, _signal_name, cpu_count,
@@ -304,157 +305,221 @@ def _default_seed(shard) -> int:
     return int(time.time() // 86400) if shard else int(time.time()) % (2 ** 31)
 
 
-def run_campaign(budget: float, report_dir: str, *, contract_ids=None, target_names=None, round_seconds: float = 600,
-                 seed: int | None = None, profile: str = "nightly", stream=None, subjects=None,
-                 jobs: int | None = None, shard: "str | tuple | None" = None, database: str | None = None,
-                 case_timeout: float | None = None) -> tuple[dict, int]:
-    """Run (or resume) the campaign in ``report_dir`` for ``budget`` seconds on ``jobs`` workers; returns the
-    campaign document and the exit code (1 when any failure was found, in this session or an earlier one)."""
-    from contracts.registry import get_contract, load_all
+@dataclass
+class CampaignOptions:
+    """What ``smv fuzz`` runs besides its budget and directory: the selection (contracts, targets, subjects; all by
+    default), a round's seconds (shared by its rows), the base seed (default: the day's number for a shard, else
+    the clock), the profile, ``jobs`` workers (default: one per visible GPU, else per core), ``shard`` K/N, the
+    example ``database`` (a folder or ``redis://``), a per-case time limit overriding the contracts' own, and the
+    progress stream (stderr)."""
+
+    contract_ids: "list | None" = None
+    target_names: "list | None" = None
+    subjects: "list | None" = None
+    round_seconds: float = 600
+    seed: "int | None" = None
+    profile: str = "nightly"
+    stream: object = None
+    jobs: "int | None" = None
+    shard: "str | tuple | None" = None
+    database: "str | None" = None
+    case_timeout: "float | None" = None
+
+    def check(self, budget: float) -> None:
+        if not budget > 0 or not self.round_seconds > 0:
+            raise ValueError(f"budget / round: expected positive durations, got {budget!r} / "
+                             f"{self.round_seconds!r}")
+        if self.jobs is not None and self.jobs < 1:
+            raise ValueError(f"jobs: expected 1 or more, got {self.jobs!r}")
+        if self.case_timeout is not None and not self.case_timeout > 0:
+            raise ValueError(f"case timeout: expected a positive number of seconds, got {self.case_timeout!r}")
+
+
+def _campaign_rows(opts: CampaignOptions) -> tuple[list, dict, list, list]:
+    """(rows, labels, contract ids, target names): every (subject spec, contract, target) that applies."""
     from contracts.engine.runner import resolve_subject, subject_spec
-    from fuzz.profiles import DATABASE_ENV, check_database_spec, database_spec
+    from contracts.registry import get_contract, load_all
     from impl.targets import TARGET_NAMES, get_target
 
-    if not budget > 0 or not round_seconds > 0:
-        raise ValueError(f"budget / round: expected positive durations, got {budget!r} / {round_seconds!r}")
-    if jobs is not None and jobs < 1:
-        raise ValueError(f"jobs: expected 1 or more, got {jobs!r}")
-    if case_timeout is not None and not case_timeout > 0:
-        raise ValueError(f"case timeout: expected a positive number of seconds, got {case_timeout!r}")
-    shard_t = parse_shard(shard) if isinstance(shard, str) or shard is None else tuple(shard)
-    db = check_database_spec(database) if database else database_spec()
-    stream = stream or sys.stderr
     contracts = load_all()
-    ids = list(contract_ids) if contract_ids else sorted(contracts)
+    ids = list(opts.contract_ids) if opts.contract_ids else sorted(contracts)
     for cid in ids:
         get_contract(cid)
-    targets = [get_target(t).name for t in (target_names or TARGET_NAMES)]
-    subs = [resolve_subject(x) for x in (subjects or [None])]
+    targets = [get_target(t).name for t in (opts.target_names or TARGET_NAMES)]
+    subs = [resolve_subject(x) for x in (opts.subjects or [None])]
     rows = [(subject_spec(s), cid, t) for s in subs for cid in ids for t in targets
             if contracts[cid].applies_to(get_target(t))]
-    labels = {subject_spec(s): s.label for s in subs}
     if not rows:
         raise ValueError("no contract of the selection applies to the selected targets")
+    return rows, {subject_spec(s): s.label for s in subs}, ids, targets
+
+
+def run_campaign(budget: float, report_dir: str, options: "CampaignOptions | None" = None,
+                 **fields) -> tuple[dict, int]:
+    """Run (or resume) the campaign in ``report_dir`` for ``budget`` seconds; ``options`` (or its fields as
+    keywords: :class:`CampaignOptions`) say what and how. Returns the campaign document and the exit code (1 when
+    any failure was found, in this session or an earlier one)."""
+    from fuzz.profiles import DATABASE_ENV, check_database_spec, database_spec
+
+    opts = options or CampaignOptions(**fields)
+    opts.check(budget)
+    shard_t = parse_shard(opts.shard) if isinstance(opts.shard, str) or opts.shard is None else tuple(opts.shard)
+    db = check_database_spec(opts.database) if opts.database else database_spec()
+    stream = opts.stream or sys.stderr
+    rows, labels, ids, targets = _campaign_rows(opts)
     os.makedirs(os.path.join(report_dir, "repro"), exist_ok=True)
     lock = DirLock(report_dir)
     try:
-        config = {"contracts": ids, "targets": targets, "subjects": [s.label for s in subs], "profile": profile,
-                  "round_seconds": round_seconds, "shard": None if shard_t is None else f"{shard_t[0]}/{shard_t[1]}",
+        config = {"contracts": ids, "targets": targets, "subjects": list(dict.fromkeys(labels.values())),
+                  "profile": opts.profile, "round_seconds": opts.round_seconds,
+                  "shard": None if shard_t is None else f"{shard_t[0]}/{shard_t[1]}",
                   "rows": [list(r) for r in rows], "database": db,
-                  "base_seed": seed if seed is not None else _default_seed(shard_t)}
+                  "base_seed": opts.seed if opts.seed is not None else _default_seed(shard_t)}
         camp = Campaign(report_dir, config, stream)
-        resumed = camp.load()
-        if resumed:
-            if seed is not None and seed != camp.config["base_seed"]:
-                raise ValueError(f"{report_dir} holds a campaign with base seed {camp.config['base_seed']}, not "
-                                 f"{seed}; resume it without --seed, or give another --report")
-            stream.write(f"smv fuzz: resuming {report_dir}: {len(camp.done)} items done, {len(camp.failures)} "
-                         f"distinct failures kept\n")
-        else:
-            for stale in ("journal.jsonl", "campaign.json"):
-                if os.path.exists(os.path.join(report_dir, stale)):
-                    os.unlink(os.path.join(report_dir, stale))
-            camp.start_journal()
-        env_extra = {DATABASE_ENV: db}
-        return _supervise(camp, budget, jobs, shard_t, case_timeout, env_extra, labels, lock)
+        _open_or_resume(camp, report_dir, opts.seed)
+        sup = Supervisor(camp, budget, opts.jobs, shard_t, opts.case_timeout, {DATABASE_ENV: db}, labels)
+        return sup.run()
     finally:
         lock.release()
 
 
-def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, labels, lock) -> tuple[dict, int]:
-    from contracts.registry import get_contract
+def _open_or_resume(camp: "Campaign", report_dir: str, seed: "int | None") -> None:
+    if camp.load():
+        if seed is not None and seed != camp.config["base_seed"]:
+            raise ValueError(f"{report_dir} holds a campaign with base seed {camp.config['base_seed']}, not "
+                             f"{seed}; resume it without --seed, or give another --report")
+        camp.stream.write(f"smv fuzz: resuming {report_dir}: {len(camp.done)} items done, {len(camp.failures)} "
+                          f"distinct failures kept\n")
+        return
+    for stale in ("journal.jsonl", "campaign.json"):
+        if os.path.exists(os.path.join(report_dir, stale)):
+            os.unlink(os.path.join(report_dir, stale))
+    camp.start_journal()
 
-    stream = camp.stream
-    rows = [tuple(r) for r in camp.config["rows"]]
-    R = len(rows)
-    per_row = camp.config["round_seconds"] / R
-    base_seed = camp.config["base_seed"]
-    kind, ids = visible_devices()
-    n_jobs = jobs or (len(ids) if ids else cpu_count())
-    t0 = time.monotonic()
-    end = t0 + budget
-    session = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget": budget, "jobs": n_jobs,
-               "seconds": 0.0, "ended": None}
-    k, n = shard_t or (1, 1)
-    limits = {cid: _case_limit(get_contract(cid), case_timeout) for _, cid, _ in rows}
 
-    keys = [_row_key((labels.get(spec, spec), cid, target)) for spec, cid, target in rows]
+class Supervisor:
+    """One session of a campaign: hands the shard's items to idle workers, records each answer, replaces a worker
+    that crashed, hung or was killed from outside, and saves ``campaign.json`` after every change."""
 
-    def items():
+    def __init__(self, camp: "Campaign", budget: float, jobs, shard_t, case_timeout, env_extra: dict, labels: dict):
+        from contracts.registry import get_contract
+
+        self.camp, self.budget, self.env_extra, self.labels = camp, budget, env_extra, labels
+        self.stream = camp.stream
+        self.rows = [tuple(r) for r in camp.config["rows"]]
+        self.R = len(self.rows)
+        self.per_row = camp.config["round_seconds"] / self.R
+        self.kind, self.ids = visible_devices()
+        self.n_jobs = jobs or (len(self.ids) if self.ids else cpu_count())
+        self.t0 = time.monotonic()
+        self.end = self.t0 + budget
+        self.session = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget": budget,
+                        "jobs": self.n_jobs, "seconds": 0.0, "ended": None}
+        self.k, self.n = shard_t or (1, 1)
+        self.limits = {cid: _case_limit(get_contract(cid), case_timeout) for _, cid, _ in self.rows}
+        self.keys = [_row_key((labels.get(spec, spec), cid, target)) for spec, cid, target in self.rows]
+        self.pending = self._items()
+        self.workers: list[Worker] = []
+        # worker ids stay unique over every session of the directory, so no session's worker log is overwritten
+        wdir = os.path.join(camp.dir, "workers")
+        seen = [int(m.group(1)) for m in (re.fullmatch(r"w(\d+)", x) for x in os.listdir(wdir)) if m] \
+            if os.path.isdir(wdir) else []
+        self.serial = max(seen, default=-1) + 1
+        self.interrupted = None
+        self.start_failures = 0
+        self.retry: list[int] = []
+        self.requeued: set[int] = set()
+        self.exhausted = False
+        self.sel = selectors.DefaultSelector()
+
+    # --- items ---------------------------------------------------------------------------------------------------
+
+    def _items(self):
         """The undone items of this shard, lowest first: those a killed session left, then new ones; none of a
         retired row. Ends when every row is retired."""
-        g = 0
-        while not all(camp.retired(key) for key in keys):
-            if shard_of(g, R, n) == k and g not in camp.done and not camp.retired(keys[g % R]):
+        camp, g = self.camp, 0
+        while not all(camp.retired(key) for key in self.keys):
+            if shard_of(g, self.R, self.n) == self.k and g not in camp.done and not camp.retired(self.keys[g % self.R]):
                 yield g
             g += 1
 
-    pending = items()
-    workers: list[Worker] = []
-    # worker ids stay unique over every session of the directory, so no session's worker log is overwritten
-    seen = [int(m.group(1)) for m in (re.fullmatch(r"w(\d+)", x) for x in
-                                      os.listdir(os.path.join(camp.dir, "workers"))) if m] \
-        if os.path.isdir(os.path.join(camp.dir, "workers")) else []
-    serial = [max(seen, default=-1) + 1]
-    interrupted = {"why": None}
-    start_failures = [0]
-    retry: list[int] = []
-    requeued: set[int] = set()
-    exhausted = [False]
+    def item_of(self, g: int) -> dict:
+        r, j = divmod(g, self.R)
+        spec, cid, target = self.rows[j]
+        left = self.end - time.monotonic()
+        return {"g": g, "round": r, "seed": self.camp.config["base_seed"] + r, "subject": spec, "contract": cid,
+                "target": target, "profile": self.camp.config["profile"],
+                "budget": round(max(0.5, min(self.per_row, left)), 3),
+                "grace": round(max(1.0, min(10.0, left - min(self.per_row, left))), 3)}
 
-    def spawn(slot: int) -> Worker:
-        dev = (kind, ids[slot % len(ids)]) if ids else ("cpu", None)
-        w = Worker(f"w{serial[0]}", dev, camp.dir, env_extra)
-        serial[0] += 1
+    def _row_of(self, it: dict) -> tuple[str, str, str, str]:
+        spec, cid, target = self.rows[it["g"] % self.R]
+        return spec, cid, target, self.labels.get(spec, spec)
+
+    # --- workers ---------------------------------------------------------------------------------------------------
+
+    def spawn(self, slot: int) -> Worker:
+        dev = (self.kind, self.ids[slot % len(self.ids)]) if self.ids else ("cpu", None)
+        w = Worker(f"w{self.serial}", dev, self.camp.dir, self.env_extra)
+        self.serial += 1
+        w.slot = slot
+        self.workers.append(w)
+        self.sel.register(w.proc.stdout, selectors.EVENT_READ, w)
         return w
 
-    def retire(w: Worker, status: str) -> None:
+    def retire(self, w: Worker, status: str) -> None:
         w.stats["status"] = status
         w.stats["seconds"] = round(w.stats["seconds"], 3)
-        camp.workers.append(w.stats)
-        camp.journal.append({"worker": w.stats})
+        self.camp.workers.append(w.stats)
+        self.camp.journal.append({"worker": w.stats})
 
-    def save(finished=False):
-        session["seconds"] = round(time.monotonic() - t0, 1)
-        live = [dict(w.stats, seconds=round(w.stats["seconds"], 3)) for w in workers]
-        _atomic_json(os.path.join(camp.dir, "campaign.json"),
-                     camp.document(finished=finished, session=session, live_workers=live))
+    def save(self, finished=False) -> None:
+        self.session["seconds"] = round(time.monotonic() - self.t0, 1)
+        live = [dict(w.stats, seconds=round(w.stats["seconds"], 3)) for w in self.workers]
+        _atomic_json(os.path.join(self.camp.dir, "campaign.json"),
+                     self.camp.document(finished=finished, session=self.session, live_workers=live))
 
-    def item_of(g: int) -> dict:
-        r, j = divmod(g, R)
-        spec, cid, target = rows[j]
-        left = end - time.monotonic()
-        return {"g": g, "round": r, "seed": base_seed + r, "subject": spec, "contract": cid, "target": target,
-                "profile": camp.config["profile"], "budget": round(max(0.5, min(per_row, left)), 3),
-                "grace": round(max(1.0, min(10.0, left - min(per_row, left))), 3)}
+    def on_ready(self, w: Worker) -> None:
+        self.start_failures = 0
+        w.stats["status"] = "idle"
 
-    def finish_item(w: Worker, status_out: dict) -> None:
+    def on_done(self, w: Worker, msg: dict) -> None:
+        self.finish_item(w, msg)
+        w.stats["status"] = "idle"
+
+    # --- answers ---------------------------------------------------------------------------------------------------
+
+    def _failure_of(self, w: Worker, status_out: dict, rec: dict) -> "dict | None":
         it = w.item
-        spec, cid, target = rows[it["g"] % R]
-        label = labels.get(spec, spec)
-        rec = {"g": it["g"], "round": it["round"], "seed": it["seed"], "key": _row_key((label, cid, target)),
-               "worker": w.id, "cases": 0, "seconds": round(time.monotonic() - w.item_started, 3), "status": None,
-               "started": round(w.item_wall, 3), "signature": None, "failure": None}
-        failure = None
+        _, cid, target, label = self._row_of(it)
         if "row" in status_out:
             row = status_out["row"]
             rec["cases"], rec["status"] = row["cases"], row["status"]
             rec["first_violation"] = row.get("first_violation")
-            if row["status"] in ("fail", "error"):
-                failure = {"contract": cid, "target": target, "subject": label, "status": row["status"],
-                           "reason": row["reason"], "violations": row["violations"][:5],
-                           "first_violation": row.get("first_violation")}
-                if row.get("repro") and os.path.exists(row["repro"]):
-                    failure["repro"] = _keep_repro(camp.dir, row["repro"], cid, target, label, it["round"])
-        elif "error" in status_out:
+            if row["status"] not in ("fail", "error"):
+                return None
+            failure = {"contract": cid, "target": target, "subject": label, "status": row["status"],
+                       "reason": row["reason"], "violations": row["violations"][:5],
+                       "first_violation": row.get("first_violation")}
+            if row.get("repro") and os.path.exists(row["repro"]):
+                failure["repro"] = _keep_repro(self.camp.dir, row["repro"], cid, target, label, it["round"])
+            return failure
+        if "error" in status_out:
             rec["status"] = "error"
-            failure = {"contract": cid, "target": target, "subject": label, "status": "error",
-                       "reason": f"the worker could not run the row: {status_out['error']}", "violations": [],
-                       "detail": status_out.get("traceback", "")}
-        else:  # crash or hang: recorded by the supervisor
-            rec["status"] = status_out["status"]
-            rec["cases"] = status_out.get("cases", 0)
-            failure = status_out["failure"]
+            return {"contract": cid, "target": target, "subject": label, "status": "error",
+                    "reason": f"the worker could not run the row: {status_out['error']}", "violations": [],
+                    "detail": status_out.get("traceback", "")}
+        rec["status"] = status_out["status"]  # crash or hang: recorded by the supervisor
+        rec["cases"] = status_out.get("cases", 0)
+        return status_out["failure"]
+
+    def finish_item(self, w: Worker, status_out: dict) -> None:
+        it, camp = w.item, self.camp
+        _, cid, target, label = self._row_of(it)
+        rec = {"g": it["g"], "round": it["round"], "seed": it["seed"], "key": _row_key((label, cid, target)),
+               "worker": w.id, "cases": 0, "seconds": round(time.monotonic() - w.item_started, 3), "status": None,
+               "started": round(w.item_wall, 3), "signature": None, "failure": None}
+        failure = self._failure_of(w, status_out, rec)
         if failure is not None:
             failure.setdefault("repro", None)
             failure.update(round=it["round"], seed=it["seed"], worker=w.id)
@@ -466,141 +531,153 @@ def _supervise(camp: Campaign, budget, jobs, shard_t, case_timeout, env_extra, l
         w.stats["seconds"] += rec["seconds"]
         w.item = None
         if new is not None:
-            stream.write(f"NEW {new['status'].upper()}: {rec['key']} (worker {w.id}, round {it['round']}): "
-                         f"{new['reason'][:200]}" + (f"\n    replay: smv repro {new['repro']}" if new['repro']
-                                                    else "") + "\n")
-        done_round = it["round"]
-        if all((done_round * R + j) in camp.done for j in range(R) if (done_round * R + j) % n == k - 1):
-            total = sum(camp.cases.values())
-            stream.write(f"round {done_round + 1}: {total} cases so far, {len(camp.failures)} distinct failures, "
-                         f"{max(0.0, end - time.monotonic()):.0f}s left\n")
-        stream.flush()
-        save()
+            self.stream.write(f"NEW {new['status'].upper()}: {rec['key']} (worker {w.id}, round {it['round']}): "
+                              f"{new['reason'][:200]}" + (f"\n    replay: smv repro {new['repro']}" if new['repro']
+                                                         else "") + "\n")
+        self._round_line(it["round"])
+        self.stream.flush()
+        self.save()
 
-    def on_ready(w: Worker) -> None:
-        start_failures[0] = 0
-        w.stats["status"] = "idle"
+    def _round_line(self, done_round: int) -> None:
+        R, camp = self.R, self.camp
+        if all((done_round * R + j) in camp.done for j in range(R) if (done_round * R + j) % self.n == self.k - 1):
+            self.stream.write(f"round {done_round + 1}: {sum(camp.cases.values())} cases so far, "
+                              f"{len(camp.failures)} distinct failures, "
+                              f"{max(0.0, self.end - time.monotonic()):.0f}s left\n")
 
-    def on_done(w: Worker, msg: dict) -> None:
-        finish_item(w, msg)
-        w.stats["status"] = "idle"
-
-    def crash_or_hang(w: Worker, what: str) -> dict:
+    def crash_or_hang(self, w: Worker, what: str) -> dict:
         it = w.item
-        spec, cid, target = rows[it["g"] % R]
-        label = labels.get(spec, spec)
-        reason, repro = w.lost(what, limits[cid], os.path.join(
-            camp.dir, "repro", f"{cid}-{target}" + _label_suffix(label) + f"-{what}-item{it['g']}.json"),
+        spec, cid, target, label = self._row_of(it)
+        reason, repro = w.lost(what, self.limits[cid], os.path.join(
+            self.camp.dir, "repro", f"{cid}-{target}" + _label_suffix(label) + f"-{what}-item{it['g']}.json"),
             cid, target, label, spec)
         failure = {"contract": cid, "target": target, "subject": label, "status": what, "reason": reason,
                    "violations": [{"message": reason, "where": "", "expected": "a verdict", "got": what}],
                    "repro": repro, "log_tail": w.log_tail(800)}
         return {"status": what, "cases": w.counts(), "failure": failure}
 
-    def on_signal(signum, frame):
-        interrupted["why"] = signal.Signals(signum).name
+    # --- the loop ----------------------------------------------------------------------------------------------------
+
+    def _hand_out(self) -> None:
+        """Give idle, ready workers the next items; note when every row is retired."""
+        for w in self.workers:
+            if not (w.ready and w.item is None and self._accepting()):
+                continue
+            g = self.retry.pop(0) if self.retry else next(self.pending, None)
+            if g is None:
+                if not self.exhausted:
+                    self.exhausted = True
+                    self.stream.write("smv fuzz: every row fails the same way again and again (retired after "
+                                      f"{RETIRE_AFTER} in a row): nothing more to learn, ending early\n")
+                return
+            w.stats["status"] = "running"
+            w.start_item(self.item_of(g))
+
+    def _accepting(self) -> bool:
+        return self.end - time.monotonic() >= 0.5 and not self.exhausted
+
+    def _lost_worker(self, w: Worker, hung: bool) -> None:
+        """A worker that died or hung: its item is a crash or a hang, or runs again when the signal came from
+        outside (once); a worker that never became ready three times over ends the campaign."""
+        if hung:
+            w.kill()
+        if (not hung and w.item is not None and w.proc.returncode in OUTSIDE_SIGNALS
+                and w.item["g"] not in self.requeued):
+            # a signal a kernel bug does not raise: someone (a user, the OOM killer) stopped the worker; its row
+            # runs again on a new worker, once, and is a crash only if that happens twice
+            self.requeued.add(w.item["g"])
+            self.retry.append(w.item["g"])
+            self.stream.write(f"smv fuzz: worker {w.id} was killed from outside "
+                              f"({_signal_name(w.proc.returncode)}) while checking "
+                              f"{self.keys[w.item['g'] % self.R]}; the row runs again\n")
+            w.item = None
+            self.retire(w, "killed")
+        elif w.item is not None:
+            what = "hang" if hung else "crash"
+            self.finish_item(w, self.crash_or_hang(w, what))
+            self.retire(w, "hung" if hung else "crashed")
+        else:
+            how = _signal_name(w.proc.returncode) if w.proc.returncode is not None else "no answer"
+            self.stream.write(f"smv fuzz: worker {w.id} died before taking a row ({how}); log: "
+                              f"{os.path.join(w.dir, 'worker.log')}\n")
+            self.retire(w, "crashed")
+            if not w.ready:
+                self.start_failures += 1
+                if self.start_failures >= 3:
+                    raise start_error(w)
+        self._replace(w)
+
+    def _replace(self, w: Worker) -> None:
+        unwatch(self.sel, w)
+        w.kill()
+        self.workers.remove(w)
+        if self.end - time.monotonic() >= 0.5:
+            nw = self.spawn(w.slot)
+            self.stream.write(f"smv fuzz: started worker {nw.id} on {nw.device_name} in place of {w.id}\n")
+        self.save()
+
+    def _check_workers(self) -> None:
+        for w in list(self.workers):
+            dead = w.proc.poll() is not None
+            hung = not dead and w.stalled(
+                self.limits[self.rows[w.item["g"] % self.R][1]] if w.item is not None else 0.0,
+                w.item["budget"] + w.item["grace"] if w.item is not None else 0.0)
+            if dead or hung:
+                self._lost_worker(w, hung)
+
+    def _beat(self, last: float) -> float:
+        if time.monotonic() - last <= 60:
+            return last
+        busy = sum(1 for w in self.workers if w.item)
+        self.stream.write(f"smv fuzz: {time.monotonic() - self.t0:.0f}s of {self.budget:.0f}s: "
+                          f"{sum(self.camp.cases.values())} cases, {len(self.camp.failures)} distinct failures, "
+                          f"{busy} of {len(self.workers)} workers busy\n")
+        self.stream.flush()
+        return time.monotonic()
+
+    def _loop(self) -> None:
+        for slot in range(self.n_jobs):
+            self.spawn(slot)
+        self.save()
+        last_beat = time.monotonic()
+        while self._accepting() or any(w.item for w in self.workers):
+            self._hand_out()
+            poll_answers(self.sel, self.on_ready, self.on_done)
+            self._check_workers()
+            last_beat = self._beat(last_beat)
+        self.session["ended"] = "retired" if self.exhausted else "budget"
+
+    def _on_signal(self, signum, frame):
+        self.interrupted = signal.Signals(signum).name
         raise KeyboardInterrupt
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
-    sel = selectors.DefaultSelector()
-    last_beat = time.monotonic()
-    try:
-        for slot in range(n_jobs):
-            w = spawn(slot)
-            w.slot = slot
-            workers.append(w)
-            sel.register(w.proc.stdout, selectors.EVENT_READ, w)
-        save()
-        while True:
-            now = time.monotonic()
-            accepting = end - now >= 0.5 and not exhausted[0]
-            if not accepting and not any(w.item for w in workers):
-                break
-            # hand items to idle, ready workers
-            for w in workers:
-                if w.ready and w.item is None and accepting and end - time.monotonic() >= 0.5:
-                    g = retry.pop(0) if retry else next(pending, None)
-                    if g is None:
-                        accepting = False
-                        if not exhausted[0]:
-                            exhausted[0] = True
-                            stream.write("smv fuzz: every row fails the same way again and again (retired after "
-                                         f"{RETIRE_AFTER} in a row): nothing more to learn, ending early\n")
-                        break
-                    w.stats["status"] = "running"
-                    w.start_item(item_of(g))
-            poll_answers(sel, on_ready, on_done)
-            # deaths and hangs
-            for i, w in enumerate(list(workers)):
-                dead = w.proc.poll() is not None
-                hung = not dead and w.stalled(
-                    limits[rows[w.item["g"] % R][1]] if w.item is not None else 0.0,
-                    w.item["budget"] + w.item["grace"] if w.item is not None else 0.0)
-                if not (dead or hung):
-                    continue
-                if hung:
-                    w.kill()
-                outside = (not hung and w.item is not None and w.proc.returncode in OUTSIDE_SIGNALS
-                           and w.item["g"] not in requeued)
-                if outside:
-                    # a signal a kernel bug does not raise: someone (a user, the OOM killer) stopped the worker;
-                    # its row runs again on a new worker, once, and is a crash only if that happens twice
-                    requeued.add(w.item["g"])
-                    retry.append(w.item["g"])
-                    stream.write(f"smv fuzz: worker {w.id} was killed from outside "
-                                 f"({_signal_name(w.proc.returncode)}) while checking {keys[w.item['g'] % R]}; "
-                                 f"the row runs again\n")
-                    w.item = None
-                    retire(w, "killed")
-                elif w.item is not None:
-                    what = "hang" if hung else "crash"
-                    finish_item(w, crash_or_hang(w, what))
-                    retire(w, "hung" if hung else "crashed")
-                else:
-                    how = _signal_name(w.proc.returncode) if w.proc.returncode is not None else "no answer"
-                    stream.write(f"smv fuzz: worker {w.id} died before taking a row ({how}); log: "
-                                 f"{os.path.join(w.dir, 'worker.log')}\n")
-                    retire(w, "crashed")
-                    if not w.ready:
-                        start_failures[0] += 1
-                        if start_failures[0] >= 3:
-                            raise start_error(w)
-                unwatch(sel, w)
-                w.kill()
-                workers.remove(w)
-                if end - time.monotonic() >= 0.5:
-                    nw = spawn(w.slot)
-                    nw.slot = w.slot
-                    workers.append(nw)
-                    sel.register(nw.proc.stdout, selectors.EVENT_READ, nw)
-                    stream.write(f"smv fuzz: started worker {nw.id} on {nw.device_name} in place of {w.id}\n")
-                save()
-            if time.monotonic() - last_beat > 60:
-                last_beat = time.monotonic()
-                busy = sum(1 for w in workers if w.item)
-                stream.write(f"smv fuzz: {time.monotonic() - t0:.0f}s of {budget:.0f}s: {sum(camp.cases.values())} "
-                             f"cases, {len(camp.failures)} distinct failures, {busy} of {len(workers)} workers "
-                             f"busy\n")
-                stream.flush()
-        session["ended"] = "retired" if exhausted[0] else "budget"
-    except KeyboardInterrupt:
-        session["ended"] = interrupted["why"] or "SIGINT"
-        stream.write(f"smv fuzz: interrupted ({session['ended']}); the campaign so far is saved, run the same "
-                     f"command again to resume it\n")
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        stop_workers(workers)
-        for w in workers:
+    def run(self) -> tuple[dict, int]:
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            self._loop()
+        except KeyboardInterrupt:
+            self.session["ended"] = self.interrupted or "SIGINT"
+            self.stream.write(f"smv fuzz: interrupted ({self.session['ended']}); the campaign so far is saved, run "
+                              f"the same command again to resume it\n")
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            doc = self._close()
+        return doc, (1 if doc["failures"] else 0)
+
+    def _close(self) -> dict:
+        camp = self.camp
+        stop_workers(self.workers)
+        for w in self.workers:
             w.stats["status"] = "interrupted" if w.item is not None else "exited"
-            retire(w, w.stats["status"])
-        workers.clear()
-        camp.sessions.append(dict(session, seconds=round(time.monotonic() - t0, 1)))
+            self.retire(w, w.stats["status"])
+        self.workers.clear()
+        camp.sessions.append(dict(self.session, seconds=round(time.monotonic() - self.t0, 1)))
         camp.journal.append({"session": camp.sessions[-1]})
-        doc = camp.document(finished=session["ended"] in ("budget", "retired"), session=camp.sessions.pop(),
+        doc = camp.document(finished=self.session["ended"] in ("budget", "retired"), session=camp.sessions.pop(),
                             live_workers=[])
         _atomic_json(os.path.join(camp.dir, "campaign.json"), doc)
-    return doc, (1 if doc["failures"] else 0)
+        return doc
 
 
 def shard_of(g: int, rows: int, shards: int) -> int:
@@ -622,25 +699,41 @@ def _keep_repro(report_dir: str, src: str, cid: str, target: str, label: str, rn
 # --- merge -----------------------------------------------------------------------------------------------------
 
 
+def _load_campaign(d: str) -> dict:
+    path = os.path.join(d, "campaign.json")
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"merge: {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"merge: {path}: not valid JSON: {exc.msg}") from None
+    if not isinstance(doc, dict) or doc.get("schema_version") not in (3, CAMPAIGN_SCHEMA_VERSION):
+        raise ValueError(f"merge: {path}: not a campaign.json of schema 3 or {CAMPAIGN_SCHEMA_VERSION}")
+    return doc
+
+
+def _first_failure(f: dict, sig: str, d: str, tag: str, out_dir: str) -> dict:
+    """A failure's merged entry where it is first met, its reproducer copied into ``OUT/repro/``."""
+    g = dict(f, signature=sig, found_in=[d], occurrences=f.get("occurrences", 1), shard=tag)
+    src = f.get("repro")
+    if src and not os.path.isabs(src) and not os.path.exists(src):
+        src = os.path.join(d, "repro", os.path.basename(src))
+    if src and os.path.exists(src):
+        dst = os.path.join(out_dir, "repro", re.sub(r"[^A-Za-z0-9.]+", "-", tag).strip("-") + "-"
+                           + os.path.basename(src))
+        shutil.copyfile(src, dst)
+        g["repro"] = dst
+    return g
+
+
 def merge_campaigns(dirs: list[str], out_dir: str) -> dict:
     """One ``OUT/campaign.json`` from the shards' report directories: cases and throughput summed, workers listed
     under their shard, failures deduplicated by :func:`failure_signature` (occurrences summed, ``found_in`` naming
     each directory), every kept reproducer copied into ``OUT/repro/``."""
     if not dirs:
         raise ValueError("merge: expected one or more campaign report directories")
-    docs = []
-    for d in dirs:
-        path = os.path.join(d, "campaign.json")
-        try:
-            with open(path) as fh:
-                doc = json.load(fh)
-        except OSError as exc:
-            raise ValueError(f"merge: {path}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"merge: {path}: not valid JSON: {exc.msg}") from None
-        if not isinstance(doc, dict) or doc.get("schema_version") not in (3, CAMPAIGN_SCHEMA_VERSION):
-            raise ValueError(f"merge: {path}: not a campaign.json of schema 3 or {CAMPAIGN_SCHEMA_VERSION}")
-        docs.append((d, doc))
+    docs = [(d, _load_campaign(d)) for d in dirs]
     os.makedirs(os.path.join(out_dir, "repro"), exist_ok=True)
     cases: dict[str, int] = {}
     row_seconds: dict[str, float] = {}
@@ -661,17 +754,8 @@ def merge_campaigns(dirs: list[str], out_dir: str) -> dict:
                 by_sig[sig]["occurrences"] += f.get("occurrences", 1)
                 by_sig[sig]["found_in"].append(d)
                 continue
-            g = dict(f, signature=sig, found_in=[d], occurrences=f.get("occurrences", 1), shard=tag)
-            src = f.get("repro")
-            if src and not os.path.isabs(src) and not os.path.exists(src):
-                src = os.path.join(d, "repro", os.path.basename(src))
-            if src and os.path.exists(src):
-                dst = os.path.join(out_dir, "repro", re.sub(r"[^A-Za-z0-9.]+", "-", tag).strip("-") + "-"
-                                   + os.path.basename(src))
-                shutil.copyfile(src, dst)
-                g["repro"] = dst
-            by_sig[sig] = g
-            failures.append(g)
+            by_sig[sig] = _first_failure(f, sig, d, tag, out_dir)
+            failures.append(by_sig[sig])
     seconds = max((doc.get("seconds", 0.0) for _, doc in docs), default=0.0)
     total = sum(cases.values())
     merged = {"schema_version": CAMPAIGN_SCHEMA_VERSION, "merged_from": [

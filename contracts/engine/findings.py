@@ -41,10 +41,7 @@ problem is a :class:`FindingsError` naming the file, the finding and the field.
 """
 from __future__ import annotations
 
-import ast
 import fnmatch
-import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -239,12 +236,7 @@ def _functions(path, where, value) -> tuple:
     return tuple(out)
 
 
-def parse(doc: dict, path: str = "findings.toml", *, known_contracts=None) -> list[Finding]:
-    """The findings of a decoded TOML document, validated (see the module docstring). ``known_contracts``, when
-    given, is the set of registered contract ids: a finding for any other contract is an error (a rename or a
-    typo would otherwise make it silently apply to nothing)."""
-    from impl.targets import TARGET_NAMES
-
+def _schema_of(doc: dict, path: str) -> int:
     extra = sorted(set(doc) - {"schema_version", "finding"})
     if extra:
         raise FindingsError(f"{path}: unknown top-level key {extra[0]!r} (expected schema_version and [[finding]] "
@@ -255,8 +247,73 @@ def parse(doc: dict, path: str = "findings.toml", *, known_contracts=None) -> li
     if isinstance(version, bool) or version not in FINDINGS_READS:
         raise FindingsError(f"{path}: schema_version {version!r} is not supported (this suite reads "
                             f"{' and '.join(map(str, FINDINGS_READS))})")
+    return version
+
+
+def _check_fields(t: dict, path: str, where: str, version: int) -> None:
+    """The table's field names and string fields, against the schema ``version`` reads."""
     required, optional = (REQUIRED_V1, OPTIONAL_V1) if version == 1 else (REQUIRED, OPTIONAL)
     renamed = {"versions": "confirmed_in"} if version != 1 else {"confirmed_in": "versions"}
+    unknown = sorted(set(t) - set(required) - set(optional))
+    if unknown:
+        hint = (f"schema_version {version} calls it {renamed[unknown[0]]!r}" if unknown[0] in renamed else
+                f"schema_version {version} fields: {', '.join(required + optional)}")
+        raise FindingsError(f"{path}: {where}: unknown field {unknown[0]!r} ({hint})")
+    missing = [k for k in required if k not in t]
+    if missing:
+        raise FindingsError(f"{path}: {where}: missing field {missing[0]!r}"
+                            + (f" (and {', '.join(missing[1:])})" if missing[1:] else ""))
+    for key in ("id", "title", "kind", "contract", "function", "repro", "notes"):
+        if key in t and (not isinstance(t[key], str) or not t[key].strip()):
+            raise FindingsError(f"{path}: {where}: field {key!r} must be a non-empty string, got {t[key]!r}")
+
+
+def _check_names(t: dict, path: str, where: str, seen: set, known_contracts) -> None:
+    """The finding's id (well formed, unused), kind and contract (registered, when the registry is given)."""
+    fid = t["id"]
+    if not _ID_RE.match(fid):
+        raise FindingsError(f"{path}: {where}: field 'id' must be a letter then letters, digits, '.', '_' or "
+                            f"'-', got {fid!r}")
+    if fid in seen:
+        raise FindingsError(f"{path}: {where}: field 'id': {fid!r} is used by an earlier finding")
+    seen.add(fid)
+    if t["kind"] not in KINDS:
+        raise FindingsError(f"{path}: {where}: field 'kind' must be one of {', '.join(KINDS)}, got {t['kind']!r}")
+    if not _CONTRACT_RE.match(t["contract"]):
+        raise FindingsError(f"{path}: {where}: field 'contract' must be a contract id, got {t['contract']!r}")
+    if known_contracts is not None and t["contract"] not in known_contracts:
+        raise FindingsError(f"{path}: {where}: field 'contract': no contract {t['contract']!r} is registered")
+
+
+def _parse_one(t: dict, path: str, where: str, version: int) -> Finding:
+    from impl.targets import TARGET_NAMES
+
+    subjects = _str_list(path, where, "subjects", t["subjects"])
+    confirmed_in = _str_list(path, where, "versions" if version == 1 else "confirmed_in",
+                             t["versions" if version == 1 else "confirmed_in"])
+    targets = _str_list(path, where, "targets", t["targets"])
+    bad = [x for x in targets if x not in TARGET_NAMES]
+    if bad:
+        raise FindingsError(f"{path}: {where}: field 'targets': unknown target {bad[0]!r} (targets: "
+                            f"{', '.join(TARGET_NAMES)})")
+    functions = _functions(path, where, t["functions"]) if "functions" in t else ()
+    patterns = []
+    for s in _str_list(path, where, "signature", t["signature"]):
+        try:
+            patterns.append(re.compile(s))
+        except re.error as exc:
+            raise FindingsError(f"{path}: {where}: field 'signature': {s!r} is not a valid regular expression "
+                                f"({exc})") from None
+    return Finding(t["id"], t["title"], t["kind"], t["contract"], subjects, confirmed_in, targets, t["function"],
+                   tuple(patterns), t.get("repro", ""), t.get("notes", ""), functions,
+                   os.path.abspath(path) if path else "")
+
+
+def parse(doc: dict, path: str = "findings.toml", *, known_contracts=None) -> list[Finding]:
+    """The findings of a decoded TOML document, validated (see the module docstring). ``known_contracts``, when
+    given, is the set of registered contract ids: a finding for any other contract is an error (a rename or a
+    typo would otherwise make it silently apply to nothing)."""
+    version = _schema_of(doc, path)
     tables = doc.get("finding", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise FindingsError(f"{path}: 'finding' must be an array of tables ([[finding]])")
@@ -265,49 +322,9 @@ def parse(doc: dict, path: str = "findings.toml", *, known_contracts=None) -> li
     for i, t in enumerate(tables, 1):
         fid = t.get("id")
         where = f"finding #{i}" + (f" ({fid})" if isinstance(fid, str) else "")
-        unknown = sorted(set(t) - set(required) - set(optional))
-        if unknown:
-            hint = (f"schema_version {version} calls it {renamed[unknown[0]]!r}" if unknown[0] in renamed else
-                    f"schema_version {version} fields: {', '.join(required + optional)}")
-            raise FindingsError(f"{path}: {where}: unknown field {unknown[0]!r} ({hint})")
-        missing = [k for k in required if k not in t]
-        if missing:
-            raise FindingsError(f"{path}: {where}: missing field {missing[0]!r}"
-                                + (f" (and {', '.join(missing[1:])})" if missing[1:] else ""))
-        for key in ("id", "title", "kind", "contract", "function", "repro", "notes"):
-            if key in t and (not isinstance(t[key], str) or not t[key].strip()):
-                raise FindingsError(f"{path}: {where}: field {key!r} must be a non-empty string, got {t[key]!r}")
-        if not _ID_RE.match(fid):
-            raise FindingsError(f"{path}: {where}: field 'id' must be a letter then letters, digits, '.', '_' or "
-                                f"'-', got {fid!r}")
-        if fid in seen:
-            raise FindingsError(f"{path}: {where}: field 'id': {fid!r} is used by an earlier finding")
-        seen.add(fid)
-        if t["kind"] not in KINDS:
-            raise FindingsError(f"{path}: {where}: field 'kind' must be one of {', '.join(KINDS)}, got {t['kind']!r}")
-        if not _CONTRACT_RE.match(t["contract"]):
-            raise FindingsError(f"{path}: {where}: field 'contract' must be a contract id, got {t['contract']!r}")
-        if known_contracts is not None and t["contract"] not in known_contracts:
-            raise FindingsError(f"{path}: {where}: field 'contract': no contract {t['contract']!r} is registered")
-        subjects = _str_list(path, where, "subjects", t["subjects"])
-        confirmed_in = _str_list(path, where, "versions" if version == 1 else "confirmed_in",
-                                 t["versions" if version == 1 else "confirmed_in"])
-        targets = _str_list(path, where, "targets", t["targets"])
-        bad = [x for x in targets if x not in TARGET_NAMES]
-        if bad:
-            raise FindingsError(f"{path}: {where}: field 'targets': unknown target {bad[0]!r} (targets: "
-                                f"{', '.join(TARGET_NAMES)})")
-        functions = _functions(path, where, t["functions"]) if "functions" in t else ()
-        patterns = []
-        for s in _str_list(path, where, "signature", t["signature"]):
-            try:
-                patterns.append(re.compile(s))
-            except re.error as exc:
-                raise FindingsError(f"{path}: {where}: field 'signature': {s!r} is not a valid regular expression "
-                                    f"({exc})") from None
-        out.append(Finding(fid, t["title"], t["kind"], t["contract"], subjects, confirmed_in, targets, t["function"],
-                           tuple(patterns), t.get("repro", ""), t.get("notes", ""), functions,
-                           os.path.abspath(path) if path else ""))
+        _check_fields(t, path, where, version)
+        _check_names(t, path, where, seen, known_contracts)
+        out.append(_parse_one(t, path, where, version))
     return out
 
 
