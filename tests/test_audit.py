@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 
-from contracts import core, reports
+from contracts import core
+from contracts.engine import reports
 from contracts.engine.audit import run_audit
 from contracts.cli.smv import main as smv
 from contracts.zoo.runner import CODE_FOLDERS, default_root
