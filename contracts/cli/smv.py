@@ -662,6 +662,28 @@ def cmd_subject_show(args) -> int:
     return 0
 
 
+def cmd_findings_export(args) -> int:
+    """A finding as a maintainer receives it: a standalone script and an issue text."""
+    from contracts.engine import findings as known_findings
+    from contracts.engine.findings_export import ExportError, export
+
+    try:
+        fs = {f.id: f for f in known_findings.load(args.findings)}
+    except known_findings.FindingsError as exc:
+        raise UsageError(_one_line(exc)) from None
+    if args.id not in fs:
+        raise UsageError(f"no finding {args.id!r} (findings: {', '.join(sorted(fs))})")
+    if args.vllm_tree and not os.path.isdir(os.path.join(args.vllm_tree, "vllm")):
+        raise UsageError(f"--vllm-tree {args.vllm_tree}: no vllm/ folder there")
+    try:
+        paths = export(fs[args.id], args.to, args.vllm_tree)
+    except ExportError as exc:
+        raise UsageError(_one_line(exc)) from None
+    print("wrote " + " and ".join(paths))
+    print(f"run: python {paths[0]}" + ("" if args.vllm_tree else " --vllm-tree PATH   (or with vLLM installed)"))
+    return 0
+
+
 def cmd_findings_check(args) -> int:
     """Replay every known finding's stored reproducer under one subject; exit 0 whatever the statuses, 2 when the
     subject or the findings file cannot be loaded."""
@@ -834,6 +856,14 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("--findings", metavar="FILE", help="known findings (default: the suite's findings.toml); the "
                     "reproducers are FILE's folder's findings/<id>.json")
     fc.set_defaults(func=cmd_findings_check)
+    fx = fis.add_parser("export", help="write DIR/repro.py (needs only torch, triton and vLLM or a tree) and "
+                                       "DIR/ISSUE.md for a finding")
+    fx.add_argument("id", metavar="ID")
+    fx.add_argument("--to", required=True, metavar="DIR", help="the folder to write")
+    fx.add_argument("--vllm-tree", metavar="PATH", help="the vLLM tree the script runs against by default (a "
+                    "checkout or unpacked wheel; default: the installed vllm)")
+    fx.add_argument("--findings", metavar="FILE", help="known findings (default: the suite's findings.toml)")
+    fx.set_defaults(func=cmd_findings_export)
     from contracts.cli import bench
 
     bench.add_parser(sub)
