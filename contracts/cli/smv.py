@@ -684,6 +684,46 @@ def cmd_findings_export(args) -> int:
     return 0
 
 
+def cmd_findings_render(args) -> int:
+    """FINDINGS.md from its sources; ``--check`` says whether the file on disk is what they give."""
+    from contracts.engine import findings as known_findings
+    from contracts.engine.findings_render import lifecycle_from_audits, lifecycle_path, render
+
+    path = args.findings or known_findings.default_path()
+    try:
+        fs = known_findings.load(path)
+    except known_findings.FindingsError as exc:
+        raise UsageError(_one_line(exc)) from None
+    life = None
+    if args.audit:
+        docs = []
+        for a in args.audit:
+            try:
+                with open(a) as fh:
+                    docs.append(json.load(fh))
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"--audit {a}: {_one_line(exc)}") from None
+        life = lifecycle_from_audits(docs)
+    text = render(fs, path, life)
+    target = args.to or os.path.join(os.path.dirname(os.path.abspath(path)), "FINDINGS.md")
+    if args.check:
+        try:
+            with open(target, encoding="utf-8") as fh:
+                same = fh.read() == text
+        except OSError:
+            same = False
+        print(f"{target} is {'up to date' if same else 'stale: run smv findings render'}")
+        return 0 if same else 1
+    if life is not None:
+        with open(lifecycle_path(path), "w", encoding="utf-8") as fh:
+            json.dump(life, fh, indent=1)
+            fh.write("\n")
+    with open(target, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    print(f"wrote {target} ({len(fs)} findings)")
+    return 0
+
+
 def cmd_findings_check(args) -> int:
     """Replay every known finding's stored reproducer under one subject; exit 0 whatever the statuses, 2 when the
     subject or the findings file cannot be loaded."""
@@ -864,6 +904,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "checkout or unpacked wheel; default: the installed vllm)")
     fx.add_argument("--findings", metavar="FILE", help="known findings (default: the suite's findings.toml)")
     fx.set_defaults(func=cmd_findings_export)
+    fr = fis.add_parser("render", help="write FINDINGS.md from findings.toml, findings/notes/ and the latest "
+                                       "audits (findings/lifecycle.json)")
+    fr.add_argument("--to", metavar="FILE", help="where to write (default: FINDINGS.md beside findings.toml)")
+    fr.add_argument("--check", action="store_true", help="write nothing; exit 1 when the file differs")
+    fr.add_argument("--audit", action="append", metavar="FILE", help="audit.json whose rows refresh which subjects "
+                    "showed each finding (findings/lifecycle.json; repeatable)")
+    fr.add_argument("--findings", metavar="FILE", help="known findings (default: the suite's findings.toml)")
+    fr.set_defaults(func=cmd_findings_render)
     from contracts.cli import bench
 
     bench.add_parser(sub)

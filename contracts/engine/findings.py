@@ -54,14 +54,22 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 #: 2: ``confirmed_in`` (was ``versions``) and ``functions``; a schema-1 file still loads
-FINDINGS_SCHEMA_VERSION = 2
-FINDINGS_READS = (1, 2)
+#: 3: what a maintainer needs: ``reach``, ``severity``, ``consequence``, ``policy`` (required) and ``fixed_in``
+FINDINGS_SCHEMA_VERSION = 3
+FINDINGS_READS = (1, 2, 3)
 #: ``smv findings check --json``
 CHECK_SCHEMA_VERSION = 1
 CHECK_STATUSES = ("present", "fixed", "not_applicable", "no_reproducer", "error")
 KINDS = ("upstream-bug", "semantic-difference")
 REQUIRED = ("id", "title", "kind", "contract", "subjects", "confirmed_in", "targets", "function", "signature")
 OPTIONAL = ("functions", "repro", "notes")
+#: schema 3's additions: every finding says how production reaches it and what follows
+REQUIRED_V3 = REQUIRED + ("reach", "severity", "consequence", "policy")
+OPTIONAL_V3 = OPTIONAL + ("fixed_in",)
+#: how a finding's (or a violation's) case is reached: inputs upstream's own callers produce; inputs outside them
+#: the function's signature and docstring still allow; corrupt or foreign data
+REACH_CLASSES = ("production", "caller-contract", "adversarial")
+SEVERITIES = ("crash", "memory-corruption", "wrong-result", "performance", "none")
 #: schema 1's fields: ``versions`` where schema 2 has ``confirmed_in``, no ``functions``
 REQUIRED_V1 = ("id", "title", "kind", "contract", "subjects", "versions", "targets", "function", "signature")
 OPTIONAL_V1 = ("repro", "notes")
@@ -143,6 +151,13 @@ class Finding:
     functions: tuple = ()  # FunctionRef
     #: the findings file it was read from (its reproducer lies beside it)
     source: str = ""
+    #: schema 3: how production reaches it (:data:`REACH_CLASSES`), what it costs (:data:`SEVERITIES`), the one
+    #: sentence a maintainer checks against the code, whether upstream chose it on purpose, the releases that fixed it
+    reach: str = ""
+    severity: str = ""
+    consequence: str = ""
+    policy: bool = False
+    fixed_in: tuple = ()
 
     @property
     def versions(self) -> tuple:
@@ -184,7 +199,8 @@ class Finding:
                 "subjects": list(self.subjects), "confirmed_in": list(self.confirmed_in),
                 "targets": list(self.targets), "function": self.function,
                 "functions": [f.as_json() for f in self.functions],
-                "signature": [p.pattern for p in self.signature]}
+                "signature": [p.pattern for p in self.signature], "reach": self.reach, "severity": self.severity,
+                "consequence": self.consequence, "policy": self.policy, "fixed_in": list(self.fixed_in)}
 
 
 def default_path() -> str:
@@ -252,7 +268,8 @@ def _schema_of(doc: dict, path: str) -> int:
 
 def _check_fields(t: dict, path: str, where: str, version: int) -> None:
     """The table's field names and string fields, against the schema ``version`` reads."""
-    required, optional = (REQUIRED_V1, OPTIONAL_V1) if version == 1 else (REQUIRED, OPTIONAL)
+    required, optional = {1: (REQUIRED_V1, OPTIONAL_V1), 2: (REQUIRED, OPTIONAL)}.get(version,
+                                                                                     (REQUIRED_V3, OPTIONAL_V3))
     renamed = {"versions": "confirmed_in"} if version != 1 else {"confirmed_in": "versions"}
     unknown = sorted(set(t) - set(required) - set(optional))
     if unknown:
@@ -263,7 +280,7 @@ def _check_fields(t: dict, path: str, where: str, version: int) -> None:
     if missing:
         raise FindingsError(f"{path}: {where}: missing field {missing[0]!r}"
                             + (f" (and {', '.join(missing[1:])})" if missing[1:] else ""))
-    for key in ("id", "title", "kind", "contract", "function", "repro", "notes"):
+    for key in ("id", "title", "kind", "contract", "function", "repro", "notes", "consequence"):
         if key in t and (not isinstance(t[key], str) or not t[key].strip()):
             raise FindingsError(f"{path}: {where}: field {key!r} must be a non-empty string, got {t[key]!r}")
 
@@ -283,6 +300,28 @@ def _check_names(t: dict, path: str, where: str, seen: set, known_contracts) -> 
         raise FindingsError(f"{path}: {where}: field 'contract' must be a contract id, got {t['contract']!r}")
     if known_contracts is not None and t["contract"] not in known_contracts:
         raise FindingsError(f"{path}: {where}: field 'contract': no contract {t['contract']!r} is registered")
+
+
+def _triage(t: dict, path: str, where: str) -> dict:
+    """Schema 3's fields, checked: a policy is a semantic difference, never an upstream bug."""
+    if "reach" not in t:
+        return {}
+    if t["reach"] not in REACH_CLASSES:
+        raise FindingsError(f"{path}: {where}: field 'reach' must be one of {', '.join(REACH_CLASSES)}, got "
+                            f"{t['reach']!r}")
+    if t["severity"] not in SEVERITIES:
+        raise FindingsError(f"{path}: {where}: field 'severity' must be one of {', '.join(SEVERITIES)}, got "
+                            f"{t['severity']!r}")
+    if not isinstance(t["policy"], bool):
+        raise FindingsError(f"{path}: {where}: field 'policy' must be true or false, got {t['policy']!r}")
+    if t["policy"] and t["kind"] == "upstream-bug":
+        raise FindingsError(f"{path}: {where}: a policy (upstream's deliberate choice) is a semantic-difference, "
+                            f"not an upstream-bug")
+    fixed = t.get("fixed_in", [])
+    if not isinstance(fixed, list) or not all(isinstance(v, str) and v.strip() for v in fixed):
+        raise FindingsError(f"{path}: {where}: field 'fixed_in' must be a list of releases, got {fixed!r}")
+    return {"reach": t["reach"], "severity": t["severity"], "consequence": t["consequence"],
+            "policy": t["policy"], "fixed_in": tuple(fixed)}
 
 
 def _parse_one(t: dict, path: str, where: str, version: int) -> Finding:
@@ -306,7 +345,7 @@ def _parse_one(t: dict, path: str, where: str, version: int) -> Finding:
                                 f"({exc})") from None
     return Finding(t["id"], t["title"], t["kind"], t["contract"], subjects, confirmed_in, targets, t["function"],
                    tuple(patterns), t.get("repro", ""), t.get("notes", ""), functions,
-                   os.path.abspath(path) if path else "")
+                   os.path.abspath(path) if path else "", **_triage(t, path, where))
 
 
 def parse(doc: dict, path: str = "findings.toml", *, known_contracts=None) -> list[Finding]:
