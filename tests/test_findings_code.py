@@ -184,7 +184,7 @@ def test_a_schema_1_file_still_loads(tmp_path):
      "finding #1 (K1): unknown field 'versions' (schema_version 2 calls it 'confirmed_in')"),
     (V1 + 'functions = [{module = "m.py", qualname = "f", sha256 = ["' + "0" * 64 + '"]}]\n',
      "finding #1 (K1): unknown field 'functions'"),
-    (V1.replace("schema_version = 1", "schema_version = 3"), "schema_version 3 is not supported"),
+    (V1.replace("schema_version = 1", "schema_version = 4"), "schema_version 4 is not supported"),
     (V1.replace("schema_version = 1", "schema_version = 2").replace("versions", "confirmed_in")
      + 'functions = [{module = "m.py", qualname = "f", sha256 = ["abc"]}]\n',
      "finding #1 (K1): field 'functions' entry #1: 'sha256' must hold 64 lowercase hex digits, got 'abc'"),

@@ -234,7 +234,7 @@ def test_known_rows_are_accepted_by_audit_and_gate(register, tmp_path):
 
 @pytest.mark.parametrize("text,what", [
     ("finding = []\n", "missing schema_version"),
-    ("schema_version = 3\n", "schema_version 3"),
+    ("schema_version = 4\n", "schema_version 4"),
     ("schema_version = 1\nextra = 1\n", "'extra'"),
     ("schema_version = 1\n[[finding]]\nid = 'K1'\n", "finding #1 (K1): missing field 'title'"),
     ("schema_version = 1\n" + _toml(kind="bug"), "field 'kind'"),
