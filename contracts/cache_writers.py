@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 from contracts.core import ALL_TARGETS, CONTRACTS, Violation, contract, record_margin
+from fuzz import capabilities
 from fuzz import cache_writers as fw
 from fuzz.cache_writers import CompressorCase, SwaCase, TrustGateCase, WriterCase
 from contracts.formats import subject_has
@@ -302,6 +303,9 @@ INF_KV_UNDERFLOW_CASE = CompressorCase(
 
 def _has_swa_insert(target: Target) -> bool:
     return subject_has(target, "cache_writers", "quantize_and_insert_k_cache")
+
+
+capabilities.provide(capabilities.SWA_INSERT, _has_swa_insert)  # the cache-writers family's allowed asks
 
 
 def _writer_cases(target: Target):

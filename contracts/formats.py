@@ -13,9 +13,10 @@ import math
 import torch
 
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
+from fuzz import capabilities
 from fuzz import formats as fz
 from fuzz.formats import ExhaustiveCase, Fp8Case, LayoutCase, Ue8m0Case
-from contracts.subjects import EntryMissing, SubjectError, SubjectSkip, bound
+from contracts.subjects import EntryMissing, SubjectError, SubjectSkip, bound, current
 from impl import formats
 from impl.targets import Target
 from oracles import formats as ref
@@ -227,6 +228,22 @@ def _subject_layouts(target: Target) -> list[str]:
             continue
         out.append(lay)
     return out
+
+
+_FUZZ_LAYOUTS: dict = {}
+
+
+def _fuzz_layouts(target: Target) -> tuple:
+    """:func:`_subject_layouts` for the cache-layout family's ``allowed`` (``fuzz.capabilities.CACHE_LAYOUTS``),
+    cached per subject and target (it is asked once per partial combination)."""
+    sub = current()
+    key = (sub.name, getattr(sub, "version", None), target.name)
+    if key not in _FUZZ_LAYOUTS:
+        _FUZZ_LAYOUTS[key] = tuple(_subject_layouts(target))
+    return _FUZZ_LAYOUTS[key]
+
+
+capabilities.provide(capabilities.CACHE_LAYOUTS, _fuzz_layouts)
 
 
 def _at(where: str, violations: list[Violation]) -> list[Violation]:

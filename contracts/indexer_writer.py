@@ -18,6 +18,7 @@ import torch
 
 from contracts.core import ALL_TARGETS, Violation, contract, record_margin
 from contracts.subjects import EntryMissing, bound
+from fuzz import capabilities
 from fuzz import indexer_writer as fiw
 from fuzz.indexer_writer import DirectCase, IndexerCompressorCase, IndexerWriterCase
 from impl.runtime import kernel_device
@@ -61,6 +62,9 @@ def subject_variants(target: Target) -> dict:
         return dict(bound(target).indexer_writer.VARIANTS)
     except EntryMissing:
         return dict(fiw.ALL_VARIANTS)
+
+
+capabilities.provide(capabilities.INDEXER_WRITER_VARIANTS, subject_variants)  # the family's allowed and force ask
 
 
 def _fp8_records(cache, base: int, slot: int, layout: str) -> list[int]:

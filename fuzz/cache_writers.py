@@ -16,6 +16,7 @@ from typing import ClassVar, Literal
 import torch
 from hypothesis import strategies as st
 
+from fuzz import capabilities
 from fuzz.cases import Case
 from impl.formats import allocate_fp8_ds_mla_pool
 from oracles.trust_gate import CACHE_DTYPES
@@ -416,9 +417,8 @@ def _writer_allowed(c: dict, target) -> bool:
     if c.get("writer") == "swa":
         if c.get("weight", "normal") != "normal":
             return False
-        from contracts.formats import subject_has  # the subject under audit may lack the SWA insert
-
-        if not subject_has(target, "cache_writers", "quantize_and_insert_k_cache"):
+        # the subject under audit may lack the SWA insert (the contract side answers; ours has it)
+        if not capabilities.ask(capabilities.SWA_INSERT, target, True):
             return False
     return True
 

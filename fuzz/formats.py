@@ -9,6 +9,7 @@ from typing import Literal
 
 from hypothesis import strategies as st
 
+from fuzz import capabilities
 from fuzz.cases import Case
 
 Fp8Flavour = Literal["ocp", "fnuz"]
@@ -340,21 +341,14 @@ def force_layout(case: LayoutCase, combo: dict, target=None) -> LayoutCase:
                                num_tokens=nslots if c["tokens"] == "all" else max(1, nslots // 2))
 
 
-_SUBJECT_LAYOUTS: dict = {}
+CASE_LAYOUTS = ("fp8_ds_mla", "indexer-normal", "indexer-shuffle")
 
 
 def _subject_layouts(target) -> tuple:
-    """The layouts whose packer or unpacker the current subject has on ``target`` (all three when it has none: the
-    contract then skips the row, naming the missing entry point), cached per subject and target."""
-    from contracts.subjects import current
-
-    sub = current()
-    key = (sub.name, getattr(sub, "version", None), target.name)
-    if key not in _SUBJECT_LAYOUTS:
-        from contracts.formats import _subject_layouts as has
-
-        _SUBJECT_LAYOUTS[key] = tuple(has(target)) or ("fp8_ds_mla", "indexer-normal", "indexer-shuffle")
-    return _SUBJECT_LAYOUTS[key]
+    """The layouts whose packer or unpacker the subject under audit has on ``target``, as the contract side answers
+    :data:`fuzz.capabilities.CACHE_LAYOUTS` (it caches per subject and target); all three when it has none (the
+    contract then skips the row, naming the missing entry point) or when nothing answers."""
+    return tuple(capabilities.ask(capabilities.CACHE_LAYOUTS, target, CASE_LAYOUTS) or ()) or CASE_LAYOUTS
 
 
 def _layout_allowed(c: dict, target=None) -> bool:

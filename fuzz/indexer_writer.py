@@ -18,6 +18,7 @@ from typing import ClassVar, Literal
 import torch
 from hypothesis import strategies as st
 
+from fuzz import capabilities
 from fuzz.cases import Case
 
 HEAD = 128
@@ -482,10 +483,15 @@ def force_indexer_writer(case: IndexerWriterCase, combo: dict, target) -> Indexe
     return IndexerWriterCase(direct=inner) if direct else IndexerWriterCase(compressor=inner)
 
 
-def _subject_layouts(target, direct: bool) -> tuple:
-    from contracts.indexer_writer import subject_variants  # the subject under audit may write fewer variants
+def _subject_variants(target) -> dict:
+    """What the subject under audit can write on ``target`` (the shape of :data:`ALL_VARIANTS`; it may write fewer),
+    as the contract side answers :data:`fuzz.capabilities.INDEXER_WRITER_VARIANTS`; all of them when nothing
+    answers."""
+    return capabilities.ask(capabilities.INDEXER_WRITER_VARIANTS, target, ALL_VARIANTS)
 
-    return tuple(subject_variants(target)["direct_layouts" if direct else "compressor_layouts"])
+
+def _subject_layouts(target, direct: bool) -> tuple:
+    return tuple(_subject_variants(target)["direct_layouts" if direct else "compressor_layouts"])
 
 
 def _indexer_writer_allowed(c: dict, target) -> bool:
@@ -513,9 +519,7 @@ def _complete_allowed(c: dict, target) -> bool:
     if layout == "refused":
         w = "direct"  # only the direct writer is handed a layout it must refuse
     if w is not None or layout is not None or c.get("scale") is not None:
-        from contracts.indexer_writer import subject_variants  # the subject under audit may write fewer variants
-
-        v = subject_variants(target)
+        v = _subject_variants(target)  # the subject under audit may write fewer variants
         if w is not None and w != "direct" and w.split("-")[1] not in v["compressor_formats"]:
             return False
         lay = "shuffle" if layout == "refused" else layout
