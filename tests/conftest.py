@@ -85,6 +85,12 @@ def pytest_configure(config):
     idle worker, so items queued behind a long row while other workers idled (the H200's test step, 2026-12-02)."""
     if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "maxschedchunk", 0) is None:
         config.option.maxschedchunk = 1
+    # the audits tests run record their rows' costs (planted contracts among them) in a file of this run's, not in
+    # the user's cost model; subprocesses inherit it
+    import os
+    import tempfile
+
+    os.environ.setdefault("SMV_COST_MODEL", os.path.join(tempfile.mkdtemp(prefix="smv-costs-"), "audit-costs.json"))
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection, so the pairs are of the items that run

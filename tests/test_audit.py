@@ -61,7 +61,7 @@ def test_skipped_and_incomplete_rows():
                   skip_reason="gfx950-only behaviour")(only_950)
     core.contract("test-slow", cases=lambda t: st.integers(), min_cases=50)(slow)
     try:
-        doc, code = run_audit(["test-only-gfx950", "test-slow"], ["gfx942", "gfx950"], budget=6.0,
+        doc, code = run_audit(["test-only-gfx950", "test-slow"], ["gfx942", "gfx950"], budget=1.0, deadline=6.0,
                               progress=False)
     finally:
         core.CONTRACTS.pop("test-only-gfx950")
@@ -70,7 +70,8 @@ def test_skipped_and_incomplete_rows():
     assert st_[("test-only-gfx950", "gfx942")]["status"] == "skipped"
     assert st_[("test-only-gfx950", "gfx942")]["reason"] == "gfx950-only behaviour"
     assert st_[("test-only-gfx950", "gfx950")]["status"] == "pass"
-    assert st_[("test-slow", "gfx942")]["status"] == "incomplete"
+    assert st_[("test-slow", "gfx942")]["status"] == "incomplete"  # only the deadline cuts a minimum
+    assert "deadline of 6s" in st_[("test-slow", "gfx942")]["reason"]
     assert code == 1 and doc["run"]["ok"] is False
 
 
@@ -221,7 +222,8 @@ def test_report_names_commit_versions_and_device(register, tmp_path):
     if dev["kind"] == "cpu":
         assert dev["arch"] != "cpu"
     saved = json.loads((tmp_path / "audit.json").read_text())
-    assert saved["schema_version"] == reports.AUDIT_SCHEMA_VERSION == 9
+    assert saved["schema_version"] == reports.AUDIT_SCHEMA_VERSION == 12
+    assert reports.validate(saved, reports.audit_schema(11)) == []
     assert reports.validate(saved, reports.AUDIT_JSON_SCHEMA) == []
     md = (tmp_path / "audit.md").read_text()
     assert run["commit"] is None or run["commit"][:12] in md
@@ -323,10 +325,12 @@ def test_rows_past_the_deadline_are_not_started(register):
     register("test-slow-a", slow, min_cases=1)
     register("test-slow-b", slow, min_cases=1)
     t0 = time.monotonic()
-    doc, code = run_audit(["test-slow-a", "test-slow-b"], ["gfx942", "gfx950"], budget=0.5, profile="dev",
-                          progress=False)
-    assert time.monotonic() - t0 < 0.5 + 0.3 + 0.6  # the budget, one case, and the harness
-    assert code == 1 and any(r["status"] == "incomplete" and r["stopped_by"] == "budget" for r in doc["results"])
+    doc, code = run_audit(["test-slow-a", "test-slow-b"], ["gfx942", "gfx950"], budget=0.1, deadline=0.5,
+                          profile="dev", progress=False)
+    # the deadline, one case, the harness, and the plan's probe of the machine's load
+    assert time.monotonic() - t0 < 0.5 + 0.3 + 0.6 + 0.3
+    cut = [r for r in doc["results"] if r["status"] == "incomplete"]
+    assert code == 1 and cut and all(r["stopped_by"] == "budget" and "deadline" in r["reason"] for r in cut)
 
 
 class _Tty(_Stream):

@@ -355,6 +355,19 @@ def cmd_audit(args) -> int:
     _check_output_path("--junit", args.junit, folder=False)
     _check_findings(args.findings)
     subjects = _subjects(args.subject)  # before anything runs: a bad spec costs no budget
+    changed = None
+    if args.changed_since:  # contracts.engine.changes: which rows the change since REF touched, per subject
+        from contracts.engine.changes import ChangesError, audit_selection
+        from contracts.engine.runner import resolve_subject
+
+        try:
+            changed = audit_selection([resolve_subject(s) for s in (subjects or [None])], args.changed_since)
+        except ChangesError as exc:
+            print(f"smv audit: --changed-since: {_one_line(exc)}", file=sys.stderr)
+            return 2
+        picked = changed["report"]["selected"]
+        print(f"changed since {args.changed_since}: {len(changed['report']['changed'])} files; selected: "
+              + ("every row" if picked == "all" else (", ".join(picked) or "nothing")), file=sys.stderr)
 
     def _term(signum, frame):
         raise KeyboardInterrupt
@@ -369,7 +382,9 @@ def cmd_audit(args) -> int:
                               junit=args.junit, progress=not args.no_progress, argv=["smv"] + sys.argv[1:],
                               use_examples=not args.generator_only, max_cases=max_cases or None,
                               allow_empty=args.allow_empty, subjects=subjects, findings_path=args.findings,
-                              jobs=args.jobs, case_timeout=args.case_timeout)
+                              jobs=args.jobs, case_timeout=args.case_timeout,
+                              first_violation=args.first_violation, changed_since=changed,
+                              deadline=args.deadline)
     except (ValueError, WorkerStartError) as exc:
         print(f"smv audit: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -407,6 +422,23 @@ def cmd_zoo(args) -> int:
 
     subject = _subject(args.subject) if args.subject else None
     mutants = _select_mutants(args, subject)
+    changed = None
+    if getattr(args, "changed_since", None) and not args.list:
+        from contracts.engine.changes import ChangesError, zoo_selection
+
+        try:
+            mutants, changed = zoo_selection(mutants, subject, args.changed_since)
+        except ChangesError as exc:
+            raise UsageError(f"--changed-since: {_one_line(exc)}") from None
+        if not mutants:
+            print(f"smv zoo: nothing the zoo covers changed since {args.changed_since} "
+                  f"({len(changed['changed'])} files changed)")
+            if args.report:
+                write_json(os.path.join(args.report, "zoo.json"),
+                           {"schema_version": ZOO_SCHEMA_VERSION, "subject": subject_json(subject),
+                            "finished": True, "results": [], "time_to_kill": ttk_summary([]), "kill_rate": 1.0,
+                            "seconds": 0.0, "changed_since": changed})
+            return 0
     if args.list:
         if args.json:
             print(json.dumps({"schema_version": ZOO_LIST_SCHEMA_VERSION,
@@ -447,6 +479,8 @@ def cmd_zoo(args) -> int:
     doc = run_zoo(mutants, cap=args.cap, jobs=args.jobs, budget=args.budget, on_result=on_result, subject=subject,
                   findings=os.path.abspath(args.findings) if args.findings else None)
     doc["finished"] = True
+    if changed is not None:
+        doc["changed_since"] = changed
     if args.report:
         write_json(os.path.join(args.report, "zoo.json"), doc)
     counts: dict[str, int] = {}
@@ -783,7 +817,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--contract", action="append", help="contract id (repeatable; default: all)")
     a.add_argument("--target", action="append", choices=TARGET_NAMES, help="target (repeatable; default: all)")
     a.add_argument("--budget", type=seconds, default=None,
-                   help="seconds shared by all rows (default: 120 under dev, 450 under ci, 600 under nightly)")
+                   help="seconds shared by all rows for cases beyond each row's minimum, which always runs: the "
+                        "audit takes the larger of the minimums and the budget (default: 120 under dev, 450 under "
+                        "ci, 600 under nightly)")
+    a.add_argument("--deadline", type=seconds, default=None, metavar="S",
+                   help="the hard stop (default none; CI pipelines set it): a row it cuts before its minimum, or "
+                        "never starts, is incomplete naming it")
     a.add_argument("--seed", type=int, default=None)
     a.add_argument("--profile", choices=("dev", "ci", "nightly"), default=None,
                    help="Hypothesis profile (default: ci when $CI is set, else dev)")
@@ -802,6 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "profile's count); a row's covering array may exceed it, and the budget bounds each row too")
     a.add_argument("--generator-only", action="store_true",
                    help="skip the pinned regression examples: only generated cases count")
+    a.add_argument("--first-violation", action="store_true",
+                   help="each row stops at its first failing case, unshrunk (what the zoo's kill check needs)")
     a.add_argument("--allow-empty", action="store_true",
                    help="exit 0 even when no row passed (every row skipped); by default that fails the run")
     a.add_argument("--subject", action="append", metavar="SPEC",
@@ -811,6 +852,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--findings", metavar="FILE",
                    help="known findings (default: the suite's findings.toml); a row whose every violation is one "
                         "of them is known, which passes")
+    a.add_argument("--changed-since", metavar="REF",
+                   help="only the rows a change since REF touched (git diff REF...HEAD plus uncommitted files): REF "
+                        "is a commit of this suite for ours, vllm==X and vllm, of the checkout for vllm@PATH; an "
+                        "engine, oracle or fuzz change runs everything; nothing selected exits 0 saying so")
     a.set_defaults(func=cmd_audit)
     mu = sub.add_parser("mutate", help="mutation score: a seeded sample of cosmic-ray's mutants of impl/, each "
                                        "judged by the contracts that cover its module")
@@ -832,7 +877,10 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--list", action="store_true", help="list the mutants (id, expected contracts, title); run nothing")
     z.add_argument("--json", action="store_true", help="with --list: as JSON")
     z.add_argument("--budget", type=seconds, default=None, help="seconds for the whole zoo (default: no limit)")
-    z.add_argument("--cap", type=seconds, default=90.0, help="time cap per mutant in seconds (default 90)")
+    z.add_argument("--cap", type=seconds, default=90.0,
+                   help="time cap per mutant in seconds, at least (default 90): a mutant whose expected rows cost more "
+                        "on the unpatched tree (measured first, on this machine) gets 3x that cost plus 2x the "
+                        "measured process start; zoo.json's cap_seconds says each one's")
     z.add_argument("--jobs", type=_int_at_least(1, "a count >= 1"), default=min(2, os.cpu_count() or 1),
                    help="mutants run at once")
     z.add_argument("--report", metavar="DIR", help="write DIR/zoo.json")
@@ -842,6 +890,9 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--findings", metavar="FILE",
                    help="known findings the mutants' audits use (default: the suite's findings.toml); a known row "
                         "is no kill")
+    z.add_argument("--changed-since", metavar="REF",
+                   help="only the entries a change since REF touched: its file changed, its catalog changed or it "
+                        "expects a contract the change selects (see smv audit --changed-since)")
     z.set_defaults(func=cmd_zoo)
     f = sub.add_parser("fuzz", help="nightly fuzz campaign on every GPU and core; `smv fuzz merge DIR... --report "
                        "OUT` merges shards", description="The nightly campaign: rounds of every row under the "

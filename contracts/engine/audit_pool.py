@@ -5,12 +5,13 @@ audit's seconds), which runs on one core per process while the host has many. Th
 worker processes (``contracts.engine.campaign_worker``, the campaign's workers, pinned round-robin to the visible GPUs)
 compile N rows' kernels at once and share the on-disk Triton cache.
 
-The verdicts are the serial audit's: each row runs the same two passes (:func:`contracts.engine.audit.first_pass`, then,
-once every row has had its first pass, :func:`contracts.engine.audit.second_pass` over what is left of the budget) with
-the same seed, profile, case limits and known findings; a row's first-pass result stays in the worker that ran it,
-which also runs its second pass and merges the two. Only the budget's sharing differs: rows run side by side, each
-first pass may take up to half of what is left (as serially), and the second passes of one worker's rows share what
-is left of the budget between them.
+The verdicts are the serial audit's: each row runs the same two passes (:func:`contracts.engine.runner.first_pass`,
+its minimum, which only ``--deadline`` cuts, then, once every row has had its first pass,
+:func:`contracts.engine.runner.second_pass` over what is left of the budget) with the same seed, profile, case limits
+and known findings (one :class:`contracts.engine.plan.AuditConfig`, sent to the workers); a row's first-pass result
+stays in the worker that ran it, which also runs its second pass and merges the two. Only the budget's sharing
+differs: rows run side by side, and the second passes of one worker's rows share what is left of the budget between
+them.
 
 A worker that dies while checking a row makes the row an ``error`` naming the signal, with the case it was
 checking as a reproducer (``smv repro`` replays it in a subprocess); one that runs past the row's budget and its
@@ -27,7 +28,9 @@ import time
 from collections import deque
 
 from contracts.registry import get_contract
-from contracts.engine.runner import RowResult, run_contract
+from contracts.engine.plan import RESUMABLE, AuditConfig, SubjectRun, first_share, not_started, record
+from contracts.engine.runner import (RowResult, first_pass, resolve_subject, run_contract, second_pass,
+                                     subject_spec)
 
 #: seconds between the heartbeat lines that say what the workers are doing
 HEARTBEAT_S = 30.0
@@ -62,10 +65,8 @@ AGAIN = 3
 
 def run_item(item: dict, subjects: dict, held: dict) -> dict:
     """One pass of one row in a worker; ``held`` keeps each row's result for its second pass."""
-    from contracts.engine import audit
     from contracts.engine import findings as known_findings
     from contracts.registry import load_all
-    from contracts.engine.runner import resolve_subject
 
     a = item["audit"]
     spec = item["subject"]
@@ -73,22 +74,23 @@ def run_item(item: dict, subjects: dict, held: dict) -> dict:
         subjects[spec] = resolve_subject(None if spec == "ours" else spec)
     sub = subjects[spec]
     c = get_contract(item["contract"])
-    known = known_findings.load(a["findings_path"], known_contracts=set(load_all()))
-    common = dict(profile=item["profile"], seed=item["seed"], repro_dir=a["repro_dir"],
-                  max_examples=a["max_examples"], shrink_until=a["shrink_until"], subject=sub, findings=known)
+    known = known_findings.load(a["config"]["findings_path"], known_contracts=set(load_all()))
+    cfg = AuditConfig.from_worker(a["config"], known)
+    opts = cfg.row_options(sub, item["budget"])
     key = (spec, item["contract"], item["target"])
-    start = time.monotonic()
+    start, cpu0 = time.monotonic(), time.process_time()
     if a["pass"] == 2:
-        r = audit.second_pass(held[key], c, item["budget"], common)
+        r = second_pass(held[key], c, opts, item["budget"])
     else:
-        r = audit.first_pass(c, item["target"], item["budget"], a["use_examples"], a["first"], common)
+        r = first_pass(c, item["target"], opts, a["first"])
         if a["pass"] == AGAIN:  # its first pass died with another worker: both passes here, as the serial audit's
-            left = item["budget"] - (time.monotonic() - start)
-            if r.status in audit.RESUMABLE and r.resumable and left > 0.05:
-                r = audit.second_pass(r, c, left, common)
+            left = min(item["budget"] - (time.monotonic() - start), cfg.time_left(float("inf")))
+            if r.status in RESUMABLE and r.resumable and left > 0.05:
+                r = second_pass(r, c, opts, left)
     held[key] = r
     return {"done": item["g"], "row": r.as_json(), "resumable": bool(r.resumable), "limit": r.limit,
-            "describe": sub.describe(), "seconds": round(time.monotonic() - start, 3)}
+            "describe": sub.describe(), "seconds": round(time.monotonic() - start, 3),
+            "cpu": round(time.process_time() - cpu0, 3)}
 
 
 def merge_describe(into: dict, more: dict) -> dict:
@@ -122,205 +124,248 @@ def _failed_row(c, tname: str, sub, status_reason: str, base: "RowDoc | None", s
     return RowDoc(doc)
 
 
-def audit_subject(sub, ids, targets, *, jobs: int, budget: float, profile: str, seed: int, repro_dir: str,
-                  use_examples: bool, max_cases, shrink_until, findings_path, prog, results: list, limit_of,
-                  on_row, seconds: dict, described: dict, work_dir: str | None, stream,
-                  case_timeout: float | None = None) -> None:
-    """Every row of one subject on ``jobs`` workers, within ``budget`` (appended to ``results`` in row order)."""
-    from contracts.engine.audit import not_started
-    from contracts.engine.workers import Worker, _case_limit, _label_suffix, poll_answers, \
-        start_error, stop_workers, unwatch, visible_devices
-    from contracts.engine.runner import subject_spec
+def audit_subject(sub, rows: list, cfg: AuditConfig, run: SubjectRun) -> None:
+    """Every row of one subject on ``cfg.jobs`` workers: every row's minimum, then what is left of the budget
+    (appended to ``run.results`` in row order)."""
+    pool = _Pool(sub, rows, cfg, run)
+    try:
+        pool.spawn_all()
+        pool.loop()
+    finally:
+        pool.stop()
+    pool.close_out()
 
-    spec = subject_spec(sub)
-    rows = [(cid, t) for cid in ids for t in targets]
-    n_rows = len(rows)
-    t0 = time.monotonic()
-    deadline = t0 + budget
-    first_index = len(results)
-    slots: list = [None] * n_rows
-    prog.start_subject(sub.label, deadline)
-    prog.start_pass(1, n_rows, f"each up to its minimum of generated cases, on {jobs} workers")
-    todo: deque = deque()
-    for i, (cid, tname) in enumerate(rows):
-        c = get_contract(cid)
-        if c.applies_to(tname):
-            todo.append(i)
-            prog.cases_left[(sub.label, cid, tname)] = limit_of(c)
-        else:
-            slots[i] = run_contract(c, tname, budget=1.0, subject=sub)  # the skipped row, with its reason
-    owner: dict[int, str] = {}  # row -> the worker holding its first pass
-    second: dict[str, deque] = {}  # worker id -> its rows' second passes still to run
-    again: deque = deque()  # rows whose held first pass died with its worker: run whole on another
-    phase = [1]
-    kind, ids_dev = visible_devices()
-    base_dir = work_dir or tempfile.mkdtemp(prefix="smv-audit-")
-    serial = [0]
-    workers: list = []
-    sel = selectors.DefaultSelector()
 
-    def publish() -> None:
-        results[first_index:] = [s for s in slots if s is not None]
-        on_row()
+class _Pool:
+    """The supervisor of one subject's rows on worker processes."""
 
-    def spawn(slot: int):
-        dev = (kind, ids_dev[slot % len(ids_dev)]) if ids_dev else ("cpu", None)
-        w = Worker(f"a{serial[0]}", dev, base_dir, {})
-        serial[0] += 1
+    def __init__(self, sub, rows: list, cfg: AuditConfig, run: SubjectRun):
+        from contracts.engine.workers import visible_devices
+
+        self.sub, self.rows, self.cfg, self.run, self.prog = sub, rows, cfg, run, run.prog
+        self.spec = subject_spec(sub)
+        self.n_rows = len(rows)
+        self.t0 = time.monotonic()
+        self.budget_end = self.t0 + cfg.budget
+        self.first_index = len(run.results)
+        self.slots: list = [None] * self.n_rows
+        self.todo: deque = deque()
+        self.owner: dict[int, str] = {}  # row -> the worker holding its first pass
+        self.second: dict[str, deque] = {}  # worker id -> its rows' second passes still to run
+        self.again: deque = deque()  # rows whose held first pass died with its worker: run whole on another
+        self.phase = 1
+        self.kind, self.ids_dev = visible_devices()
+        self.base_dir = run.work_dir or tempfile.mkdtemp(prefix="smv-audit-")
+        self.serial = 0
+        self.workers: list = []
+        self.sel = selectors.DefaultSelector()
+        self.last_beat = time.monotonic()
+        self.start_failures = 0  # workers in a row that died before they became ready
+        self.prog.start_subject(sub.label, self.budget_end)
+        self.prog.start_pass(1, self.n_rows, f"each up to its minimum of generated cases, on {cfg.jobs} workers")
+        for i, (cid, tname) in enumerate(rows):
+            c = get_contract(cid)
+            if c.applies_to(tname):
+                self.todo.append(i)
+                self.prog.cases_left[(sub.label, cid, tname)] = cfg.limit_of(c)
+            else:
+                self.slots[i] = run_contract(c, tname, budget=1.0, subject=sub)  # the skipped row, with its reason
+
+    def publish(self) -> None:
+        self.run.results[self.first_index:] = [s for s in self.slots if s is not None]
+        self.run.on_row()
+
+    def spawn(self, slot: int):
+        from contracts.engine.workers import Worker
+
+        dev = (self.kind, self.ids_dev[slot % len(self.ids_dev)]) if self.ids_dev else ("cpu", None)
+        w = Worker(f"a{self.serial}", dev, self.base_dir, {})
+        self.serial += 1
         w.slot = slot
-        workers.append(w)
-        sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+        self.workers.append(w)
+        self.sel.register(w.proc.stdout, selectors.EVENT_READ, w)
         return w
 
-    def item_for(i: int, pass_no: int, row_budget: float) -> dict:
-        cid, tname = rows[i]
-        c = get_contract(cid)
-        n = limit_of(c)
-        return {"g": i, "subject": spec, "contract": cid, "target": tname, "profile": profile, "seed": seed,
-                "budget": round(max(0.05, row_budget), 3),
-                "audit": {"pass": pass_no, "use_examples": use_examples, "first": min(c.min_cases, n),
-                          "max_examples": max_cases, "shrink_until": shrink_until, "repro_dir": repro_dir,
-                          "findings_path": findings_path}}
+    def spawn_all(self) -> None:
+        for slot in range(max(1, min(self.cfg.jobs, len(self.todo)))):
+            self.spawn(slot)
 
-    def finish(w, msg: dict) -> None:
-        i = w.item["g"]
-        pass_no = w.item["audit"]["pass"]
+    def item_for(self, i: int, pass_no: int, row_budget: float) -> dict:
+        cid, tname = self.rows[i]
+        c = get_contract(cid)
+        return {"g": i, "subject": self.spec, "contract": cid, "target": tname, "profile": self.cfg.profile,
+                "seed": self.cfg.seed, "budget": round(max(0.05, row_budget), 3),
+                "audit": {"pass": pass_no, "first": self.cfg.first_of(c), "config": self.cfg.for_worker()}}
+
+    def finish(self, w, msg: dict) -> None:
+        i, pass_no = w.item["g"], w.item["audit"]["pass"]
         if "row" in msg:
             r = RowDoc(msg["row"], resumable=msg.get("resumable", False), limit=msg.get("limit"))
-            described[sub.label] = merge_describe(described.get(sub.label) or sub.describe(), msg["describe"])
-            if pass_no == AGAIN and r.status == "incomplete" and isinstance(slots[i], RowDoc):
-                r = slots[i]  # the re-run's share ran out before the minimum the held pass had reached: keep that
+            label = self.sub.label
+            self.run.described[label] = merge_describe(self.run.described.get(label) or self.sub.describe(),
+                                                       msg["describe"])
+            if pass_no == AGAIN and r.status == "incomplete" and isinstance(self.slots[i], RowDoc):
+                r = self.slots[i]  # the re-run was cut before the minimum the held pass had reached: keep that
             if pass_no == 1:
-                owner[i] = w.id
+                self.owner[i] = w.id
+                cpu, secs = msg.get("cpu") or 0.0, msg.get("seconds") or 0.0
+                record(self.run.model, self.sub.name, self.cfg.profile, r, cpu, max(0.05, min(1.0, cpu / secs))
+                       if secs > 0 else 1.0)
             else:
-                owner.pop(i, None)  # its second pass is done: nothing of it is held any more
+                self.owner.pop(i, None)  # its second pass is done: nothing of it is held any more
         else:  # the harness raised in the worker
-            c = get_contract(rows[i][0])
-            r = _failed_row(c, rows[i][1], sub, f"error: the worker could not run the row: {msg.get('error')}",
-                            slots[i] if pass_no != 1 else None, time.monotonic() - w.item_started)
-            owner.pop(i, None)
-        slots[i] = r
+            c = get_contract(self.rows[i][0])
+            r = _failed_row(c, self.rows[i][1], self.sub, f"error: the worker could not run the row: "
+                            f"{msg.get('error')}", self.slots[i] if pass_no != 1 else None,
+                            time.monotonic() - w.item_started)
+            self.owner.pop(i, None)
+        self.slots[i] = r
         w.item = None
-        prog.pass_no = min(pass_no, 2)  # a row run again whole reports as its second pass does
-        prog.row(i + 1, n_rows, r)
-        publish()
+        self.prog.pass_no = min(pass_no, 2)  # a row run again whole reports as its second pass does
+        self.prog.row(i + 1, self.n_rows, r)
+        self.publish()
 
-    def ready(w) -> None:
-        start_failures[0] = 0
+    def ready(self, w) -> None:
+        self.start_failures = 0
 
-    def lost(w, what: str) -> None:
+    def lost(self, w, what: str) -> None:
         """``w`` died or hung while checking its row."""
+        from contracts.engine.workers import _case_limit, _label_suffix
+
         i = w.item["g"]
-        cid, tname = rows[i]
+        cid, tname = self.rows[i]
         c = get_contract(cid)
-        reason, repro = w.lost(what, _case_limit(c, case_timeout), os.path.join(
-            repro_dir, f"{cid}-{tname}{_label_suffix(sub.label)}-{what}.json"), cid, tname, sub.label, spec)
+        reason, repro = w.lost(what, _case_limit(c, self.cfg.case_timeout), os.path.join(
+            self.cfg.repro_dir, f"{cid}-{tname}{_label_suffix(self.sub.label)}-{what}.json"), cid, tname,
+            self.sub.label, self.spec)
         if repro is None:
             reason += f"; log: {os.path.join(w.dir, 'worker.log')}"
-        r = _failed_row(c, tname, sub, reason, slots[i] if w.item["audit"]["pass"] != 1 else None,
+        r = _failed_row(c, tname, self.sub, reason, self.slots[i] if w.item["audit"]["pass"] != 1 else None,
                         time.monotonic() - w.item_started)
         r.doc["repro"] = repro
-        slots[i] = r
+        self.slots[i] = r
         w.item = None
-        prog.row(i + 1, n_rows, r)
-        publish()
+        self.prog.row(i + 1, self.n_rows, r)
+        self.publish()
 
-    def next_item(w):
-        left = deadline - time.monotonic()
-        if phase[0] == 1:
-            if not todo:
+    def next_item(self, w):
+        """Pass 1 hands out every row's minimum (until the deadline); pass 2 what is left of the budget."""
+        if self.phase == 1:
+            if not self.todo or self.cfg.past_deadline():
                 return None
-            if left <= 0:
-                return None
-            i = todo.popleft()
-            remaining = len(todo)
-            return item_for(i, 1, min(left, max(left / (remaining + 1), 0.5 * left)))
+            i = self.todo.popleft()
+            return self.item_for(i, 1, first_share(self.budget_end - time.monotonic(), len(self.todo)))
+        left = self.cfg.time_left(self.budget_end)
         if left <= 0.05:
             return None
-        mine = second.get(w.id)
+        mine = self.second.get(w.id)
         if mine:
             i = mine.popleft()
-            return item_for(i, 2, left / (len(mine) + len(again) + 1))
-        if again:
-            i = again.popleft()
-            return item_for(i, AGAIN, left / (len(again) + 1))
+            return self.item_for(i, 2, left / (len(mine) + len(self.again) + 1))
+        if self.again:
+            i = self.again.popleft()
+            return self.item_for(i, AGAIN, left / (len(self.again) + 1))
         return None
 
-    last_beat = time.monotonic()
-    start_failures = [0]  # workers in a row that died before they became ready
-    try:
-        for slot in range(max(1, min(jobs, len(todo)))):
-            spawn(slot)
+    def step_phase(self, busy: list) -> bool:
+        """Move pass 1 to pass 2 when it is done, mark what the deadline left unstarted; True when all is done."""
+        if self.phase == 1 and not self.todo and not busy:
+            self.phase = 2
+            alive = {w.id for w in self.workers}
+            for k, r in enumerate(self.slots):
+                if (isinstance(r, RowDoc) and r.resumable and r.status in RESUMABLE
+                        and self.owner.get(k) in alive):
+                    self.second.setdefault(self.owner[k], deque()).append(k)
+            self.prog.start_pass(2, sum(len(q) for q in self.second.values()),
+                                 "sharing what is left for more generated cases")
+        if self.phase == 1 and self.todo and self.cfg.past_deadline():
+            while self.todo:  # the deadline has passed: what was not started says so
+                i = self.todo.popleft()
+                self.slots[i] = self.not_started(i)
+                self.prog.row(i + 1, self.n_rows, self.slots[i])
+            self.publish()
+        return self.phase == 2 and not busy and (self.cfg.time_left(self.budget_end) <= 0.05 or not (
+            self.again or any(self.second.get(w.id) for w in self.workers)))
+
+    def not_started(self, i: int) -> RowResult:
+        cid, tname = self.rows[i]
+        return not_started(cid, tname, self.cfg.limit_of(get_contract(cid)), self.sub, self.cfg.deadline_s)
+
+    def loop(self) -> None:
+        from contracts.engine.workers import poll_answers
+
         while True:
-            busy = [w for w in workers if w.item is not None]
-            if phase[0] == 1 and not todo and not busy:
-                phase[0] = 2
-                for k in range(n_rows):
-                    r = slots[k]
-                    if (isinstance(r, RowDoc) and r.resumable and r.status in ("pass", "known")
-                            and owner.get(k) in {w.id for w in workers}):
-                        second.setdefault(owner[k], deque()).append(k)
-                prog.start_pass(2, sum(len(q) for q in second.values()),
-                                "sharing what is left for more generated cases")
-            if phase[0] == 1 and todo and deadline - time.monotonic() <= 0:
-                while todo:  # the budget is spent: what was not started says so
-                    i = todo.popleft()
-                    cid, tname = rows[i]
-                    slots[i] = not_started(cid, tname, limit_of(get_contract(cid)), sub, budget)
-                    prog.row(i + 1, n_rows, slots[i])
-                publish()
-            if phase[0] == 2 and not busy and (deadline - time.monotonic() <= 0.05
-                                                or not (again or any(second.get(w.id) for w in workers))):
+            busy = [w for w in self.workers if w.item is not None]
+            if self.step_phase(busy):
                 break
-            for w in workers:
+            for w in self.workers:
                 if w.ready and w.item is None:
-                    item = next_item(w)
+                    item = self.next_item(w)
                     if item is not None:
                         w.start_item(item)
-            poll_answers(sel, ready, finish)
-            for w in list(workers):
-                dead = w.proc.poll() is not None
-                hung = not dead and w.stalled(  # as the campaign judges it: no case ended within the limit
-                    _case_limit(get_contract(w.item["contract"]), case_timeout) if w.item is not None else 0.0,
-                    w.item["budget"] if w.item is not None else 0.0)
-                if not (dead or hung):
-                    continue
-                w.kill()
-                if w.item is not None:
-                    lost(w, "hang" if hung else "crash")
-                elif not w.ready:
-                    start_failures[0] += 1
-                    if start_failures[0] >= 3 and not (phase[0] == 1 and todo):
-                        # only rows held by dead workers were left to run again: they keep their first passes
-                        stream.write(f"smv audit: 3 workers in a row died before they could take a row; "
-                                     f"{len(again)} row(s) keep their first passes\n")
-                        again.clear()
-                    elif start_failures[0] >= 3:
-                        raise start_error(w, "audit workers")
-                unwatch(sel, w)
-                workers.remove(w)
-                # the first passes it held died with it: those rows run again whole elsewhere, so a crash in one
-                # row never cuts another row's cases short (the serial audit would have run their second passes)
-                second.pop(w.id, None)
-                again.extend(k for k, o in sorted(owner.items()) if o == w.id and isinstance(slots[k], RowDoc)
-                             and slots[k].resumable and slots[k].status in ("pass", "known"))
-                for k in [k for k, o in owner.items() if o == w.id]:
-                    del owner[k]
-                if (phase[0] == 1 and todo or again) and deadline - time.monotonic() > 0.05:
-                    nw = spawn(w.slot)
-                    stream.write(f"smv audit: started worker {nw.id} on {nw.device_name} in place of {w.id}\n")
-            if prog.enabled and time.monotonic() - last_beat >= HEARTBEAT_S:
-                last_beat = time.monotonic()
-                running = [f"{w.item['contract']} on {w.item['target']}" for w in workers if w.item is not None]
-                done = sum(s is not None for s in slots)
-                stream.write(f"smv audit: {done} of {n_rows} rows done under {sub.label}, {len(running)} running "
-                             f"({', '.join(running[:4])}{' ...' if len(running) > 4 else ''}), "
-                             f"{max(0.0, deadline - time.monotonic()):.0f}s of budget left\n")
-                stream.flush()
-    finally:
-        stop_workers(workers)
-        seconds[sub.label] = time.monotonic() - t0
-    for i, (cid, tname) in enumerate(rows):  # a row a dead worker's queue never reached
-        if slots[i] is None:
-            slots[i] = not_started(cid, tname, limit_of(get_contract(cid)), sub, budget)
-    results[first_index:] = slots
+            poll_answers(self.sel, self.ready, self.finish)
+            for w in list(self.workers):
+                self.reap(w)
+            self.heartbeat()
+
+    def reap(self, w) -> None:
+        """A worker that died or hung: its row an error, the first passes it held run again elsewhere."""
+        from contracts.engine.workers import _case_limit, start_error, unwatch
+
+        dead = w.proc.poll() is not None
+        hung = not dead and w.stalled(  # as the campaign judges it: no case ended within the limit
+            _case_limit(get_contract(w.item["contract"]), self.cfg.case_timeout) if w.item is not None else 0.0,
+            w.item["budget"] if w.item is not None else 0.0)
+        if not (dead or hung):
+            return
+        w.kill()
+        if w.item is not None:
+            self.lost(w, "hang" if hung else "crash")
+        elif not w.ready:
+            self.start_failures += 1
+            if self.start_failures >= 3 and not (self.phase == 1 and self.todo):
+                # only rows held by dead workers were left to run again: they keep their first passes
+                self.run.stream.write(f"smv audit: 3 workers in a row died before they could take a row; "
+                                      f"{len(self.again)} row(s) keep their first passes\n")
+                self.again.clear()
+            elif self.start_failures >= 3:
+                raise start_error(w, "audit workers")
+        unwatch(self.sel, w)
+        self.workers.remove(w)
+        self.requeue(w)
+
+    def requeue(self, w) -> None:
+        # the first passes it held died with it: those rows run again whole elsewhere, so a crash in one row never
+        # cuts another row's cases short (the serial audit would have run their second passes)
+        self.second.pop(w.id, None)
+        self.again.extend(k for k, o in sorted(self.owner.items()) if o == w.id and isinstance(self.slots[k], RowDoc)
+                          and self.slots[k].resumable and self.slots[k].status in RESUMABLE)
+        for k in [k for k, o in self.owner.items() if o == w.id]:
+            del self.owner[k]
+        if ((self.phase == 1 and self.todo and not self.cfg.past_deadline())
+                or (self.again and self.cfg.time_left(self.budget_end) > 0.05)):
+            nw = self.spawn(w.slot)
+            self.run.stream.write(f"smv audit: started worker {nw.id} on {nw.device_name} in place of {w.id}\n")
+
+    def heartbeat(self) -> None:
+        if not self.prog.enabled or time.monotonic() - self.last_beat < HEARTBEAT_S:
+            return
+        self.last_beat = time.monotonic()
+        running = [f"{w.item['contract']} on {w.item['target']}" for w in self.workers if w.item is not None]
+        done = sum(s is not None for s in self.slots)
+        self.run.stream.write(f"smv audit: {done} of {self.n_rows} rows done under {self.sub.label}, "
+                              f"{len(running)} running ({', '.join(running[:4])}{' ...' if len(running) > 4 else ''})"
+                              f", {self.prog.eta()}\n")
+        self.run.stream.flush()
+
+    def stop(self) -> None:
+        from contracts.engine.workers import stop_workers
+
+        stop_workers(self.workers)
+        self.run.seconds[self.sub.label] = time.monotonic() - self.t0
+
+    def close_out(self) -> None:
+        for i in range(self.n_rows):  # a row a dead worker's queue never reached
+            if self.slots[i] is None:
+                self.slots[i] = self.not_started(i)
+        self.run.results[self.first_index:] = self.slots

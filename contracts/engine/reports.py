@@ -26,14 +26,31 @@ from contracts.engine.timesplit import cases_per_second, format_split
 #: on each target (``[{"name", "served": {target: what}}]``), and ``not_run`` (``[{"what", "why"}]``: its code no row
 #: can run here); ``run.lifecycle`` when the audit has more than one
 #: subject: for every known finding and every new failure, which subjects show it
-AUDIT_SCHEMA_VERSION = 9
+#: 10: ``run.changed_since`` with ``--changed-since REF`` (``{"ref", "changed": [files], "selected": "all" | [contract
+#: ids], "why": [lines], "subjects": {label: {"ref", "repo", "changed", "selected", "why"}}}``): the rows a change
+#: selected (contracts.engine.changes); an audit it selected nothing for has no rows and is ok
+#: 11: ``run.plan``: ``{"estimated_seconds", "minimum_seconds", "deadline", "cpu_share", "rows", "rows_measured",
+#: "actual_seconds"}``: what the audit planned before it started (contracts.engine.plan: every row's minimum always
+#: runs, so the run takes the larger of the minimums and the budget; ``deadline`` is ``--deadline``, null without
+#: one) and what it took
+#: 12: per row ``reach_class`` and on each violation ``reach_class``: ``production`` (the failing case lies inside
+#: the production domain upstream's callers produce), ``caller-contract`` (outside it, but allowed by the function's
+#: own signature), ``adversarial`` (corrupt or foreign data) - fuzz/domains.py; null for a row without violations or
+#: a case of a family without a declared domain (``reach`` stays the pairwise coverage)
+AUDIT_SCHEMA_VERSION = 12
+REACH_CLASSES = ("production", "caller-contract", "adversarial")
 TIME_SPLIT_KEYS = ("compile", "kernel", "oracle", "harness")
 SPECIALIZATION_SOURCES = ("compiled", "predicted")
 #: 2: ``subject`` at the top level ({name, version, source}) and ``finished``
 #: 3: per entry ``time_to_kill`` (``{"cases", "seconds", "contract", "target"}``, ``"crash": true`` for a kill by
 #: crash; null for an entry not killed) and at the top level ``time_to_kill`` (``{"killed", "median_seconds",
 #: "worst_seconds", "worst", "median_cases", "worst_cases"}`` over the killed entries)
-ZOO_SCHEMA_VERSION = 3
+#: 4: ``changed_since`` with ``--changed-since REF`` (``{"ref", "repo", "changed", "selected", "why", "mutants": "all" |
+#: [ids]}``); a zoo it selected nothing for has no results and exits 0
+#: 5: per entry ``cap_seconds`` (the time cap its audit ran under, derived from the unpatched rows' measured cost;
+#: null for an entry not run) and at the top level ``cap`` (``{"floor", "cost_factor", "startup_factor",
+#: "baseline": {"seconds", "startup_seconds", "rows", "row_seconds", "error"} | null}``)
+ZOO_SCHEMA_VERSION = 5
 STATUSES = ("pass", "fail", "error", "skipped", "incomplete", "known")
 ZOO_STATUSES = ("killed", "survived", "stale", "error")
 STOPPED_BY = ("budget", "max_cases", "exhausted")
@@ -69,6 +86,9 @@ AUDIT_JSON_SCHEMA = {
                     "type": "object", "required": ["contract", "target", "message", "seen"]}}}},
             "specializations_source": {"enum": list(SPECIALIZATION_SOURCES)},
             "jobs": {"type": "integer"},
+            "plan": {"type": "object", "required": ["estimated_seconds", "minimum_seconds", "deadline"],
+                     "properties": {"estimated_seconds": {"type": "number"}, "minimum_seconds": {"type": "number"},
+                                    "deadline": {"type": ["number", "null"]}}},
             "findings": {"type": "object", "required": ["file", "ids"],
                          "properties": {"file": {"type": ["string", "null"]},
                                         "ids": {"type": "array", "items": {"type": "string"}}}}}},
@@ -85,7 +105,9 @@ AUDIT_JSON_SCHEMA = {
                 "pinned_cases": {"type": "integer"}, "generated_cases": {"type": "integer"},
                 "stopped_by": {"enum": list(STOPPED_BY) + [None]}, "margin": {"type": ["number", "null"]},
                 "violations": {"type": "array", "items": {
-                    "type": "object", "required": ["message", "where", "expected", "got"]}},
+                    "type": "object", "required": ["message", "where", "expected", "got"],
+                    "properties": {"reach_class": {"enum": [*REACH_CLASSES, None]}}}},
+                "reach_class": {"enum": [*REACH_CLASSES, None]},
                 "repro": {"type": ["string", "null"]},
                 "subject": SUBJECT_ROW,
                 "findings": {"type": "array", "items": {"type": "string"}},
@@ -122,6 +144,10 @@ def audit_schema(version: int = AUDIT_SCHEMA_VERSION) -> dict:
         schema["properties"]["results"]["items"]["required"] += ["specializations"]
     if version >= 8:
         schema["properties"]["run"]["required"] += ["jobs"]
+    if version >= 11:
+        schema["properties"]["run"]["required"] += ["plan"]
+    if version >= 12:
+        schema["properties"]["results"]["items"]["required"] += ["reach_class"]
     return schema
 
 
@@ -302,6 +328,26 @@ def _md_split(r: dict) -> str:
     return " / ".join(f"{s.get(k, 0.0):.2f}" for k in TIME_SPLIT_KEYS)
 
 
+REACH_TITLES = {"production": "Reach: production (inputs upstream's own callers produce)",
+                "caller-contract": "Reach: caller contract (allowed by the function's signature; callers do not "
+                                   "produce it)",
+                "adversarial": "Reach: adversarial (corrupt or foreign data: hardening notes)",
+                None: "Reach: not classified (no failing case, or a family without a declared domain)"}
+
+
+def _reach_rank(r: dict) -> int:
+    rc = r.get("reach_class")
+    return REACH_CLASSES.index(rc) if rc in REACH_CLASSES else len(REACH_CLASSES)
+
+
+def _md_by_reach(bad: list) -> list[str]:
+    """One line: the failing and known rows counted by how production reaches their cases."""
+    counts = {rc: sum(1 for r in bad if r.get("reach_class") == rc) for rc in (*REACH_CLASSES, None)}
+    if not any(counts[rc] for rc in REACH_CLASSES):
+        return []
+    return ["", "by reach: " + " · ".join(f"{rc or 'unclassified'}: {n}" for rc, n in counts.items() if n)]
+
+
 def audit_markdown(doc: dict) -> str:
 
     rows = doc["results"]
@@ -336,7 +382,12 @@ def audit_markdown(doc: dict) -> str:
                          f"{_md_rate(r)} | {_md_split(r)} | {_md_escape(r['reason'])[:160]} |")
     bad = [r for r in rows if r["status"] in ("fail", "error", "incomplete", "known")
            or (multi and r["status"] == "skipped" and "subject" in r["reason"])]
-    for r in bad:
+    lines += _md_by_reach(bad)
+    group = object()
+    for r in sorted(bad, key=_reach_rank):
+        if r.get("reach_class") != group and any(x.get("reach_class") for x in bad):
+            group = r.get("reach_class")
+            lines += ["", f"# {REACH_TITLES.get(group, 'Rows without a failing case')}"]
         under = f" under `{_row_label(r)}`" if multi or (r.get("subject") or {}).get("name", "ours") != "ours" else ""
         known = f" ({', '.join(r['findings'])})" if r["status"] == "known" and r.get("findings") else ""
         lines += ["", f"## {r['contract']} on {r['target']}{under}: {r['status']}{known}", "", _md_escape(r["reason"]),
@@ -409,12 +460,16 @@ def audit_junit(doc: dict) -> bytes:
         name = f"{r['target']} [{_row_label(r)}]" if multi else r["target"]
         tc = ET.SubElement(suite, "testcase", classname=f"smv.{r['contract']}", name=name,
                            time=f"{r['seconds']:.3f}")
+        if r.get("reach_class"):  # how production reaches the failing case (CI systems group by properties)
+            props = ET.SubElement(tc, "properties")
+            ET.SubElement(props, "property", name="reach_class", value=r["reach_class"])
         body = "\n".join(f"{v['message']} at {v['where']}: expected {v['expected']}, got {v['got']}"
                          for v in r["violations"])
         if r.get("repro"):
             body += f"\nreplay: smv repro {r['repro']}"
         if r["status"] == "fail":
-            ET.SubElement(tc, "failure", message=r["reason"][:500]).text = body
+            reach = f"[{r['reach_class']}] " if r.get("reach_class") else ""
+            ET.SubElement(tc, "failure", message=reach + r["reason"][:500]).text = body
         elif r["status"] == "incomplete":
             ET.SubElement(tc, "failure", message="incomplete: " + r["reason"][:500], type="incomplete")
         elif r["status"] == "error":
@@ -485,6 +540,9 @@ def _footer(doc: dict) -> list[str]:
     out = [f"{sum(c.values())} rows: " + ", ".join(f"{v} {k}" for k, v in c.items() if v)
            + f" in {run['seconds']:.1f}s -> {'OK' if run['ok'] else 'FAILED'}"
            + (f": {run['reason']}" if run.get("reason") else "")]
+    by_reach = _md_by_reach([r for r in doc["results"] if r["status"] in ("fail", "known")])
+    if by_reach:
+        out.append("failing and known rows " + by_reach[-1])
     out.append(f"seed {run.get('seed')}, commit {(run.get('commit') or 'none')[:12]}"
                + (" (dirty)" if run.get("dirty") else "")
                + (", " + ", ".join(f"{k} {v}" for k, v in run["versions"].items()) if run.get("versions") else ""))

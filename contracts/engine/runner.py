@@ -6,7 +6,7 @@ import os
 import re
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import event as hyp_event
 from hypothesis import given, settings
@@ -84,11 +84,25 @@ class RowResult:
     def cases(self) -> int:
         return self.pinned_cases + self.generated_cases
 
+    @property
+    def reach_class(self) -> str | None:
+        """How production reaches the failing case (fuzz/domains.py): the row's violations all come from it."""
+        if not self.violations or self.case is None:
+            return None
+        from fuzz.domains import reach_class
+
+        try:
+            return reach_class(self.case)
+        except Exception:  # noqa: BLE001 - a case a domain cannot read is not classified, never a crash
+            return None
+
     def as_json(self) -> dict:
         return {"contract": self.contract, "target": self.target, "status": self.status, "reason": self.reason,
                 "cases": self.cases, "pinned_cases": self.pinned_cases, "generated_cases": self.generated_cases,
                 "stopped_by": self.stopped_by, "margin": None if self.margin is None else round(self.margin, 6),
-                "seconds": round(self.seconds, 3), "violations": [v.as_json() for v in self.violations],
+                "seconds": round(self.seconds, 3),
+                "violations": [dict(v.as_json(), reach_class=self.reach_class) for v in self.violations],
+                "reach_class": self.reach_class,
                 "repro": self.repro, "subject": dict(self.subject or _ours_row()), "findings": list(self.findings),
                 "first_violation": None if self.first_violation is None else {
                     "cases": self.first_violation["cases"], "seconds": round(self.first_violation["seconds"], 3)},
@@ -231,17 +245,50 @@ def database_key(contract_id: str, target: str, subject: "Subject | None" = None
     return f"smv-row:{contract_id}:{target}:{(subject or ours()).label}".encode()
 
 
-def run_contract(contract: Contract, target: "Target | str", *, profile: str = "ci", budget: float = 60.0,
-                 seed: int | None = None, repro_dir: str | None = None, progress=None,
-                 use_examples: bool = True, max_examples: int | None = None, stop_after: int | None = None,
-                 skip: int = 0, shrink_until: float | None = None, subject: "Subject | None" = None,
-                 findings: list | None = None, known_repro: bool = True) -> RowResult:
+@dataclass
+class RowOptions:
+    """How one call of :func:`run_contract` runs its row: the keywords of ``run_contract``, kept together so that
+    the audit and its workers pass them once (``dataclasses.replace`` makes a pass's variant)."""
+    profile: str = "ci"
+    budget: float = 60.0
+    seed: int | None = None
+    repro_dir: str | None = None
+    progress: object = None
+    use_examples: bool = True
+    max_examples: int | None = None
+    stop_after: int | None = None
+    skip: int = 0
+    shrink_until: float | None = None
+    subject: "Subject | None" = None
+    findings: list | None = None
+    known_repro: bool = True
+    #: the zoo's kill check: the row stops at its first failing case, unshrunk
+    first_violation: bool = False
+    #: the audit's rows: the budget never cuts a row before its minimum (its pinned examples and its minimum of
+    #: generated cases); only ``deadline`` does
+    minimum_first: bool = False
+    #: a ``time.monotonic()`` instant: the hard stop of every case and of shrinking; a row it cuts before its
+    #: minimum is ``incomplete`` naming it. ``deadline_s``: the deadline's length the reason names
+    deadline: float | None = None
+    deadline_s: float | None = None
+
+    def check(self) -> None:
+        if not self.budget > 0:
+            raise ValueError(f"budget: expected a positive number of seconds, got {self.budget!r}")
+        if self.max_examples is not None and self.max_examples < 0:
+            raise ValueError(f"max_examples: expected 0 or more, got {self.max_examples!r}")
+        if self.skip < 0 or (self.stop_after is not None and self.stop_after < 0):
+            raise ValueError(f"skip / stop_after: expected 0 or more, got {self.skip!r} / {self.stop_after!r}")
+
+
+def run_contract(contract: Contract, target: "Target | str", opts: RowOptions | None = None, **options
+                 ) -> RowResult:
     """Check ``contract`` on ``target``: pinned examples first, then generated cases until the case limit, the
     budget or the generator's space runs out (``stopped_by`` says which), shrinking any failure within a grace
-    period. ``progress(pinned, generated)`` is called after each case with this call's counts so far.
-    ``use_examples=False`` skips the pinned examples (the zoo uses it: kills must come from the generator).
-    ``max_examples`` is the row's generated-case limit, exactly (default: the profile's count); the contract's own
-    ``max_cases`` caps it further.
+    period. The options are :class:`RowOptions`' fields, as keywords or as ``opts`` (keywords override it).
+    ``progress(pinned, generated)`` is called after each case with this call's counts so far. ``use_examples=False``
+    skips the pinned examples (the zoo uses it: kills must come from the generator). ``max_examples`` is the row's
+    generated-case limit, exactly (default: the profile's count); the contract's own ``max_cases`` caps it further.
 
     ``subject`` is the code under audit (default: ours); the check runs inside ``contracts.subjects.using`` it.
     An entry point the subject lacks, or a row it cannot run on this host, ends the row ``skipped`` with the
@@ -257,22 +304,24 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
     ``known_repro=False`` writes no reproducer for a known row (the audit's second pass of a row whose first pass
     already wrote one).
 
-    The audit runs a row in two calls that form one generated sequence: both use the same seed and limit, the
-    first with ``stop_after`` (check that many generated cases, then stop with ``stopped_by == "stop_after"``),
-    the second with ``skip`` (the first ``skip`` generated cases are drawn again, Hypothesis being deterministic
-    for a seed, but neither checked nor counted). ``shrink_until`` (a ``time.monotonic()`` instant) ends the
-    shrinking of a failure; default: half the budget again past the deadline, at least 10 s."""
-    if not budget > 0:
-        raise ValueError(f"budget: expected a positive number of seconds, got {budget!r}")
-    if max_examples is not None and max_examples < 0:
-        raise ValueError(f"max_examples: expected 0 or more, got {max_examples!r}")
+    The audit runs a row in two calls that form one generated sequence (:func:`first_pass`, :func:`second_pass`):
+    both use the same seed and limit, the first with ``stop_after`` (check that many generated cases, then stop
+    with ``stopped_by == "stop_after"``), the second with ``skip`` (the first ``skip`` generated cases are drawn
+    again, Hypothesis being deterministic for a seed, but neither checked nor counted). ``minimum_first``: the
+    budget does not cut the row before its minimum; ``deadline`` (a ``time.monotonic()`` instant) cuts it anywhere.
+    ``shrink_until`` (a ``time.monotonic()`` instant) ends the shrinking of a failure; default: half the budget
+    again past the budget's end (or the failure, when that came later), at least 10 s, and never past ``deadline``.
+    ``first_violation=True`` (the zoo's kill check) stops the row at its first failing case: no shrink phase,
+    no re-check of the failure, and its case is the one reported."""
+    opts = replace(opts, **options) if opts is not None else RowOptions(**options)
+    opts.check()
     t = get_target(target)
-    sub = subject or ours()
+    sub = opts.subject or ours()
     row = RowResult(contract.id, t.name, "pass", subject=sub.as_row())
     if not contract.applies_to(t):
         row.status, row.reason = "skipped", contract.skip_reason
         return row
-    known = known_findings.load() if findings is None else findings
+    known = known_findings.load() if opts.findings is None else opts.findings
     root = known_findings.subject_root(sub)  # a finding applies by the code in the subject's tree, or the version
     mine = known_findings.applicable(known, contract.id, sub.name, sub.version, t.name, root=root)
 
@@ -281,11 +330,8 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
             return None
         return known_findings.classify(violations, mine, contract.id, sub.name, sub.version, t.name, root=root)
 
-    with using(subject), collecting_notes() as notes:
-        row = _run_row(contract, t, row, sub, classify, profile=profile, budget=budget, seed=seed,
-                       repro_dir=repro_dir, progress=progress, use_examples=use_examples,
-                       max_examples=max_examples, stop_after=stop_after, skip=skip, shrink_until=shrink_until,
-                       known_repro=known_repro)
+    with using(opts.subject), collecting_notes() as notes:
+        row = _Row(contract, t, row, sub, classify, opts).run()
     row.notes = list(notes)
     if row.status == "fail":  # a finding's signature on code that changed since it was confirmed: triage it
         changed = known_findings.code_changed(row.violations, known, contract.id, sub.name, sub.version, t.name,
@@ -297,248 +343,317 @@ def run_contract(contract: Contract, target: "Target | str", *, profile: str = "
     return row
 
 
-def _run_row(contract: Contract, t: Target, row: RowResult, sub: Subject, classify, *, profile, budget, seed,
-             repro_dir, progress, use_examples, max_examples, stop_after, skip, shrink_until,
-             known_repro) -> RowResult:
-    start = time.monotonic()
-    trace = os.environ.get(CASE_TRACE_ENV) or None
-    case_file = os.environ.get(CASE_FILE_ENV) or None
-    started_wall = time.time()
-    deadline = start + budget
-    base = profile_settings(profile)
-    user_limit = max_examples
-    n = base.max_examples if user_limit is None else user_limit
-    n = n if contract.max_cases is None else min(n, contract.max_cases)
-    if skip < 0 or (stop_after is not None and stop_after < 0):
-        raise ValueError(f"skip / stop_after: expected 0 or more, got {skip!r} / {stop_after!r}")
-    shrink_end = deadline + max(10.0, budget * 0.5) if shrink_until is None else shrink_until
-    state: dict = {"pinned": 0, "generated": 0, "skipped": 0, "failing": None, "stop": None, "margin": None,
-                   "known": None, "known_ids": [], "combo": None}
+class _Row:
+    """One call's run of one row: its state, and its steps (setup, pinned examples, generated cases, verdict)."""
 
-    def note_margin(m):
-        if m is not None and contract.numeric:
-            state["margin"] = m if state["margin"] is None else max(state["margin"], m)
+    def __init__(self, contract: Contract, t: Target, row: RowResult, sub: Subject, classify, o: RowOptions):
+        self.c, self.t, self.row, self.sub, self.classify, self.o = contract, t, row, sub, classify, o
+        self.start = time.monotonic()
+        self.trace = os.environ.get(CASE_TRACE_ENV) or None
+        self.case_file = os.environ.get(CASE_FILE_ENV) or None
+        self.started_wall = time.time()
+        self.soft = self.start + o.budget  # the budget's end
+        self.base = profile_settings(o.profile)
+        n = self.base.max_examples if o.max_examples is None else o.max_examples
+        self.n = n if contract.max_cases is None else min(n, contract.max_cases)
+        self.stop_after = o.stop_after
+        self.shrink_end = self._shrink_end(self.soft)
+        self.state: dict = {"pinned": 0, "generated": 0, "skipped": 0, "failing": None, "stop": None,
+                            "margin": None, "known": None, "known_ids": [], "combo": None}
+        self.pinned: list = []
+        self.array: list = []
+        self.required: list = []
+        self.exhaustive = self.enforce_reach = self.limit_is_max_cases = False
+        self.min_generated = 0
 
-    def note_first():
+    def _shrink_end(self, after: float) -> float:
+        end = after + max(10.0, self.o.budget * 0.5) if self.o.shrink_until is None else self.o.shrink_until
+        return end if self.o.deadline is None else min(end, self.o.deadline)
+
+    def out_of_time(self, reached_minimum: bool) -> str | None:
+        """"deadline" past the hard stop; "budget" past the budget's end, unless the minimum still protects the
+        row; None while there is time."""
+        now = time.monotonic()
+        if self.o.deadline is not None and now > self.o.deadline:
+            return "deadline"
+        if now > self.soft and (reached_minimum or not self.o.minimum_first):
+            return "budget"
+        return None
+
+    def note_margin(self, m) -> None:
+        if m is not None and self.c.numeric:
+            self.state["margin"] = m if self.state["margin"] is None else max(self.state["margin"], m)
+
+    def note_first(self) -> None:
         # the first case that fails the row, counted when its check ends (a shrink's replays come later); this
         # call's own cases and seconds (the audit's second pass adds the first pass's)
-        state["first_violation"] = {"cases": state["pinned"] + state["generated"],
-                                    "seconds": time.monotonic() - start}
+        now = time.monotonic()
+        self.state["first_violation"] = {"cases": self.state["pinned"] + self.state["generated"],
+                                         "seconds": now - self.start}
+        self.shrink_end = self._shrink_end(max(self.soft, now))
 
-    def note_known(case, violations, ids):
-        if state["known"] is None:
-            state["known"] = (case, violations, ids)
-        state["known_ids"] += [i for i in ids if i not in state["known_ids"]]
+    def note_known(self, case, violations, ids) -> None:
+        if self.state["known"] is None:
+            self.state["known"] = (case, violations, ids)
+        self.state["known_ids"] += [i for i in ids if i not in self.state["known_ids"]]
 
-    try:
+    def setup(self) -> None:
+        c, t, o = self.c, self.t, self.o
         # the subject's code for this target, loaded before any case and before the family's dimension filters ask
         # it what it has: a subject that cannot load here is an error row naming the cause (or a skip), never a
         # violation of the first case and never a traceback that ends the audit
-        sub.bind(t)
+        self.sub.bind(t)
         # declared dimensions: under ci (nightly: triples) the generated phase starts with the covering array, one
         # case per row (the generator's case forced to hit it); the array is the row's minimum and overrides the
         # limit
-        family = dimensions.family_for(contract.id)
-        exhaustive = bool(contract.extra.get("exhaustive", False))
-        strength = 0 if exhaustive else dimensions.strength_for(profile, family, t)
-        array = family.covering_array(t, strength) if strength else []
-        required = family.required(t, strength or 2) if family is not None and not exhaustive else []
-        enforce_reach = bool(array) and profile == "ci"
-        row.reach_required = required
-        n = max(n, len(array))
-        min_generated = max(contract.min_cases, len(array))
-        if stop_after is not None:
-            stop_after = max(stop_after, len(array))
-        row.limit = n
+        self.family = dimensions.family_for(c.id)
+        self.exhaustive = bool(c.extra.get("exhaustive", False))
+        strength = 0 if self.exhaustive else dimensions.strength_for(o.profile, self.family, t)
+        self.array = self.family.covering_array(t, strength) if strength else []
+        self.required = (self.family.required(t, strength or 2)
+                         if self.family is not None and not self.exhaustive else [])
+        self.enforce_reach = bool(self.array) and o.profile == "ci"
+        self.row.reach_required = self.required
+        self.n = max(self.n, len(self.array))
+        self.min_generated = max(c.min_cases, len(self.array))
+        if self.stop_after is not None:
+            self.stop_after = max(self.stop_after, len(self.array))
+        self.row.limit = self.n
         # a case limit set by a user or a contract is "max_cases"; the profile's own count is part of "exhausted"
-        limit_is_max_cases = user_limit is not None or contract.max_cases is not None
-        pinned = list(contract.examples(t)) if contract.examples and use_examples and not skip else []
-        for case in pinned:
-            if time.monotonic() > deadline:
-                state["stop"] = "budget"
+        self.limit_is_max_cases = o.max_examples is not None or c.max_cases is not None
+        self.pinned = list(c.examples(t)) if c.examples and o.use_examples and not o.skip else []
+
+    def run_pinned(self) -> None:
+        state, c, t = self.state, self.c, self.t
+        for case in self.pinned:
+            stop = self.out_of_time(reached_minimum=False)
+            if stop:
+                state["stop"] = stop
                 break
-            _trace(trace, contract.id, t.name, state, skip, started_wall)
-            _announce(case_file, contract.id, t.name, sub, case, "pinned")
-            v, m = _checked(contract, case, t)
+            _trace(self.trace, c.id, t.name, state, self.o.skip, self.started_wall)
+            _announce(self.case_file, c.id, t.name, self.sub, case, "pinned")
+            v, m = _checked(c, case, t)
             state["pinned"] += 1
-            if progress:
-                progress(state["pinned"], 0)
+            if self.o.progress:
+                self.o.progress(state["pinned"], 0)
             if v:
-                ids = classify(v)
+                ids = self.classify(v)
                 if ids:
-                    note_known(case, v, ids)
+                    self.note_known(case, v, ids)
                     continue
                 state["failing"] = (case, v)
-                note_first()
+                self.note_first()
                 break
-            note_margin(m)
-        if state["failing"] is None and state["stop"] is None and n > skip:
+            self.note_margin(m)
 
-            def _property(case):
-                if state["failing"] is None:
-                    if time.monotonic() > deadline:
-                        state["stop"] = "budget"
-                        raise _Stop
-                    if state["skipped"] < skip:  # checked by the earlier call of this row
-                        state["skipped"] += 1
-                        return
-                    if skip + state["generated"] >= n:
-                        state["stop"] = "max_cases" if limit_is_max_cases else "exhausted"
-                        raise _Stop
-                    if stop_after is not None and state["generated"] >= stop_after:
-                        state["stop"] = "stop_after"
-                        raise _Stop
-                elif time.monotonic() > shrink_end:
-                    raise _Stop  # stop shrinking; the smallest failing case so far stands
-                if state["failing"] is None:
-                    pos = state["skipped"] + state["generated"]
-                    state["combo"] = array[pos] if pos < len(array) else None
-                if state["combo"] is not None:  # a covering-array case (while shrinking: the failing one's row)
-                    case = family.force(case, state["combo"], t)
-                if state["failing"] is None:
-                    _trace(trace, contract.id, t.name, state, skip, started_wall)
-                _announce(case_file, contract.id, t.name, sub, case,
-                          "generated" if state["failing"] is None else "shrink")
-                try:
-                    v, m = _checked(contract, case, t)
-                except CaseError as exc:  # a generator bug: no shrinking, no database entry
-                    state["case_error"] = exc
-                    raise _Stop from None
-                except (SubjectSkip, SubjectError) as exc:
-                    if state["failing"] is not None:
-                        return  # while shrinking: a case the subject cannot run is not the failure
-                    state["subject_stop"] = exc  # no verdict, so nothing to shrink or save
-                    raise _Stop from None
-                ids = classify(v) if v else None
-                if state["failing"] is None:
-                    if family is not None:
-                        hit = family.hit(case, t)
-                        for k, val in sorted(hit, key=repr):
-                            hyp_event(f"{k}={val}")
-                        row.reach_covered |= dimensions.covered_by(required, hit)
-                    state["generated"] += 1
-                    if progress:
-                        progress(state["pinned"], state["generated"])
-                    if not v:
-                        note_margin(m)
-                    elif ids:
-                        note_known(case, v, ids)
-                # only an unexplained violation falsifies: the shrinker never moves toward a known signature
-                if v and not ids:
-                    if state["failing"] is None:
-                        note_first()
-                    state["failing"] = (case, v)
-                    raise _Falsified(str(v[0]))
-                if state["failing"] is None:
-                    state["combo"] = None
+    def before_case(self) -> bool:
+        """Whether the drawn case is to be checked (False: one an earlier call checked); raises to stop."""
+        state, skip = self.state, self.o.skip
+        if state["failing"] is None:
+            stop = self.out_of_time(reached_minimum=skip + state["generated"] >= min(self.min_generated, self.n))
+            if stop:
+                state["stop"] = stop
+                raise _Stop
+            if state["skipped"] < skip:  # checked by the earlier call of this row
+                state["skipped"] += 1
+                return False
+            if skip + state["generated"] >= self.n:
+                state["stop"] = "max_cases" if self.limit_is_max_cases else "exhausted"
+                raise _Stop
+            if self.stop_after is not None and state["generated"] >= self.stop_after:
+                state["stop"] = "stop_after"
+                raise _Stop
+        elif self.o.first_violation:  # Hypothesis' replay of the failure: the first verdict stands, unchecked
+            raise _Falsified(str(state["failing"][1][0]) if state["failing"][1] else "failed")
+        elif time.monotonic() > self.shrink_end:
+            raise _Stop  # stop shrinking; the smallest failing case so far stands
+        return True
 
-            _property = settings(base, max_examples=n)(given(contract.cases(t))(_property))
-            # the example database's key for this row: Hypothesis would key it by this inner function's source,
-            # the same for every row, and replay a failure one contract saved into all the others
-            _property._hypothesis_internal_database_key = database_key(contract.id, t.name, sub)
-            if seed is not None:
-                # what ``@hypothesis.seed`` sets, without the rest of it: that decorator also turns the example
-                # database off, so a seeded nightly row would neither replay earlier failures nor save its own
-                _property._hypothesis_internal_use_seed = seed
-            from hypothesis.reporting import current_reporter, with_reporter
+    def check_case(self, case) -> None:
+        """The test function Hypothesis runs on each drawn case."""
+        state, c, t = self.state, self.c, self.t
+        if not self.before_case():
+            return
+        if state["failing"] is None:
+            pos = state["skipped"] + state["generated"]
+            state["combo"] = self.array[pos] if pos < len(self.array) else None
+        if state["combo"] is not None:  # a covering-array case (while shrinking: the failing one's row)
+            case = self.family.force(case, state["combo"], t)
+        if state["failing"] is None:
+            _trace(self.trace, c.id, t.name, state, self.o.skip, self.started_wall)
+        _announce(self.case_file, c.id, t.name, self.sub, case, "generated" if state["failing"] is None else "shrink")
+        try:
+            v, m = _checked(c, case, t)
+        except CaseError as exc:  # a generator bug: no shrinking, no database entry
+            state["case_error"] = exc
+            raise _Stop from None
+        except (SubjectSkip, SubjectError) as exc:
+            if state["failing"] is not None:
+                return  # while shrinking: a case the subject cannot run is not the failure
+            state["subject_stop"] = exc  # no verdict, so nothing to shrink or save
+            raise _Stop from None
+        ids = self.classify(v) if v else None
+        if state["failing"] is None:
+            self.count_case(case, v, m, ids)
+        # only an unexplained violation falsifies: the shrinker never moves toward a known signature
+        if v and not ids:
+            if state["failing"] is None:
+                self.note_first()
+            state["failing"] = (case, v)
+            raise _Falsified(str(v[0]))
+        if state["failing"] is None:
+            state["combo"] = None
 
-            outer = current_reporter()
+    def count_case(self, case, v, m, ids) -> None:
+        """A generated case checked (not a shrink's replay): its reach, its count, its margin or known finding."""
+        state = self.state
+        if self.family is not None:
+            hit = self.family.hit(case, self.t)
+            for k, val in sorted(hit, key=repr):
+                hyp_event(f"{k}={val}")
+            self.row.reach_covered |= dimensions.covered_by(self.required, hit)
+        state["generated"] += 1
+        if self.o.progress:
+            self.o.progress(state["pinned"], state["generated"])
+        if not v:
+            self.note_margin(m)
+        elif ids:
+            self.note_known(case, v, ids)
 
-            def _reporter(text):
-                # after a stop Hypothesis offers "reproduce this failure by adding @seed(...)": there was none
-                if state["stop"] is None:
-                    outer(text)
+    def hypothesis_test(self):
+        """The row's Hypothesis test: the row's settings, database key and seed."""
+        c, t, base = self.c, self.t, self.base
 
-            try:
-                with with_reporter(_reporter):
-                    _property()
-            except _Stop:
-                if state.get("case_error") is not None:
-                    raise state["case_error"] from None
-                if state.get("subject_stop") is not None:
-                    raise state["subject_stop"] from None
-            except _Falsified:
-                pass
-            except (CaseError, SubjectSkip, SubjectError):
-                raise
-            except Exception as exc:  # Hypothesis' own errors (flaky replay after the shrink cut-off, ...)
-                if state["failing"] is None:
-                    raise exc
+        def _property(case):
+            self.check_case(case)
+
+        if self.o.first_violation:  # no shrink (nor explain, which needs one): the first failing case ends the row
+            from hypothesis import Phase
+
+            s = settings(base, max_examples=self.n, report_multiple_bugs=False,
+                         phases=tuple(p for p in base.phases if p not in (Phase.shrink, Phase.explain)))
+        else:
+            s = settings(base, max_examples=self.n)
+        test = s(given(c.cases(t))(_property))
+        # the example database's key for this row: Hypothesis would key it by this inner function's source,
+        # the same for every row, and replay a failure one contract saved into all the others
+        test._hypothesis_internal_database_key = database_key(c.id, t.name, self.sub)
+        if self.o.seed is not None:
+            # what ``@hypothesis.seed`` sets, without the rest of it: that decorator also turns the example
+            # database off, so a seeded nightly row would neither replay earlier failures nor save its own
+            test._hypothesis_internal_use_seed = self.o.seed
+        return test
+
+    def run_generated(self) -> None:
+        state = self.state
+        if not (state["failing"] is None and state["stop"] is None and self.n > self.o.skip):
             if state["stop"] is None and state["failing"] is None:
-                # Hypothesis ended by itself: the limit reached, or no new distinct case left to draw
-                if skip + state["generated"] >= n and limit_is_max_cases:
-                    state["stop"] = "max_cases"
-                else:
-                    state["stop"] = "exhausted"
-        elif state["stop"] is None and state["failing"] is None:
-            state["stop"] = "max_cases" if limit_is_max_cases else "exhausted"
-    except _Stop:  # pragma: no cover - raised only inside the Hypothesis run
-        pass
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except CaseError as exc:
-        row.status = "error"
-        row.reason = f"malformed case (a generator or pinned example bug, not a verdict): {exc}"
-        _fill(row, state, start)
-        return row
-    except SubjectSkip as exc:  # an entry point the subject lacks, or a row it cannot run here: no verdict
-        row.status = "skipped"
-        row.reason = exc.reason(sub.label)
-        _fill(row, state, start)
-        return row
-    except SubjectError as exc:  # the interpreter's fidelity, a symbol an adapter needs, a stand-in reached
-        row.status = "error"
-        row.reason = (f"subject {sub.label} on {t.name}: {failure_cause(exc, sub)}" if sub.name != "ours" else
-                      str(exc)) or "the interpreter's fidelity for this subject is not established"
-        _fill(row, state, start)
-        return row
-    except BaseException as exc:  # noqa: BLE001 - harness failure, not a contract verdict
-        row.status = "error"
-        row.reason = failure_cause(exc, sub)
-        if state["pinned"] + state["generated"] == 0 and sub.name != "ours":
-            row.reason = f"subject {sub.label} could not run on {t.name}: {row.reason}"
-        _fill(row, state, start)
+                state["stop"] = "max_cases" if self.limit_is_max_cases else "exhausted"
+            return
+        from hypothesis.reporting import current_reporter, with_reporter
+
+        outer = current_reporter()
+
+        def _reporter(text):
+            # after a stop Hypothesis offers "reproduce this failure by adding @seed(...)": there was none
+            if state["stop"] is None:
+                outer(text)
+
+        try:
+            with with_reporter(_reporter):
+                self.hypothesis_test()()
+        except _Stop:
+            if state.get("case_error") is not None:
+                raise state["case_error"] from None
+            if state.get("subject_stop") is not None:
+                raise state["subject_stop"] from None
+        except _Falsified:
+            pass
+        except (CaseError, SubjectSkip, SubjectError):
+            raise
+        except Exception as exc:  # Hypothesis' own errors (flaky replay after the shrink cut-off, ...)
+            if state["failing"] is None:
+                raise exc
+        if state["stop"] is None and state["failing"] is None:
+            # Hypothesis ended by itself: the limit reached, or no new distinct case left to draw
+            if self.o.skip + state["generated"] >= self.n and self.limit_is_max_cases:
+                state["stop"] = "max_cases"
+            else:
+                state["stop"] = "exhausted"
+
+    def run(self) -> RowResult:
+        row, sub, t = self.row, self.sub, self.t
+        try:
+            self.setup()
+            self.run_pinned()
+            self.run_generated()
+        except _Stop:  # pragma: no cover - raised only inside the Hypothesis run
+            pass
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except CaseError as exc:
+            row.status = "error"
+            row.reason = f"malformed case (a generator or pinned example bug, not a verdict): {exc}"
+        except SubjectSkip as exc:  # an entry point the subject lacks, or a row it cannot run here: no verdict
+            row.status = "skipped"
+            row.reason = exc.reason(sub.label)
+        except SubjectError as exc:  # the interpreter's fidelity, a symbol an adapter needs, a stand-in reached
+            row.status = "error"
+            row.reason = (f"subject {sub.label} on {t.name}: {failure_cause(exc, sub)}" if sub.name != "ours" else
+                          str(exc)) or "the interpreter's fidelity for this subject is not established"
+        except BaseException as exc:  # noqa: BLE001 - harness failure, not a contract verdict
+            row.status = "error"
+            row.reason = failure_cause(exc, sub)
+            if self.state["pinned"] + self.state["generated"] == 0 and sub.name != "ours":
+                row.reason = f"subject {sub.label} could not run on {t.name}: {row.reason}"
+        _fill(row, self.state, self.start)
+        if row.status in ("error", "skipped"):
+            return row
+        return self.verdict()
+
+    def verdict(self) -> RowResult:
+        row, state = self.row, self.state
+        row.findings = list(state["known_ids"])
+        done = self.o.skip + state["generated"]
+        least = min(self.min_generated, self.n)
+        if state["failing"] is not None:
+            row.case, row.violations = state["failing"]
+            row.status = "fail"
+            row.reason = str(row.violations[0]) if row.violations else "failed"
+            self.write_repro()
+        elif state["known"] is not None:
+            row.case, row.violations, ids = state["known"]
+            row.status = "known"
+            row.reason = known_reason(row.findings, row.violations)
+            if self.o.known_repro:
+                self.write_repro(ids)
+        elif state["pinned"] < len(self.pinned):
+            row.status = "incomplete"
+            row.reason = f"{self.ran_out(state['stop'])} after {state['pinned']} of {len(self.pinned)} pinned examples"
+        elif state["stop"] in ("budget", "deadline") and done < least:
+            row.status = "incomplete"
+            row.reason = f"{self.ran_out(state['stop'])} after {done} of at least {least} generated cases"
+        elif state["stop"] == "max_cases" and done < self.min_generated:
+            # a case limit below the contract's minimum is not evidence either; the row says the limit did it, not
+            # the clock (an exhausted space, by contrast, means every distinct case was checked)
+            row.status = "incomplete"
+            row.reason = (f"the case limit stopped the row at {done} generated cases, below the contract's "
+                          f"minimum of {self.min_generated}")
+        row.reach = reach_doc(self.required, row.reach_covered, self.exhaustive)
+        row.reach_enforced = self.enforce_reach
+        if self.enforce_reach and self.o.skip == 0:
+            reach_verdict(row)
         return row
 
-    _fill(row, state, start)
-    row.findings = list(state["known_ids"])
-    if state["failing"] is not None:
-        case, violations = state["failing"]
-        row.status = "fail"
-        row.case = case
-        row.violations = violations
-        row.reason = str(violations[0]) if violations else "failed"
-        if repro_dir is not None:
-            row.repro = write_repro(os.path.join(repro_dir, repro_name(contract.id, t.name, sub)),
-                                    contract, t, case, violations, sub)
-    elif state["known"] is not None:
-        case, violations, ids = state["known"]
-        row.status = "known"
-        row.case = case
-        row.violations = violations
-        row.reason = known_reason(row.findings, violations)
-        if repro_dir is not None and known_repro:
-            row.repro = write_repro(os.path.join(repro_dir, repro_name(contract.id, t.name, sub)),
-                                    contract, t, case, violations, sub, ids)
-    elif state["pinned"] < len(pinned):
-        row.status = "incomplete"
-        row.reason = (f"the budget of {budget:.1f}s ran out after {state['pinned']} of {len(pinned)} pinned "
-                      f"examples")
-    elif state["stop"] == "budget" and skip + state["generated"] < min(min_generated, n):
-        row.status = "incomplete"
-        row.reason = (f"the budget of {budget:.1f}s ran out after {skip + state['generated']} of at least "
-                      f"{min(min_generated, n)} generated cases")
-    elif state["stop"] == "max_cases" and skip + state["generated"] < min_generated:
-        # a case limit below the contract's minimum is not evidence either; the row says the limit did it, not
-        # the clock (an exhausted space, by contrast, means every distinct case was checked)
-        row.status = "incomplete"
-        row.reason = (f"the case limit stopped the row at {skip + state['generated']} generated cases, below the "
-                      f"contract's minimum of {min_generated}")
-    row.reach = reach_doc(required, row.reach_covered, exhaustive)
-    row.reach_enforced = enforce_reach
-    if enforce_reach and skip == 0:
-        reach_verdict(row)
-    return row
+    def ran_out(self, stop: str) -> str:
+        if stop == "deadline":
+            return f"the deadline of {self.o.deadline_s or 0:g}s (--deadline) ran out"
+        return f"the budget of {self.o.budget:.1f}s ran out"
+
+    def write_repro(self, ids=None) -> None:
+        if self.o.repro_dir is not None:
+            self.row.repro = write_repro(os.path.join(self.o.repro_dir, repro_name(self.c.id, self.t.name, self.sub)),
+                                         self.c, self.t, self.row.case, self.row.violations, self.sub, ids)
 
 
 def reach_verdict(row: RowResult) -> None:
@@ -567,7 +682,7 @@ def _fill(row: RowResult, state: dict, start: float) -> None:
     row.spec_keys = specializations.drain(start)
     row.pinned_cases = state["pinned"]
     row.generated_cases = state["generated"]
-    row.stopped_by = state["stop"]
+    row.stopped_by = "budget" if state["stop"] == "deadline" else state["stop"]  # a time stop either way
     row.margin = state["margin"]
     row.first_violation = state.get("first_violation")
 
@@ -675,3 +790,67 @@ def replay(path: str) -> tuple[Contract, Target, object, list[Violation]]:
     A file that cannot be replayed is a :class:`ReproError` naming the file (see :func:`replay_row`)."""
     r = replay_row(path)
     return r.contract, r.target, r.case, r.violations
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The audit's two passes of a row (the serial audit and an audit worker both run rows so)
+# ---------------------------------------------------------------------------------------------------------------
+
+def first_pass(c: Contract, tname: str, opts: RowOptions, first: int, progress=None) -> RowResult:
+    """A row's first pass: its pinned examples and generated cases up to ``first`` (its minimum, which the budget
+    never cuts: only ``opts.deadline`` does); a row that met its minimum with more to do is ``resumable``."""
+    r = run_contract(c, tname, opts, stop_after=first, progress=progress, minimum_first=True)
+    if r.stopped_by == "stop_after":
+        # the row met its minimum and has more to do: only the budget can keep it from that now
+        r.stopped_by = "budget"
+        r.resumable = True
+    return r
+
+
+def second_pass(r0: RowResult, c: Contract, opts: RowOptions, budget: float, progress=None) -> RowResult:
+    """The row continued past its first pass (same seed, those cases skipped) within ``budget``, merged with it."""
+    r = run_contract(c, r0.target, opts, budget=budget, use_examples=False, skip=r0.generated_cases,
+                     known_repro=r0.status != "known", progress=progress)
+    return merge_passes(r0, r)
+
+
+def merge_passes(first: RowResult, second: RowResult) -> RowResult:
+    """One row from the two passes: generated cases and time add up, the second pass says what stopped the row;
+    a failure or a harness error of the second pass wins, then a known case of either; the second pass running
+    out of budget is no loss (the first already reached the minimum). A second-pass failure's ``first_violation``
+    counts the first pass's cases and seconds too."""
+    margins = [m for m in (first.margin, second.margin) if m is not None]
+    merged = RowResult(first.contract, first.target, first.status, first.reason, first.pinned_cases,
+                       first.generated_cases + second.generated_cases, first.seconds + second.seconds,
+                       first.violations, first.repro, first.case, second.stopped_by or first.stopped_by,
+                       max(margins) if margins else None, first.limit, subject=first.subject,
+                       findings=list(first.findings) + [f for f in second.findings if f not in first.findings])
+    merged.time_split = timesplit.add_splits(first.time_split or timesplit.zero_split(first.seconds),
+                                             second.time_split or timesplit.zero_split(second.seconds))
+    merged.spec_keys = specializations.merge(first.spec_keys, second.spec_keys)
+    merged.reach_required = first.reach_required
+    merged.reach_covered = set(first.reach_covered) | set(second.reach_covered)
+    merged.reach_enforced = first.reach_enforced
+    merged.notes = list(first.notes) + [n for n in second.notes if n not in first.notes]
+    merged.reach = reach_doc(first.reach_required, merged.reach_covered,
+                             bool((first.reach or {}).get("exhaustive")))
+    _merge_verdict(merged, first, second)
+    reach_verdict(merged)
+    return merged
+
+
+def _merge_verdict(merged: RowResult, first: RowResult, second: RowResult) -> None:
+    if second.status in ("fail", "error"):
+        merged.status, merged.reason = second.status, second.reason
+        merged.violations, merged.repro, merged.case = second.violations, second.repro, second.case
+        if second.first_violation is not None:  # the second pass's own counts, after all of the first's
+            merged.first_violation = {"cases": first.cases + second.first_violation["cases"],
+                                      "seconds": first.seconds + second.first_violation["seconds"]}
+    elif first.status == "known":
+        merged.reason = with_notes(known_reason(merged.findings, first.violations), merged.notes)
+    elif second.status == "known":
+        merged.status = "known"
+        merged.violations, merged.repro, merged.case = second.violations, second.repro, second.case
+        merged.reason = with_notes(known_reason(merged.findings, second.violations), merged.notes)
+    elif merged.status == "pass":
+        merged.reason = with_notes("", merged.notes)
