@@ -83,9 +83,9 @@ def test_schema_8_reports_are_read(tmp_path):
     doc["run"] = {"jobs": 12}
     r = _gate(tmp_path, doc)
     assert r.returncode == 0 and "PASS" in r.stdout
-    doc["schema_version"] = 10
+    doc["schema_version"] = 99
     r = _gate(tmp_path, doc)
-    assert r.returncode == 1 and "unsupported audit.json schema_version 10" in r.stdout
+    assert r.returncode == 1 and "unsupported audit.json schema_version 99" in r.stdout
 
 
 def test_schema_9_reports_are_read_and_error_rows_block(tmp_path):
@@ -99,3 +99,49 @@ def test_schema_9_reports_are_read_and_error_rows_block(tmp_path):
     assert r.returncode == 1 and "b on gfx942: error: subject vllm==0.35.0 could not run" in r.stdout
     doc["results"][1]["status"] = "pass"
     assert _gate(tmp_path, doc).returncode == 0
+
+
+def test_schema_10_a_change_that_selected_nothing_passes(tmp_path):
+    """audit.json 10 adds run.changed_since (smv audit --changed-since REF); an audit the change selected nothing
+    for has no rows and passes, while an audit with no rows and no such selection still blocks."""
+    doc = _doc()
+    doc["schema_version"] = 10
+    doc["run"] = {"changed_since": {"ref": "HEAD~1", "changed": ["README.md"], "selected": [], "why": []}}
+    assert _gate(tmp_path, doc).returncode == 0
+    doc["run"] = {}
+    r = _gate(tmp_path, doc)
+    assert r.returncode == 1 and "the audit ran no rows" in r.stdout
+
+
+def _reach_doc(subject, *rows):
+    doc = _doc(*[(c, t, s) for c, t, s, _ in rows])
+    doc["schema_version"] = 12
+    for r, (_, _, _, reach) in zip(doc["results"], rows):
+        r["subject"] = subject
+        r["reach_class"] = reach
+    return doc
+
+
+def test_schema_12_an_upstream_run_whose_only_violations_are_adversarial_passes_saying_so(tmp_path):
+    """audit.json 12: each failing row's reach_class. Upstream's adversarial failures are hardening notes by default;
+    production and caller-contract ones block; --gate-reach chooses; a row without a class still blocks."""
+    vllm = {"name": "vllm", "version": "0.33.0"}
+    doc = _reach_doc(vllm, ("a", "gfx942", "pass", None), ("nan-free-cache", "gfx950", "fail", "adversarial"))
+    r = _gate(tmp_path, doc)
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout
+    assert "1 hardening note" in r.stdout and "nan-free-cache on gfx950 under vllm==0.33.0: adversarial" in r.stdout
+    r = _gate(tmp_path, doc, "--gate-reach", "all")
+    assert r.returncode == 1 and "nan-free-cache on gfx950 under vllm==0.33.0: fail" in r.stdout
+    for reach in ("production", "caller-contract", None):
+        doc["results"][1]["reach_class"] = reach
+        assert _gate(tmp_path, doc).returncode == 1, reach
+    doc["results"][1]["reach_class"] = "caller-contract"
+    assert _gate(tmp_path, doc, "--gate-reach", "production").returncode == 0
+    assert _gate(tmp_path, doc, "--gate-reach", "sometimes").returncode == 2
+
+
+def test_schema_12_ours_blocks_at_every_reach(tmp_path):
+    ours = {"name": "ours", "version": "0.2.0"}
+    doc = _reach_doc(ours, ("a", "gfx942", "pass", None), ("nan-free-cache", "gfx950", "fail", "adversarial"))
+    r = _gate(tmp_path, doc)
+    assert r.returncode == 1 and "hardening" not in r.stdout
