@@ -8,7 +8,8 @@ What it gives the finding's part:
 * :func:`load_upstream` imports one upstream module: from the installed vLLM, or from a tree (``--vllm-tree``, a
   checkout or an unpacked wheel: the folder holding ``vllm/``). From a tree, every other ``vllm.*`` module the
   module imports at load, and the third-party packages listed in ``THIRD_PARTY_STUBS``, are inert stand-ins built
-  here (their names answer anything), except ``vllm.triton_utils``, which is the real Triton. Names the defect
+  here (their names answer anything), except ``vllm.triton_utils``, which is the real Triton, and the small
+  helpers in ``HELPERS`` (``cdiv``...), which behave as the real ones. Names the defect
   depends on (an architecture probe, a flag) are set explicitly by the finding's part through ``overrides``.
 * :func:`call_upstream` calls an upstream function and returns what it returned, or a :class:`Raised` holding the
   exception it raised: an exception is an observed value, not a failure of the script.
@@ -30,6 +31,15 @@ EXIT_FIXED, EXIT_PRESENT, EXIT_CANNOT_RUN = 0, 1, 2
 THIRD_PARTY_STUBS = ("transformers",)
 #: set by the exporter: the tree the finding was exported against (None: the installed vllm)
 DEFAULT_TREE = None
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+#: small pure vLLM helpers that upstream code calls at run time: their stand-ins behave as the real ones (integer
+#: ceiling division, rounding up to a multiple); a part's ``overrides`` still take precedence
+HELPERS = {"vllm.utils.math_utils": {"cdiv": _cdiv, "round_up": lambda x, multiple: _cdiv(x, multiple) * multiple}}
 
 
 class CannotRun(Exception):
@@ -179,7 +189,7 @@ class _TreeFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         mod = _triton_utils() if spec.name == "vllm.triton_utils" else _InertModule(spec.name)
-        for attr, value in self.overrides.get(spec.name, {}).items():
+        for attr, value in {**HELPERS.get(spec.name, {}), **self.overrides.get(spec.name, {})}.items():
             setattr(mod, attr, value)
         return mod
 
