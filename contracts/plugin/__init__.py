@@ -6,6 +6,9 @@
 - runs ``slow`` tests only with ``--run-slow``;
 - parametrizes a ``target`` fixture over the emulated targets (``--target`` repeatable; default all three);
 - registers the Hypothesis profiles dev / ci / nightly and loads ``ci`` when ``CI`` is set, else ``dev``;
+- ``--changed-since REF`` keeps only the test files a change since REF touched (contracts.engine.changes: each
+  test file's imports from this suite, the impl modules its contracts ran, the files it names); a change the
+  suite cannot map to tests (the engine, oracles, fuzz, shared fixtures, pyproject.toml) keeps every test;
 - gives tests an ``smv_repro_dir`` fixture (``--smv-repro-dir``, default ``.smv/pytest-repro`` under the rootdir)
   where failing contract rows keep their reproducers after pytest exits, and :func:`row_failure` to say so.
 """
@@ -42,6 +45,9 @@ def pytest_addoption(parser):
     group.addoption("--smv-repro-dir", default=None, metavar="DIR",
                     help=f"where failing contract rows write their reproducers for `smv repro` "
                          f"(default: {DEFAULT_REPRO_DIR} under the rootdir)")
+    group.addoption("--changed-since", default=None, metavar="REF", dest="smv_changed_since",
+                    help="only the test files a change since REF (a commit of this suite: git diff REF...HEAD plus "
+                         "uncommitted files) touched; an engine, oracle or fuzz change keeps every test")
 
 
 def pytest_configure(config):
@@ -81,7 +87,45 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("target", [TARGETS[n] for n in names], ids=names)
 
 
+def _changed_since(config, items) -> None:
+    """``--changed-since REF``: deselect the test files the change did not touch, and say what was kept and why."""
+    ref = config.getoption("smv_changed_since", default=None)
+    if not ref:
+        return
+    from contracts.engine import changes
+
+    try:
+        files = changes.changed_files(changes.SUITE_ROOT, ref)
+    except changes.ChangesError as exc:
+        raise pytest.UsageError(f"--changed-since: {exc}") from None
+    keep, why = changes.select_tests(files)
+    config._smv_changed_since = (ref, files, keep, why)
+    if keep is None:
+        return
+    keep = {str(changes.SUITE_ROOT / t) for t in keep}
+    drop = [i for i in items if str(i.path) not in keep]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if str(i.path) in keep]
+
+
+def pytest_report_collectionfinish(config, items):
+    got = getattr(config, "_smv_changed_since", None)
+    if not got:
+        return None
+    ref, files, keep, why = got
+    kept = "every test file" if keep is None else (f"{len(keep)} test files" if keep else "no test file")
+    return [f"smv: --changed-since {ref}: {len(files)} files changed; running {kept}"] + [f"  {w}" for w in why[:40]]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    got = getattr(session.config, "_smv_changed_since", None)
+    if got and got[2] == [] and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK  # nothing the tests cover changed: that is no failure
+
+
 def pytest_collection_modifyitems(config, items):
+    _changed_since(config, items)
     run_slow = config.getoption("run_slow")
     for item in items:
         for m in HARDWARE_MARKERS + ("slow",):
