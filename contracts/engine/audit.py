@@ -201,10 +201,12 @@ class AuditOptions:
     #: contracts.engine.changes.audit_selection's answer: per subject label the contract ids a change selects
     #: (None: all), and the report recorded as ``run.changed_since``
     changed_since: dict | None = None
+    budget_scales: bool = False
 
     def check(self) -> None:
         if self.budget is None:
             self.budget = DEFAULT_BUDGETS.get(self.profile, DEFAULT_BUDGET)
+            self.budget_scales = True  # the profile's budget is for every row: a change's selection takes its share
         for name in ("budget",) + (("deadline",) if self.deadline is not None else ()):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
@@ -259,6 +261,10 @@ class _Audit:
             get_contract(cid)  # clear error for an unknown id, before any work
         self.targets = [get_target(t).name for t in (target_names or TARGET_NAMES)]
         self.subs = _subjects(o.subjects)
+        if o.budget_scales and o.changed_since is not None and self.ids:
+            # a default budget is the profile's for every contract: a change that selects some takes their share
+            share = max(len(self.ids_of(sub)) for sub in self.subs) / len(self.ids)
+            o.budget = max(min(30.0, o.budget), o.budget * share)
         self.known = known_findings.load(o.findings_path, known_contracts=set(contracts))
         base = profile_settings(o.profile)
         seed = o.seed

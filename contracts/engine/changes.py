@@ -77,6 +77,9 @@ class Selection:
     changed: list
     contracts: "set | None" = None
     why: list = field(default_factory=list)
+    #: the contracts whose own code changed (their module or their family's adapter): the zoo entries expecting them
+    #: run again, since what judges the planted bugs changed
+    judging: set = field(default_factory=set)
 
     @property
     def everything(self) -> bool:
@@ -256,21 +259,23 @@ def select_suite(changed, *, upstream: bool = False, ref: str = "", repo: str = 
         if by_module:
             sel.why.append(f"{f}: its contracts {', '.join(sorted(by_module))}")
             _add(sel, by_module)
+            sel.judging |= by_module
             continue
         fam = re.fullmatch(r"contracts/subjects/vllm/adapters/(\w+)\.py", f)
         if fam:
             got = _family_contracts(fam.group(1), cmods, record)
             sel.why.append(f"{f}: the {fam.group(1)} family's contracts {', '.join(sorted(got)) or '(none)'}")
             _add(sel, got)
+            sel.judging |= got
             continue
         mod = _impl_module(f)
         if mod is not None:
             direct = _direct_users(mod, cmods, root, cache)
             if upstream:
-                compare = {c for c in record.get(mod, ()) if _calls_ours(cmods.get(c, ""), root)}
-                got = direct | compare
-                sel.why.append(f"{f}: impl code; upstream rows only of contracts computing expectations with it "
-                               f"or comparing against ours: {', '.join(sorted(got)) or 'none'}")
+                # an upstream subject's rows judge upstream's code; the nightly audit compares it with ours again
+                got = set()
+                sel.why.append(f"{f}: our impl code: no upstream row judges it (the nightly audit compares "
+                               f"upstream with ours again)")
             elif mod not in record and not (root / f).exists():
                 got = set()
                 sel.why.append(f"{f}: removed impl module no contract ran")
@@ -442,7 +447,7 @@ def select_mutants(mutants, sel: Selection, *, changed_code=(), changed_catalogs
         return list(mutants)
     cats = {os.path.abspath(c) for c in changed_catalogs}
     return [m for m in mutants if m.file in set(changed_code) or os.path.abspath(m.catalog) in cats
-            or set(m.expect) & sel.contracts]
+            or set(m.expect) & sel.judging]
 
 
 def test_files(root=SUITE_ROOT) -> list:
@@ -450,19 +455,36 @@ def test_files(root=SUITE_ROOT) -> list:
     return sorted(p.relative_to(root).as_posix() for p in (root / "tests").rglob("test_*.py"))
 
 
+#: modules a test reaches only as machinery: following their imports would reach every impl module (the registry
+#: loads every contract), and a change to them runs everything anyway
+_MACHINERY = ("contracts/engine/", "contracts/cli/", "contracts/plugin/", "contracts/zoo/", "contracts/registry.py",
+              "contracts/__init__.py", "contracts/subjects/")
+
+
+def _test_closure(test: str, root, cache: dict) -> set:
+    """The files a test imports, and what those import in turn - except through the machinery (:data:`_MACHINERY`),
+    which is kept as a file without its imports."""
+    seen, todo = set(), [test]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        if p != test and p.startswith(_MACHINERY):
+            continue
+        todo += _imports_cached(p, root, cache)
+    return seen
+
+
 def test_dependencies(test: str, root=SUITE_ROOT, *, cache: "dict | None" = None) -> set:
     """The files ``test`` depends on (see the module docstring)."""
     root = Path(root)
     cache = {} if cache is None else cache
-    deps = import_closure(test, root, cache)
-    cmods, record = contract_modules(), measured(root)
+    deps = _test_closure(test, root, cache)
     if "contracts/subjects/vllm/__init__.py" in deps:
         deps |= {p.relative_to(root).as_posix() for p in (root / "contracts/subjects/vllm/adapters").glob("*.py")}
-    ran = {c for c, m in cmods.items() if m in deps}
-    for mod, cids in record.items():
-        if cids & ran:
-            deps.add(f"impl/{mod}.py")
-            deps.add(f"contracts/subjects/vllm/adapters/{mod}.py")
+    # the contracts a test runs check other impl modules too, but the audit step judges those rows: a test is
+    # selected by the code it imports, not by every module its contracts happened to reach
     return deps
 
 
@@ -485,7 +507,7 @@ def select_tests(changed, root=SUITE_ROOT) -> tuple:
         hit = {t for t in tests if f == t or f in deps[t]}
         name = os.path.basename(f)
         hit |= {t for t in tests if f in texts[t] or (not f.endswith("__init__.py") and name in texts[t])}
-        if ours_sel.contracts and not _match(f, INERT):
+        if ours_sel.contracts and not _match(f, INERT) and not _impl_module(f):
             per_file = select_suite([f], root=root).contracts or set()
             hit |= {t for t in tests if any(f'"{c}"' in texts[t] for c in per_file)}
         if hit:
