@@ -84,10 +84,11 @@ def test_patch_changing_nothing_observable_survives_and_fails_the_command(tmp_pa
     rep = tmp_path / "rep"
     assert smv(["zoo", "--catalog", str(cat), "--report", str(rep)]) == 1
     doc = json.loads((rep / "zoo.json").read_text())
-    assert doc["schema_version"] == 3 and doc["kill_rate"] == 0.0
+    assert doc["schema_version"] == 5 and doc["kill_rate"] == 0.0
     (r,) = doc["results"]
     assert r["status"] == "survived" and r["fired"] == [] and r["expect"] == ["ue8m0-codec-exact"]
-    assert set(r) == {"id", "status", "expect", "fired", "seconds", "detail", "time_to_kill"}
+    assert set(r) == {"id", "status", "expect", "fired", "seconds", "detail", "time_to_kill", "cap_seconds"}
+    assert r["cap_seconds"] >= 90 and doc["cap"]["baseline"]["startup_seconds"] > 0
     assert r["time_to_kill"] is None and doc["time_to_kill"]["killed"] == 0
 
 
@@ -328,7 +329,8 @@ def test_an_entry_the_subject_predates_is_skipped_naming_both_releases(tmp_path)
     res = run_mutant(new, subject=subject("0.33.0"))
     assert res.status == "stale" and res.detail.startswith("skipped: vllm==0.33.0 predates")
     assert "0.34.0" in res.detail and is_release_skip(res.as_json())
-    assert set(res.as_json()) == {"id", "status", "expect", "fired", "seconds", "detail", "time_to_kill"}
+    assert set(res.as_json()) == {"id", "status", "expect", "fired", "seconds", "detail", "time_to_kill",
+                                  "cap_seconds"} and res.as_json()["cap_seconds"] is None  # not run: no cap
     # a subject as new as the entry (or a branch of no release) that lacks the text: the catalog needs a look
     for version in ("0.34.0", "0.35.0.dev1+gabc", "unknown"):
         assert release_skip(new, subject(version)) == ""

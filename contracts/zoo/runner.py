@@ -44,6 +44,12 @@ UPSTREAM_CATALOG_DIR = CATALOG_DIR / "upstream"
 #: what a copy of a vllm tree keeps besides the audited modules: the files that say its version
 SUBJECT_META = ("smv-subject.json", "vllm/_version.py")
 DEFAULT_CAP = 90.0
+#: a mutant's time cap in a zoo run (:func:`mutant_cap`): at least the user's ``--cap``, and at least
+#: ``COST_FACTOR`` x what its expected rows cost on the unpatched tree plus ``STARTUP_FACTOR`` x the measured start
+#: of an audit process - both measured by :func:`measure_baseline` on this machine, under its present load, so a
+#: slower or busier machine gets longer caps instead of turning kills into ``error``
+COST_FACTOR = 3.0
+STARTUP_FACTOR = 2.0
 _REQUIRED = ("id", "title", "provenance", "file", "find", "replace", "expect", "targets")
 #: optional catalog keys: ``since``, the release of the subject (upstream vLLM) whose code the entry plants into
 _OPTIONAL = ("since",)
@@ -77,11 +83,14 @@ class MutantResult:
     #: a killed mutant's ``{"cases", "seconds", "contract", "target"}`` (``"crash": True`` for a kill by crash);
     #: see :func:`time_to_kill`
     time_to_kill: dict | None = None
+    #: the time cap the mutant's audit ran under (seconds; see :func:`mutant_cap`), None when none was started
+    cap_seconds: float | None = None
 
     def as_json(self) -> dict:
         return {"id": self.id, "status": self.status, "expect": self.expect, "fired": self.fired,
                 "seconds": round(self.seconds, 2), "detail": self.detail,
-                "time_to_kill": None if self.status != "killed" else self.time_to_kill}
+                "time_to_kill": None if self.status != "killed" else self.time_to_kill,
+                "cap_seconds": None if self.cap_seconds is None else round(self.cap_seconds, 1)}
 
 
 def time_to_kill(rows: list[dict], expect: list[str]) -> dict | None:
@@ -258,12 +267,16 @@ def _findings_file() -> str | None:
 
 def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, code_root: Path, cwd: Path,
            tree: "Path | None" = None, findings: str | None = None,
-           trace: "Path | None" = None, findings_root: "str | Path | None" = None) -> subprocess.CompletedProcess:
+           trace: "Path | None" = None, findings_root: "str | Path | None" = None,
+           first_violation: bool = True) -> subprocess.CompletedProcess:
     """``smv audit`` of ``contracts`` on ``targets`` in a subprocess (generated cases only, the ci profile's
     derandomized sequence), importing the suite from ``code_root``; under ``vllm@tree`` when given. ``trace``:
-    the runner's case trace file (``contracts.engine.runner.CASE_TRACE_ENV``)."""
+    the runner's case trace file (``contracts.engine.runner.CASE_TRACE_ENV``). ``first_violation``: each row
+    stops at its first failing case, unshrunk (a kill needs no smallest case; shrinking is what ran past caps)."""
     cmd = [sys.executable, "-m", "contracts.cli", "audit", "--profile", "ci", "--no-progress", "--generator-only",
            "--max-cases", "0", "--budget", str(budget), "--report", str(report)]
+    if first_violation:
+        cmd.append("--first-violation")
     if tree is not None:
         cmd += ["--subject", f"vllm@{tree}"]
     if findings:
@@ -287,33 +300,141 @@ def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, c
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@dataclass
+class Baseline:
+    """The expected contracts' rows on the unpatched tree, and what they cost there (:func:`measure_baseline`)."""
+    #: ``(contract, target) -> audit.json row`` of every row measured
+    rows: dict = field(default_factory=dict)
+    #: why a part of the measurement failed ("" when none did)
+    error: str = ""
+    #: the longest measured start of an audit process: its wall time less the audit's own ``run.seconds``
+    #: (interpreter, imports, the registry, exit); None when no audit finished
+    startup: float | None = None
+    #: the whole measurement's wall time
+    seconds: float = 0.0
+
+    def as_base(self) -> dict:
+        """:func:`baseline`'s shape: ``(contract, target) -> row``, or ``{"error": why}``."""
+        return {"error": self.error} if self.error else dict(self.rows)
+
+    def cost(self, m: Mutant) -> float | None:
+        """What ``m``'s expected rows cost unpatched, in seconds (a row not measured counts as the dearest one
+        measured); None when nothing was measured."""
+        if self.startup is None or not self.rows:
+            return None
+        dearest = max(float(r.get("seconds") or 0.0) for r in self.rows.values())
+        return sum(float((self.rows.get((c, t)) or {"seconds": dearest}).get("seconds") or 0.0)
+                   for c in m.expect for t in m.targets)
+
+    def as_json(self) -> dict:
+        return {"seconds": round(self.seconds, 2), "startup_seconds": None if self.startup is None
+                else round(self.startup, 2), "rows": len(self.rows),
+                "row_seconds": round(sum(float(r.get("seconds") or 0.0) for r in self.rows.values()), 2),
+                "error": self.error}
+
+
+def mutant_cap(m: Mutant, base: "Baseline | None", floor: float = DEFAULT_CAP) -> tuple[float, str]:
+    """``m``'s time cap and how it was derived: ``max(floor, COST_FACTOR x its rows' unpatched cost +
+    STARTUP_FACTOR x the measured process start)``; ``floor`` (the user's ``--cap``) when nothing was measured."""
+    cost = base.cost(m) if base is not None else None
+    if cost is None:
+        return floor, f"--cap {floor:g}s, no baseline measured"
+    derived = COST_FACTOR * cost + STARTUP_FACTOR * base.startup
+    why = (f"max(--cap {floor:g}s, {COST_FACTOR:g} x {cost:.1f}s of unpatched rows + {STARTUP_FACTOR:g} x "
+           f"{base.startup:.1f}s process start)")
+    return max(floor, derived), why
+
+
+def _row_groups(mutants: list[Mutant]) -> list[tuple[list[str], list[str]]]:
+    """The (contracts, targets) audits that cover every mutant's expected rows: contracts needed on the same
+    targets share one audit, so no row runs that no mutant expects (an audit runs contracts x targets)."""
+    needs: dict[str, set] = {}
+    for m in mutants:
+        for c in m.expect:
+            needs.setdefault(c, set()).update(m.targets)
+    groups: dict[tuple, list[str]] = {}
+    for c, ts in sorted(needs.items()):
+        groups.setdefault(tuple(sorted(ts)), []).append(c)
+    return [(cs, list(ts)) for ts, cs in sorted(groups.items(), key=lambda kv: (kv[1], kv[0]))]
+
+
+def measure_baseline(mutants: list[Mutant], subject, *, root: "Path | None" = None, cap: float = DEFAULT_CAP,
+                     findings: str | None = None, jobs: int = 1) -> Baseline:
+    """Audit the mutants' expected rows on the unpatched tree (ours at ``root``, or a copy of the subject's
+    tree), ``jobs`` audits at once (as the mutants run), each row stopping at a first violation as a mutant's
+    does; record each row and what it cost (row seconds, and the audit process's start)."""
+    findings = findings if findings is not None else _findings_file()
+    on_subject = subject is not None and subject.name != "ours"
+    t0 = time.monotonic()
+    out = Baseline()
+    tmp = Path(tempfile.mkdtemp(prefix="smv-zoo-baseline-"))
+    lock = threading.Lock()
+    try:
+        tree = None
+        if on_subject:
+            tree = tmp / "subject"
+            _copy_subject_tree(Path(root) if root else subject_root(subject), tree, "")
+            code_root = default_root()
+        else:
+            code_root = Path(root) if root else default_root()
+
+        def one(i: int, contracts: list[str], targets: list[str]) -> None:
+            budget = max(cap * 0.6, 5.0) * max(1.0, len(contracts) * len(targets) / 2)
+            # a measurement, not a verdict: its limit is generous (a busy machine is what it measures), and an
+            # audit cut short still gives the rows it saved (audit.json is rewritten after every row)
+            limit = budget * 4 + 300
+            report = tmp / f"report-{i}"
+            launched, launched_wall = time.monotonic(), time.time()
+            proc, why = None, ""
+            try:
+                proc = _audit(report, contracts, targets, budget=budget, timeout=limit,
+                              code_root=code_root, cwd=tmp, tree=tree, findings=findings)
+            except subprocess.TimeoutExpired:
+                why = f"the unpatched subject's audit ran past {limit:.0f}s"
+            wall = time.monotonic() - launched
+            audit = report / "audit.json"
+            try:
+                doc = json.loads(audit.read_text())
+            except (OSError, ValueError):
+                doc = None
+            if doc is None and not why:
+                tail = ((proc.stderr or proc.stdout) if proc else "").strip().splitlines()[-3:]
+                why = (f"the unpatched subject's audit wrote no report (exit {proc.returncode}): "
+                       + " | ".join(tail))
+            start = None
+            if doc is not None:
+                run = doc.get("run") or {}
+                try:  # the process's start: launch until the audit began (interpreter, imports, the registry)
+                    from datetime import datetime
+
+                    start = max(0.0, datetime.fromisoformat(run["started"]).timestamp() - launched_wall)
+                except (KeyError, TypeError, ValueError):
+                    start = max(0.0, wall - float(run.get("seconds") or 0.0)) if run.get("finished") else None
+            with lock:
+                if why:
+                    out.error = out.error or why
+                if doc is not None:
+                    # a row the audit never reached measured nothing: leave it out (it counts as the dearest)
+                    out.rows.update({(r["contract"], r["target"]): r for r in doc["results"]
+                                     if not str(r.get("reason", "")).startswith("not reached")})
+                if start is not None:
+                    out.startup = start if out.startup is None else max(out.startup, start)
+
+        groups = _row_groups(mutants)
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            list(pool.map(lambda ig: one(ig[0], *ig[1]), enumerate(groups)))
+        return out
+    finally:
+        out.seconds = time.monotonic() - t0
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def baseline(mutants: list[Mutant], subject, *, cap: float = DEFAULT_CAP, findings: str | None = None) -> dict:
-    """The expected contracts' rows on the subject's unpatched tree (one audit for every mutant): ``(contract,
-    target) -> row``. A contract that already fails there cannot be killed by a planted bug (its failure is not
+    """The expected contracts' rows on the subject's unpatched tree: ``(contract, target) -> row`` (or
+    ``{"error": why}``). A contract that already fails there cannot be killed by a planted bug (its failure is not
     the bug's), so :func:`judge_against_baseline` makes such a mutant an ``error`` saying so; record the failure
     in findings.toml (it turns ``known``) or fix the adapter."""
-    findings = findings if findings is not None else _findings_file()
-    contracts = sorted({c for m in mutants for c in m.expect})
-    targets = sorted({t for m in mutants for t in m.targets})
-    root = subject_root(subject)
-    tmp = Path(tempfile.mkdtemp(prefix="smv-zoo-baseline-"))
-    try:
-        tree = tmp / "subject"
-        _copy_subject_tree(root, tree, "")
-        budget = max(cap * 0.6, 5.0) * max(1.0, len(contracts) / 2)
-        try:
-            proc = _audit(tmp / "report", contracts, targets, budget=budget, timeout=budget * 1.5 + 60,
-                          code_root=default_root(), cwd=tmp, tree=tree, findings=findings)
-        except subprocess.TimeoutExpired:
-            return {"error": f"the unpatched subject's audit ran past {budget * 1.5 + 60:.0f}s"}
-        audit = tmp / "report" / "audit.json"
-        if not audit.is_file():
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
-            return {"error": f"the unpatched subject's audit wrote no report (exit {proc.returncode}): "
-                             + " | ".join(tail)}
-        return {(r["contract"], r["target"]): r for r in json.loads(audit.read_text())["results"]}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return measure_baseline(mutants, subject, cap=cap, findings=findings).as_base()
 
 
 def judge_against_baseline(res: MutantResult, m: Mutant, base: dict) -> MutantResult:
@@ -333,10 +454,11 @@ def judge_against_baseline(res: MutantResult, m: Mutant, base: dict) -> MutantRe
 
 
 def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CAP, keep: bool = False,
-               subject=None, findings: str | None = None) -> MutantResult:
+               subject=None, findings: str | None = None, cap_why: str = "") -> MutantResult:
     """Plant ``m`` and run its expected contracts. ``subject`` (default ours) says whose code: ``file`` is relative
     to its root (``root`` overrides it). ``findings``: the known-findings file the audit uses (default: the
-    suite's findings.toml)."""
+    suite's findings.toml). ``cap``: the audit process's time cap (``cap_why``: how it was derived, for an error's
+    detail; see :func:`mutant_cap`)."""
     on_subject = subject is not None and subject.name != "ours"
     root = Path(root) if root else subject_root(subject)
     findings = findings if findings is not None else _findings_file()
@@ -374,6 +496,7 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
         report = tmp / "report"
         trace = tmp / "case-trace.json"
         launched = time.time()
+        res.cap_seconds = cap
         try:
             # findings match the unpatched tree's code: the planted bug changes a hash, and a finding's usual
             # violation must stay known rather than read as "code changed" (a kill the bug did not earn)
@@ -382,7 +505,7 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
                           findings_root=root if on_subject else None)
             ended = time.time()
         except subprocess.TimeoutExpired:
-            res.status, res.detail = "error", f"time cap of {cap:.0f}s ran out"
+            res.status, res.detail = "error", f"time cap of {cap:.0f}s ran out" + (f" ({cap_why})" if cap_why else "")
             return res
         tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
         audit = report / "audit.json"
@@ -449,7 +572,10 @@ def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs:
     on_subject = subject is not None and subject.name != "ours"
     # entries the subject predates are not run, so they need no baseline either
     runnable = [m for m in mutants if not (on_subject and release_skip(m, subject, root))]
-    base = baseline(runnable, subject, cap=cap, findings=findings) if on_subject and root is None and runnable else {}
+    # the unpatched tree's rows: on a subject they judge the kills; on any tree their cost sets each mutant's cap
+    measured = (measure_baseline(runnable, subject, root=None if on_subject else root, cap=cap, findings=findings,
+                                 jobs=jobs) if runnable and not (on_subject and root is not None) else None)
+    base = measured.as_base() if measured is not None and on_subject else {}
 
     reporting = threading.Lock()
 
@@ -457,8 +583,12 @@ def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs:
         if budget is not None and time.monotonic() - t0 > budget:
             r = MutantResult(m.id, "error", list(m.expect), detail=f"the zoo budget of {budget:.0f}s ran out first")
         else:
-            r = judge_against_baseline(run_mutant(m, root=root, cap=cap, subject=subject, findings=findings), m,
-                                       base)
+            m_cap, why = mutant_cap(m, measured, cap)
+            r = judge_against_baseline(run_mutant(m, root=root, cap=m_cap, subject=subject, findings=findings,
+                                                  cap_why=why), m, base)
+            if r.status == "error" and r.cap_seconds is not None and "time cap" not in r.detail:
+                r.detail += f" [cap {r.cap_seconds:.0f}s: {why}]"
+
         if on_result:
             with reporting:  # one callback at a time: results that come back at once (skips) must not interleave
                 on_result(r)
@@ -476,4 +606,6 @@ def run_zoo(mutants: list[Mutant], *, root=None, cap: float = DEFAULT_CAP, jobs:
     return {"schema_version": ZOO_SCHEMA_VERSION, "subject": subject_json(subject),
             "results": results_json, "time_to_kill": ttk_summary(results_json),
             "kill_rate": round(killed / len(judged), 4) if judged else 1.0,
-            "seconds": round(time.monotonic() - t0, 2)}
+            "seconds": round(time.monotonic() - t0, 2),
+            "cap": {"floor": cap, "cost_factor": COST_FACTOR, "startup_factor": STARTUP_FACTOR,
+                    "baseline": measured.as_json() if measured is not None else None}}
