@@ -91,7 +91,8 @@ def test_measure_baseline_records_row_cost_and_process_start(monkeypatch, tmp_pa
                                                        "results": rows}))
         return subprocess.CompletedProcess([], 0, "", "")
 
-    monkeypatch.setattr(zr, "_audit", fake_audit)
+    monkeypatch.setattr(zr.AuditRun, "run", lambda self, report, contracts, targets, *, budget, timeout:
+                        fake_audit(report, contracts, targets, budget=budget, timeout=timeout))
     ms = [_m("a", ["c-a"], ["gfx950"]), _m("b", ["c-b"], ["gfx950"]), _m("c", ["c-c"], ["gfx942", "generic"])]
     base = measure_baseline(ms, None, root=tmp_path, jobs=2)
     assert sorted(audits) == [(["c-a", "c-b"], ["gfx950"]), (["c-c"], ["generic", "gfx942"])]

@@ -265,39 +265,57 @@ def _findings_file() -> str | None:
     return default_path() if os.path.exists(default_path()) else None
 
 
-def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, code_root: Path, cwd: Path,
-           tree: "Path | None" = None, findings: str | None = None,
-           trace: "Path | None" = None, findings_root: "str | Path | None" = None,
-           first_violation: bool = True) -> subprocess.CompletedProcess:
-    """``smv audit`` of ``contracts`` on ``targets`` in a subprocess (generated cases only, the ci profile's
-    derandomized sequence), importing the suite from ``code_root``; under ``vllm@tree`` when given. ``trace``:
-    the runner's case trace file (``contracts.engine.runner.CASE_TRACE_ENV``). ``first_violation``: each row
-    stops at its first failing case, unshrunk (a kill needs no smallest case; shrinking is what ran past caps)."""
-    cmd = [sys.executable, "-m", "contracts.cli", "audit", "--profile", "ci", "--no-progress", "--generator-only",
-           "--max-cases", "0", "--budget", str(budget), "--report", str(report)]
-    if first_violation:
-        cmd.append("--first-violation")
-    if tree is not None:
-        cmd += ["--subject", f"vllm@{tree}"]
-    if findings:
-        cmd += ["--findings", str(findings)]
-    for c in contracts:
-        cmd += ["--contract", c]
-    for t in targets:
-        cmd += ["--target", t]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(code_root) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.pop("SMV_TARGET", None)
-    if trace is not None:
+@dataclass
+class AuditRun:
+    """One ``smv audit`` subprocess of the zoo: which code it imports (``code_root``), where it runs (``cwd``),
+    under ``vllm@tree`` when given, with the known findings (``findings``; matched against ``findings_root``'s code
+    when given) and the runner's case trace file (``trace``, contracts.engine.runner.CASE_TRACE_ENV)."""
+
+    code_root: Path
+    cwd: Path
+    tree: "Path | None" = None
+    findings: "str | None" = None
+    trace: "Path | None" = None
+    findings_root: "str | Path | None" = None
+    #: each row stops at its first failing case, unshrunk (a kill needs no smallest case; shrinking ran past caps)
+    first_violation: bool = True
+
+    def command(self, report: Path, contracts, targets, budget: float) -> list:
+        cmd = [sys.executable, "-m", "contracts.cli", "audit", "--profile", "ci", "--no-progress", "--generator-only",
+               "--max-cases", "0", "--budget", str(budget), "--report", str(report)]
+        cmd += ["--first-violation"] if self.first_violation else []
+        cmd += ["--subject", f"vllm@{self.tree}"] if self.tree is not None else []
+        cmd += ["--findings", str(self.findings)] if self.findings else []
+        for c in contracts:
+            cmd += ["--contract", c]
+        for t in targets:
+            cmd += ["--target", t]
+        return cmd
+
+    def env(self) -> dict:
+        from contracts.engine.findings import CODE_ROOT_ENV
         from contracts.engine.runner import CASE_TRACE_ENV
 
-        env[CASE_TRACE_ENV] = str(trace)
-    if findings_root is not None:
-        from contracts.engine.findings import CODE_ROOT_ENV
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(self.code_root) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("SMV_TARGET", None)
+        if self.trace is not None:
+            env[CASE_TRACE_ENV] = str(self.trace)
+        if self.findings_root is not None:
+            env[CODE_ROOT_ENV] = str(self.findings_root)
+        return env
 
-        env[CODE_ROOT_ENV] = str(findings_root)
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    def run(self, report: Path, contracts, targets, *, budget: float, timeout: float) -> subprocess.CompletedProcess:
+        """``smv audit`` of ``contracts`` on ``targets`` in a subprocess (generated cases only, the ci profile's
+        derandomized sequence)."""
+        return subprocess.run(self.command(report, contracts, targets, budget), cwd=self.cwd, env=self.env(),
+                              capture_output=True, text=True, timeout=timeout)
+
+
+def _audit(report: Path, contracts, targets, *, budget: float, timeout: float, **where) -> subprocess.CompletedProcess:
+    """:meth:`AuditRun.run` with the run's fields as keywords (``code_root``, ``cwd``, ``tree``, ...)."""
+    return AuditRun(**where).run(report, contracts, targets, budget=budget, timeout=timeout)
 
 
 @dataclass
@@ -358,6 +376,50 @@ def _row_groups(mutants: list[Mutant]) -> list[tuple[list[str], list[str]]]:
     return [(cs, list(ts)) for ts, cs in sorted(groups.items(), key=lambda kv: (kv[1], kv[0]))]
 
 
+def _startup(doc: dict, launched_wall: float, wall: float) -> "float | None":
+    """The audit process's start: from launch until the audit began (interpreter, imports, the registry)."""
+    run = doc.get("run") or {}
+    try:
+        from datetime import datetime
+
+        return max(0.0, datetime.fromisoformat(run["started"]).timestamp() - launched_wall)
+    except (KeyError, TypeError, ValueError):
+        return max(0.0, wall - float(run.get("seconds") or 0.0)) if run.get("finished") else None
+
+
+def _measure_group(run: "AuditRun", report: Path, contracts: list, targets: list, cap: float, out: "Baseline",
+                   lock) -> None:
+    """One audit of a group of unpatched rows; its rows and its process start go into ``out``."""
+    budget = max(cap * 0.6, 5.0) * max(1.0, len(contracts) * len(targets) / 2)
+    # a measurement, not a verdict: its limit is generous (a busy machine is what it measures), and an audit cut
+    # short still gives the rows it saved (audit.json is rewritten after every row)
+    limit = budget * 4 + 300
+    launched, launched_wall = time.monotonic(), time.time()
+    proc, why = None, ""
+    try:
+        proc = run.run(report, contracts, targets, budget=budget, timeout=limit)
+    except subprocess.TimeoutExpired:
+        why = f"the unpatched subject's audit ran past {limit:.0f}s"
+    wall = time.monotonic() - launched
+    try:
+        doc = json.loads((report / "audit.json").read_text())
+    except (OSError, ValueError):
+        doc = None
+    if doc is None and not why:
+        tail = ((proc.stderr or proc.stdout) if proc else "").strip().splitlines()[-3:]
+        why = f"the unpatched subject's audit wrote no report (exit {proc.returncode}): " + " | ".join(tail)
+    start = _startup(doc, launched_wall, wall) if doc is not None else None
+    with lock:
+        if why:
+            out.error = out.error or why
+        if doc is not None:
+            # a row the audit never reached measured nothing: leave it out (it counts as the dearest)
+            out.rows.update({(r["contract"], r["target"]): r for r in doc["results"]
+                             if not str(r.get("reason", "")).startswith("not reached")})
+        if start is not None:
+            out.startup = start if out.startup is None else max(out.startup, start)
+
+
 def measure_baseline(mutants: list[Mutant], subject, *, root: "Path | None" = None, cap: float = DEFAULT_CAP,
                      findings: str | None = None, jobs: int = 1) -> Baseline:
     """Audit the mutants' expected rows on the unpatched tree (ours at ``root``, or a copy of the subject's
@@ -378,51 +440,11 @@ def measure_baseline(mutants: list[Mutant], subject, *, root: "Path | None" = No
         else:
             code_root = Path(root) if root else default_root()
 
-        def one(i: int, contracts: list[str], targets: list[str]) -> None:
-            budget = max(cap * 0.6, 5.0) * max(1.0, len(contracts) * len(targets) / 2)
-            # a measurement, not a verdict: its limit is generous (a busy machine is what it measures), and an
-            # audit cut short still gives the rows it saved (audit.json is rewritten after every row)
-            limit = budget * 4 + 300
-            report = tmp / f"report-{i}"
-            launched, launched_wall = time.monotonic(), time.time()
-            proc, why = None, ""
-            try:
-                proc = _audit(report, contracts, targets, budget=budget, timeout=limit,
-                              code_root=code_root, cwd=tmp, tree=tree, findings=findings)
-            except subprocess.TimeoutExpired:
-                why = f"the unpatched subject's audit ran past {limit:.0f}s"
-            wall = time.monotonic() - launched
-            audit = report / "audit.json"
-            try:
-                doc = json.loads(audit.read_text())
-            except (OSError, ValueError):
-                doc = None
-            if doc is None and not why:
-                tail = ((proc.stderr or proc.stdout) if proc else "").strip().splitlines()[-3:]
-                why = (f"the unpatched subject's audit wrote no report (exit {proc.returncode}): "
-                       + " | ".join(tail))
-            start = None
-            if doc is not None:
-                run = doc.get("run") or {}
-                try:  # the process's start: launch until the audit began (interpreter, imports, the registry)
-                    from datetime import datetime
-
-                    start = max(0.0, datetime.fromisoformat(run["started"]).timestamp() - launched_wall)
-                except (KeyError, TypeError, ValueError):
-                    start = max(0.0, wall - float(run.get("seconds") or 0.0)) if run.get("finished") else None
-            with lock:
-                if why:
-                    out.error = out.error or why
-                if doc is not None:
-                    # a row the audit never reached measured nothing: leave it out (it counts as the dearest)
-                    out.rows.update({(r["contract"], r["target"]): r for r in doc["results"]
-                                     if not str(r.get("reason", "")).startswith("not reached")})
-                if start is not None:
-                    out.startup = start if out.startup is None else max(out.startup, start)
-
+        run = AuditRun(code_root, tmp, tree, findings)
         groups = _row_groups(mutants)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            list(pool.map(lambda ig: one(ig[0], *ig[1]), enumerate(groups)))
+            list(pool.map(lambda ig: _measure_group(run, tmp / f"report-{ig[0]}", *ig[1], cap, out, lock),
+                          enumerate(groups)))
         return out
     finally:
         out.seconds = time.monotonic() - t0
@@ -453,6 +475,84 @@ def judge_against_baseline(res: MutantResult, m: Mutant, base: dict) -> MutantRe
     return res
 
 
+def _stale(m: Mutant, root: Path, subject, on_subject: bool) -> "tuple[str, str]":
+    """``(reason, source text)``: why the entry cannot be planted here (empty when it can), and the file's text."""
+    skip = release_skip(m, subject, root) if on_subject else ""
+    if skip:
+        return skip, ""
+    src_file = root / m.file
+    if not src_file.is_file():
+        return f"{m.file} does not exist under {root}", ""
+    text = src_file.read_text()
+    n = text.count(m.find)
+    if n != 1:
+        return f"`find` occurs {n} times in {m.file} (must be exactly once)", text
+    if m.find == m.replace:
+        return "`replace` equals `find`: the patch changes nothing", text
+    return "", text
+
+
+def _plant(m: Mutant, text: str, root: Path, tmp: Path, on_subject: bool, findings) -> AuditRun:
+    """Write the patched copy under ``tmp``; the audit run that judges it."""
+    if on_subject:
+        tree = tmp / "subject"
+        _copy_subject_tree(root, tree, m.file)
+        (tree / m.file).write_text(text.replace(m.find, m.replace))
+        # findings match the unpatched tree's code: the planted bug changes a hash, and a finding's usual
+        # violation must stay known rather than read as "code changed" (a kill the bug did not earn)
+        return AuditRun(default_root(), tmp, tree, findings, tmp / "case-trace.json", root)
+    _copy_tree(root, tmp)
+    (tmp / m.file).write_text(text.replace(m.find, m.replace))
+    return AuditRun(tmp, tmp, None, findings, tmp / "case-trace.json")
+
+
+def _crashed(res: MutantResult, m: Mutant, proc, run: AuditRun, report: Path, when: tuple) -> bool:
+    """A run that died by a signal, or left no report: a kill by crash (a reviewer would have seen it too), or an
+    error when the patched code did not import. True when it decided the entry."""
+    tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
+    if proc.returncode < 0:
+        res.status, res.fired = "killed", list(m.expect)
+        res.detail = f"the contract run crashed with signal {signal.Signals(-proc.returncode).name}"
+        res.time_to_kill = _crash_time_to_kill(run.trace, report, *when)
+        return True
+    if (report / "audit.json").is_file():
+        return False
+    crash = any(s in " ".join(tail) for s in ("Segmentation", "core dumped", "illegal memory"))
+    res.status = "killed" if crash else "error"
+    res.detail = ("the contract run crashed: " if crash else
+                  f"no audit report (exit {proc.returncode}); the patched code may not import: ") + " | ".join(tail)
+    if crash:
+        res.time_to_kill = _crash_time_to_kill(run.trace, report, *when)
+    return True
+
+
+def _judge(res: MutantResult, m: Mutant, doc: dict) -> None:
+    """Killed when every expected contract failed somewhere; an error when a row could not judge; else survived."""
+    by_contract: dict[str, list[dict]] = {}
+    for row in doc["results"]:
+        by_contract.setdefault(row["contract"], []).append(row)
+    # a kill is a fail: a known row met only recorded findings, which the unpatched code shows as well
+    res.fired = sorted(c for c, rows in by_contract.items() if any(r["status"] == "fail" for r in rows))
+    problems = [f"{r['contract']}/{r['target']}: {r['status']} ({r['reason'][:120]})"
+                for rows in by_contract.values() for r in rows if r["status"] in ("error", "incomplete")]
+    missing = [c for c in m.expect if c not in res.fired]
+    # an expected contract the subject could not run anywhere (skipped on every target) did not judge the bug
+    unjudged = [c for c in missing if by_contract.get(c) and all(r["status"] == "skipped" for r in by_contract[c])]
+    problems += [f"{c}: skipped on every target ({by_contract[c][0]['reason'][:120]})" for c in unjudged]
+    if not missing:
+        res.status = "killed"
+        first = next(r for rows in by_contract.values() for r in rows if r["status"] == "fail")
+        res.detail = f"{first['contract']} on {first['target']}: {first['reason'][:200]}"
+        res.time_to_kill = time_to_kill(doc["results"], m.expect)
+    elif problems:
+        res.status, res.detail = "error", "; ".join(problems)
+    else:
+        res.status = "survived"
+        known = [c for c in missing if any(r["status"] == "known" for r in by_contract.get(c, []))]
+        res.detail = f"{', '.join(missing)} passed with the bug planted" + (
+            f" (only known findings: {', '.join(known)})" if known else "")
+
+
 def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CAP, keep: bool = False,
                subject=None, findings: str | None = None, cap_why: str = "") -> MutantResult:
     """Plant ``m`` and run its expected contracts. ``subject`` (default ours) says whose code: ``file`` is relative
@@ -464,90 +564,23 @@ def run_mutant(m: Mutant, *, root: "Path | None" = None, cap: float = DEFAULT_CA
     findings = findings if findings is not None else _findings_file()
     t0 = time.monotonic()
     res = MutantResult(m.id, "error", list(m.expect))
-    skip = release_skip(m, subject, root) if on_subject else ""
-    if skip:
-        res.status, res.detail = "stale", skip
-        return res
-    src_file = root / m.file
-    if not src_file.is_file():
-        res.status, res.detail = "stale", f"{m.file} does not exist under {root}"
-        return res
-    text = src_file.read_text()
-    n = text.count(m.find)
-    if n != 1:
-        res.status = "stale"
-        res.detail = f"`find` occurs {n} times in {m.file} (must be exactly once)"
-        res.seconds = time.monotonic() - t0
-        return res
-    if m.find == m.replace:
-        res.status, res.detail = "stale", "`replace` equals `find`: the patch changes nothing"
+    stale, text = _stale(m, root, subject, on_subject)
+    if stale:
+        res.status, res.detail, res.seconds = "stale", stale, time.monotonic() - t0
         return res
     tmp = Path(tempfile.mkdtemp(prefix=f"smv-zoo-{m.id}-"))
     try:
-        if on_subject:
-            tree = tmp / "subject"
-            _copy_subject_tree(root, tree, m.file)
-            (tree / m.file).write_text(text.replace(m.find, m.replace))
-            code_root, cwd = default_root(), tmp
-        else:
-            _copy_tree(root, tmp)
-            (tmp / m.file).write_text(text.replace(m.find, m.replace))
-            code_root, cwd = tmp, tmp
+        run = _plant(m, text, root, tmp, on_subject, findings)
         report = tmp / "report"
-        trace = tmp / "case-trace.json"
         launched = time.time()
         res.cap_seconds = cap
         try:
-            # findings match the unpatched tree's code: the planted bug changes a hash, and a finding's usual
-            # violation must stay known rather than read as "code changed" (a kill the bug did not earn)
-            proc = _audit(report, m.expect, m.targets, budget=max(cap * 0.6, 5.0), timeout=cap, code_root=code_root,
-                          cwd=cwd, tree=tree if on_subject else None, findings=findings, trace=trace,
-                          findings_root=root if on_subject else None)
-            ended = time.time()
+            proc = run.run(report, m.expect, m.targets, budget=max(cap * 0.6, 5.0), timeout=cap)
         except subprocess.TimeoutExpired:
             res.status, res.detail = "error", f"time cap of {cap:.0f}s ran out" + (f" ({cap_why})" if cap_why else "")
             return res
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
-        audit = report / "audit.json"
-        if proc.returncode < 0:
-            res.status = "killed"
-            res.fired = list(m.expect)
-            res.detail = f"the contract run crashed with signal {signal.Signals(-proc.returncode).name}"
-            res.time_to_kill = _crash_time_to_kill(trace, report, launched, ended)
-            return res
-        if not audit.is_file():
-            crash = any(s in " ".join(tail) for s in ("Segmentation", "core dumped", "illegal memory"))
-            res.status = "killed" if crash else "error"
-            res.detail = ("the contract run crashed: " if crash else
-                          f"no audit report (exit {proc.returncode}); the patched code may not import: ") + \
-                " | ".join(tail)
-            if crash:
-                res.time_to_kill = _crash_time_to_kill(trace, report, launched, ended)
-            return res
-        doc = json.loads(audit.read_text())
-        by_contract: dict[str, list[dict]] = {}
-        for row in doc["results"]:
-            by_contract.setdefault(row["contract"], []).append(row)
-        # a kill is a fail: a known row met only recorded findings, which the unpatched code shows as well
-        res.fired = sorted(c for c, rows in by_contract.items() if any(r["status"] == "fail" for r in rows))
-        problems = [f"{r['contract']}/{r['target']}: {r['status']} ({r['reason'][:120]})"
-                    for rows in by_contract.values() for r in rows if r["status"] in ("error", "incomplete")]
-        missing = [c for c in m.expect if c not in res.fired]
-        # an expected contract the subject could not run anywhere (skipped on every target) did not judge the bug
-        unjudged = [c for c in missing if by_contract.get(c) and all(r["status"] == "skipped" for r in by_contract[c])]
-        problems += [f"{c}: skipped on every target ({by_contract[c][0]['reason'][:120]})" for c in unjudged]
-        if not missing:
-            res.status = "killed"
-            first = next(r for rows in by_contract.values() for r in rows if r["status"] == "fail")
-            res.detail = f"{first['contract']} on {first['target']}: {first['reason'][:200]}"
-            res.time_to_kill = time_to_kill(doc["results"], m.expect)
-        elif problems:
-            res.status, res.detail = "error", "; ".join(problems)
-        else:
-            res.status = "survived"
-            known = [c for c in missing if any(r["status"] == "known" for r in by_contract.get(c, []))]
-            res.detail = f"{', '.join(missing)} passed with the bug planted" + (
-                f" (only known findings: {', '.join(known)})" if known else "")
+        if not _crashed(res, m, proc, run, report, (launched, time.time())):
+            _judge(res, m, json.loads((report / "audit.json").read_text()))
         return res
     finally:
         res.seconds = time.monotonic() - t0
