@@ -358,9 +358,67 @@ def _uses(named: dict, name: str) -> set:
     return found - {name}
 
 
+class _Parsed(dict):
+    """Module path -> its units now (named, anonymous, imported), parsed once."""
+
+    def __init__(self, tree_root: str):
+        super().__init__()
+        self.tree_root = tree_root
+
+    def __missing__(self, path: str):
+        try:
+            self[path] = _units((Path(self.tree_root) / path).read_text())
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            self[path] = ({}, ["<unreadable>"], {})
+        return self[path]
+
+
+def _changed_units(touched: dict, top: str, ref: str, parsed: _Parsed) -> dict:
+    """Per audited module a change touched: (the names whose definitions changed, whether an anonymous top-level
+    statement changed); a module new since ``ref`` or unparsable then counts as changed throughout."""
+    changes: dict = {}
+    for path, f in touched.items():
+        old_src = file_at(top, ref, f)
+        named, anon, _ = parsed[path]
+        try:
+            o_named, o_anon, _ = _units(old_src) if old_src is not None else (None, None, None)
+        except SyntaxError:
+            o_named = None
+        if o_named is None:
+            changes[path] = (set(named), True)
+            continue
+        diff = {n for n in set(named) | set(o_named) if named.get(n) != o_named.get(n)}
+        changes[path] = (diff, sorted(anon) != sorted(o_anon))
+    return changes
+
+
+def _family_reach(needs, parsed: _Parsed, loader) -> set:
+    """Every (module, name) a family's needed symbols use, followed through their modules and the audited modules
+    they import from."""
+    loaded = set(loader.NEEDED)
+    reach: set = set()
+    todo = [(loader.module_path(loader.SHORT[n.module]), n.symbol.split(".")[0]) for n in needs
+            if n.module in loader.SHORT]
+    while todo:
+        path, name = todo.pop()
+        if (path, name) in reach:
+            continue
+        reach.add((path, name))
+        named, _, imported = parsed[path]
+        for used in _uses(named, name):
+            if used in named and used not in imported:
+                todo.append((path, used))
+            elif used in imported and loader.module_path(imported[used][0]) in loaded:
+                todo.append((loader.module_path(imported[used][0]), imported[used][1]))
+    return reach
+
+
 def select_checkout(tree_root, ref: str) -> Selection:
     """What changed in a vLLM git checkout since ``ref`` selects: the families whose needed upstream functions (or
     what they use) changed, and their contracts."""
+    import importlib
+    import pkgutil
+
     from contracts.subjects.vllm import adapters as adapters_pkg, loader
 
     tree_root = os.path.abspath(tree_root)
@@ -369,69 +427,25 @@ def select_checkout(tree_root, ref: str) -> Selection:
     prefix = os.path.relpath(tree_root, top).replace(os.sep, "/")
     prefix = "" if prefix == "." else prefix + "/"
     sel = Selection(ref, top, changed, set())
-    loaded = set(loader.NEEDED)
     rel = {f: f[len(prefix):] for f in changed if f.startswith(prefix)}
-    touched = {r: f for f, r in rel.items() if r in loaded}
-    for f in changed:
-        if rel.get(f) not in loaded:
-            sel.why.append(f"{f}: not an audited module (no adapter loads it)")
+    touched = {r: f for f, r in rel.items() if r in set(loader.NEEDED)}
+    sel.why += [f"{f}: not an audited module (no adapter loads it)" for f in changed if rel.get(f) not in touched]
     if not touched:
         return sel
-    mods: dict = {}  # module path -> (named, anon, imported) now, and changed names / anonymous change
-
-    def parsed(path: str):
-        if path not in mods:
-            try:
-                now = _units((Path(tree_root) / path).read_text())
-            except (OSError, SyntaxError, UnicodeDecodeError):
-                now = ({}, ["<unreadable>"], {})
-            mods[path] = now
-        return mods[path]
-
-    changes: dict = {}
-    for path, f in touched.items():
-        old_src = file_at(top, ref, f)
-        named, anon, _ = parsed(path)
-        if old_src is None:
-            changes[path] = (set(named), True)
-            continue
-        try:
-            o_named, o_anon, _ = _units(old_src)
-        except SyntaxError:
-            changes[path] = (set(named), True)
-            continue
-        diff = {n for n in set(named) | set(o_named) if named.get(n) != o_named.get(n)}
-        changes[path] = (diff, sorted(anon) != sorted(o_anon))
+    parsed = _Parsed(tree_root)
+    changes = _changed_units(touched, top, ref, parsed)
     cmods, record = contract_modules(), measured()
-    import importlib
-    import pkgutil
-
     for info in sorted(pkgutil.iter_modules(adapters_pkg.__path__), key=lambda i: i.name):
-        family = info.name
-        needs = getattr(importlib.import_module(f"{adapters_pkg.__name__}.{family}"), "NEEDS", ())
-        reach = set()
-        todo = [(loader.module_path(loader.SHORT[n.module]), n.symbol.split(".")[0]) for n in needs
-                if n.module in loader.SHORT]
-        while todo:
-            path, name = todo.pop()
-            if (path, name) in reach:
-                continue
-            reach.add((path, name))
-            named, _, imported = parsed(path)
-            for used in _uses(named, name):
-                if used in named and used not in imported:
-                    todo.append((path, used))
-                elif used in imported:
-                    other = loader.module_path(imported[used][0])
-                    if other in loaded:
-                        todo.append((other, imported[used][1]))
+        needs = getattr(importlib.import_module(f"{adapters_pkg.__name__}.{info.name}"), "NEEDS", ())
+        reach = _family_reach(needs, parsed, loader)
         hit = sorted(f"{p}:{n}" for p, n in reach if p in changes and n in changes[p][0])
         hit += sorted({f"{p}: a top-level statement binding no name" for p, _ in reach
                        if p in changes and changes[p][1]})
         if hit:
-            got = _family_contracts(family, cmods, record)
+            got = _family_contracts(info.name, cmods, record)
             sel.contracts |= got
-            sel.why.append(f"{family} family ({', '.join(sorted(got)) or 'no contract'}): {', '.join(hit)} changed")
+            sel.why.append(f"{info.name} family ({', '.join(sorted(got)) or 'no contract'}): {', '.join(hit)} "
+                           f"changed")
     if not sel.contracts:
         sel.why.append("no function an adapter needs (or anything it uses) changed")
     return sel
