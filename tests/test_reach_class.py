@@ -39,9 +39,11 @@ def test_a_failing_rows_violations_carry_the_reach_of_its_case(register):
 
 def test_a_passing_row_and_an_undeclared_family_have_no_reach_class(register):
     c = register("planted-reach-pass", _never, cases=lambda t: st.just(PRODUCTION), min_cases=1)
-    assert run_contract(c, "gfx942", budget=5.0, use_examples=False, max_examples=1).as_json()["reach_class"] is None
+    row = run_contract(c, "gfx942", budget=5.0, use_examples=False, max_examples=1).as_json()
+    assert row["reach_class"] is None
+    assert row["case_reach"] == {"production": row["generated_cases"]} and row["generated_cases"] >= 1
     row = _row(register, 7, "planted-reach-int")  # a plain int: no family, no domain
-    assert row["status"] == "fail" and row["reach_class"] is None
+    assert row["status"] == "fail" and row["reach_class"] is None and set(row["case_reach"]) <= {"unclassified"}
 
 
 def test_markdown_and_junit_group_failing_rows_by_reach():

@@ -36,7 +36,8 @@ from contracts.engine.timesplit import cases_per_second, format_split
 #: 12: per row ``reach_class`` and on each violation ``reach_class``: ``production`` (the failing case lies inside
 #: the production domain upstream's callers produce), ``caller-contract`` (outside it, but allowed by the function's
 #: own signature), ``adversarial`` (corrupt or foreign data) - fuzz/domains.py; null for a row without violations or
-#: a case of a family without a declared domain (``reach`` stays the pairwise coverage)
+#: a case of a family without a declared domain (``reach`` stays the pairwise coverage); per row ``case_reach``:
+#: ``{class: n}``, the generated cases by reach class (every generated case records whether it lies inside)
 AUDIT_SCHEMA_VERSION = 12
 REACH_CLASSES = ("production", "caller-contract", "adversarial")
 TIME_SPLIT_KEYS = ("compile", "kernel", "oracle", "harness")

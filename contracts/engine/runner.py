@@ -68,6 +68,9 @@ class RowResult:
     #: the declared tuples of this row and those its generated cases hit (for the audit's merge of two passes)
     reach_required: list | None = field(default=None, repr=False)
     reach_covered: set = field(default_factory=set, repr=False)
+    #: the generated cases by reach class (fuzz/domains.py): every generated case records whether production's
+    #: callers could produce it; "unclassified" for a family without a declared domain
+    case_reach: dict = field(default_factory=dict)
     #: a ``ci`` row with a covering array: missing a declared tuple makes it ``incomplete``
     reach_enforced: bool = field(default=False, repr=False)
     #: what the row's checks said they left unchecked (contracts.core.record_note); a pass or known row's reason
@@ -102,13 +105,22 @@ class RowResult:
                 "stopped_by": self.stopped_by, "margin": None if self.margin is None else round(self.margin, 6),
                 "seconds": round(self.seconds, 3),
                 "violations": [dict(v.as_json(), reach_class=self.reach_class) for v in self.violations],
-                "reach_class": self.reach_class,
+                "reach_class": self.reach_class, "case_reach": dict(self.case_reach),
                 "repro": self.repro, "subject": dict(self.subject or _ours_row()), "findings": list(self.findings),
                 "first_violation": None if self.first_violation is None else {
                     "cases": self.first_violation["cases"], "seconds": round(self.first_violation["seconds"], 3)},
                 "reach": dict(self.reach) if self.reach is not None else reach_doc(None, set()),
                 "time_split": timesplit.rounded(self.time_split, self.seconds),
                 "specializations": specializations.counts(self.spec_keys)}
+
+
+def _case_reach(case) -> str:
+    from fuzz.domains import reach_class
+
+    try:
+        return reach_class(case) or "unclassified"
+    except Exception:  # noqa: BLE001 - a case a domain cannot read is not classified, never a crash
+        return "unclassified"
 
 
 def _ours_row() -> dict:
@@ -512,6 +524,8 @@ class _Row:
             for k, val in sorted(hit, key=repr):
                 hyp_event(f"{k}={val}")
             self.row.reach_covered |= dimensions.covered_by(self.required, hit)
+        rc = _case_reach(case)
+        self.row.case_reach[rc] = self.row.case_reach.get(rc, 0) + 1
         state["generated"] += 1
         if self.o.progress:
             self.o.progress(state["pinned"], state["generated"])
@@ -830,6 +844,8 @@ def merge_passes(first: RowResult, second: RowResult) -> RowResult:
     merged.spec_keys = specializations.merge(first.spec_keys, second.spec_keys)
     merged.reach_required = first.reach_required
     merged.reach_covered = set(first.reach_covered) | set(second.reach_covered)
+    merged.case_reach = {k: first.case_reach.get(k, 0) + second.case_reach.get(k, 0)
+                         for k in sorted(set(first.case_reach) | set(second.case_reach))}
     merged.reach_enforced = first.reach_enforced
     merged.notes = list(first.notes) + [n for n in second.notes if n not in first.notes]
     merged.reach = reach_doc(first.reach_required, merged.reach_covered,
