@@ -209,8 +209,9 @@ def test_nan_free_generator_reaches_rope_overflow_within_the_ci_profile():
         hit = any(bool(torch.isinf(r["row"][448:].to(torch.bfloat16)).any()) for r in refs)
         hits += hit
         # the covering rows give each RoPE-overflow weight norm-safe specials: "huge-rope" always overflows there
-        # ("rope-near-max" only in some lanes of some tokens)
-        if case.weight == "huge-rope" and fw.classify_nan_free(case, None)["special"] in ("none", "tiny"):
+        # ("rope-near-max" only in some lanes of some tokens) - in a case where some token writes (refs lists the
+        # writing tokens: a padding slot, or a position short of its compression boundary, writes nothing)
+        if case.weight == "huge-rope" and fw.classify_nan_free(case, None)["special"] in ("none", "tiny") and refs:
             assert hit, case
     assert hits >= 4, (hits, len(seen))
 
