@@ -20,7 +20,7 @@ import pytest
 
 from contracts.cli.smv import main as smv
 from contracts.engine import findings as kf
-from contracts.engine.findings_export import ExportError, export, part_path, sections
+from contracts.engine.findings_export import ExportError, export, part_path, sections, shared_names
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
@@ -127,6 +127,61 @@ def test_a_part_without_the_issue_paragraphs_is_refused(tmp_path):
     f = dataclasses.replace(f, source=str(tmp_path / "findings.toml"))
     with pytest.raises(ExportError, match="'Expected'"):
         export(f, str(tmp_path / "out"))
+
+
+PART = ('"""U1.\n\nInput: x.\n\nExpected: y.\n\nSuggested fix: z.\n"""\n'
+        'SHARED = {names}\n\n\ndef reproduce(args):\n    return Verdict(helper() != 1, "o", "e")\n')
+
+
+def _part_with_shared(tmp_path, names, snippets):
+    (tmp_path / "findings" / "export" / "_shared").mkdir(parents=True)
+    (tmp_path / "findings" / "export" / "U1.py").write_text(PART.format(names=names))
+    for name, text in snippets.items():
+        (tmp_path / "findings" / "export" / "_shared" / f"{name}.py").write_text(text)
+    return dataclasses.replace(_findings()["U1"], source=str(tmp_path / "findings.toml"))
+
+
+def test_a_part_gets_each_snippet_it_shares_once_between_the_prelude_and_the_part(tmp_path):
+    helper = '"""A snippet."""\n\n\ndef helper():\n    """One."""\n    return 1\n'
+    other = '"""Another."""\n\n\ndef other():\n    """Two."""\n    return helper() + 1\n'
+    f = _part_with_shared(tmp_path, '["helper", "other", "helper"]', {"helper": helper, "other": other})
+    repro, _ = export(f, str(tmp_path / "out"))
+    text = Path(repro).read_text()
+    assert text.count("def helper():") == 1 and text.count("def other():") == 1
+    assert text.index("def call_upstream(") < text.index("def helper():") < text.index("def other():") \
+        < text.index("def reproduce(args)")
+    assert "# --- shared with other findings' reproducers: helper, other" in text
+    compile(text, repro, "exec")
+    res = _run(tmp_path / "out")
+    assert res.returncode == 0, res.stdout + res.stderr  # the part calls the snippet's function
+
+
+def test_a_part_naming_an_unknown_snippet_is_refused(tmp_path):
+    f = _part_with_shared(tmp_path, '["helper", "nope"]', {"helper": "def helper():\n    return 1\n"})
+    with pytest.raises(ExportError, match=r"SHARED names 'nope'") as exc:
+        export(f, str(tmp_path / "out"))
+    assert "\n" not in str(exc.value) and not (tmp_path / "out" / "repro.py").exists()
+    for bad in ('["../U1"]', '[name]', '"helper"'):
+        (tmp_path / "findings" / "export" / "U1.py").write_text(PART.format(names=bad))
+        with pytest.raises(ExportError, match="SHARED"):
+            export(f, str(tmp_path / "out"))
+
+
+def test_every_shared_snippet_is_documented_functions_that_a_part_uses():
+    folder = ROOT / "findings" / "export"
+    used = {name for part in folder.glob("*.py") for name in shared_names(part.read_text(), str(part))}
+    for snippet in sorted((folder / "_shared").glob("*.py")):
+        tree = ast.parse(snippet.read_text())
+        assert ast.get_docstring(tree), f"{snippet.name}: no docstring"
+        assert snippet.stem in used, f"{snippet.name}: no part names it in SHARED"
+        for node in tree.body[1:]:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                assert all(m.split(".")[0] in ("torch", "triton") or m.split(".")[0] in sys.stdlib_module_names
+                           for m in mods), f"{snippet.name} imports {mods}"
+            else:
+                assert isinstance(node, ast.FunctionDef) and ast.get_docstring(node), \
+                    f"{snippet.name}:{node.lineno}: a snippet holds documented functions only"
 
 
 def test_sections_read_the_paragraphs_by_name():

@@ -31,6 +31,7 @@ import types
 
 import torch
 
+SHARED = ["rope"]
 MODULE = "vllm/models/deepseek_v4/amd/rocm.py"
 OPS = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 #: the fix of a line or two (the tests apply it to a copy of the tree: the script then exits 0)
@@ -56,16 +57,6 @@ class _HostAsDevice(torch.Tensor):
         return False
 
 
-def _inverse_rope(row: torch.Tensor, cos_sin: torch.Tensor, pos: int) -> torch.Tensor:
-    x = row.to(torch.float64).clone()
-    half = ROPE // 2
-    cos, sin = cos_sin[pos, :half].to(torch.float64), cos_sin[pos, half:].to(torch.float64)
-    a, b = x[..., NOPE::2].clone(), x[..., NOPE + 1::2].clone()
-    x[..., NOPE::2] = a * cos + b * sin
-    x[..., NOPE + 1::2] = b * cos - a * sin
-    return x
-
-
 def reproduce(args):
     device = args.device
     overrides = rocm_overrides(ARCH)
@@ -88,8 +79,7 @@ def reproduce(args):
     flat = cache.view(-1)
     flat[NOPE:DATA_BYTES] = rope_vals.view(torch.uint8)  # slot 0: NoPE codes 0, RoPE lanes
     flat[BLOCK * DATA_BYTES:BLOCK * DATA_BYTES + 7] = 127  # its 7 e8m0 NoPE scales: 1.0
-    angles = torch.rand(8, ROPE // 2, generator=gen, dtype=torch.float64) * 2.0 + 0.5
-    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
+    cos_sin = random_cos_sin(gen, 8, ROPE)
     q = dev((torch.randn(1, HEADS, HEAD, generator=gen) * 0.1).to(torch.bfloat16))
     output = dev(torch.zeros(1, HEADS, HEAD, dtype=torch.bfloat16))
     positions = dev(torch.tensor([POSITION], dtype=torch.int64))
@@ -137,7 +127,7 @@ def reproduce(args):
     plain = seen["plain"].cpu().as_subclass(torch.Tensor).to(torch.float64)[0]
     if not bool(torch.isfinite(plain).all()) or bool((plain[:, NOPE:] == 0).all()):
         raise CannotRun("the decode's output without positions is not finite and nonzero: nothing to compare")
-    want = _inverse_rope(plain, cos_sin, POSITION)
+    want = inverse_rope(plain, cos_sin[POSITION], NOPE)
     tol = 2 ** -7 * (plain.abs() + want.abs())[:, NOPE:] + 1e-6
     rotated_once = bool(((out[:, NOPE:] - want[:, NOPE:]).abs() <= tol).all())
     unrotated = bool(((out[:, NOPE:] - plain[:, NOPE:]).abs() <= tol).all())

@@ -21,6 +21,7 @@ block_size % block_tile_size == 0 else "NORMAL"`), or refuse such a block size. 
 """
 import torch
 
+SHARED = ["upstream"]
 MODULE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 HEAD, SCALE_BYTES = 128, 4
 BLOCK_SIZE, NUM_BLOCKS = 3, 2
@@ -30,10 +31,7 @@ SENTINEL = 0x5A
 
 def reproduce(args):
     device = args.device
-    mod = load_upstream(MODULE, overrides=rocm_overrides("gfx950"))
-    writer = getattr(mod, "indexer_k_quant_and_cache_triton", None)
-    if writer is None:
-        raise CannotRun(f"{MODULE} has no indexer_k_quant_and_cache_triton")
+    _, writer = load_names(MODULE, rocm_overrides("gfx950"), "indexer_k_quant_and_cache_triton")
     block_bytes = BLOCK_SIZE * (HEAD + SCALE_BYTES)
     cache_bytes = NUM_BLOCKS * block_bytes
     buf = torch.full((cache_bytes + SLACK,), SENTINEL, dtype=torch.uint8, device=device)

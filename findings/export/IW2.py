@@ -23,16 +23,14 @@ Suggested fix: quantize to the platform's fp8, as the direct DSv3.2 writer alrea
 FNUZ). Pass an `IS_FNUZ` constexpr (or the fp8 type and its maximum) from the launcher and use
 `x_clamped.to(tl.float8e4b8)` with `FP8_MAX = 224.0` when it is set.
 """
-from types import SimpleNamespace
-
 import torch
 
+SHARED = ["upstream", "compressor"]
 MODULE = "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py"
 READER = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 LAUNCHER = "_FUSED_KV_COMPRESS_NORM_ROPE_INSERT_INDEXER_TRITON_KERNEL"
 HEAD, ROPE = 128, 64
 SCALE_BYTES = 4
-RATIO, STATE_WIDTH = 4, 2 * 128  # ratio 4 overlaps two windows: kv halves at 0 and 128, scores at 256
 TINY_DIM, TINY = 5, -1e-9
 
 
@@ -61,42 +59,24 @@ class _Launch:
 
 def reproduce(args):
     device = args.device
-    reader = load_upstream(READER, overrides=rocm_overrides("gfx942"))
-    reader_fp8 = getattr(reader, "FP8_DTYPE", None)
+    _, reader_fp8 = load_names(READER, rocm_overrides("gfx942"), "FP8_DTYPE")
     if not isinstance(reader_fp8, torch.dtype):
-        raise CannotRun(f"{READER} has no FP8_DTYPE")
-    overrides = rocm_overrides("gfx942")
-    overrides["vllm.utils.deep_gemm"] = {"mqa_logits_use_mx_scales": lambda: False}  # MX_SCALE is CUDA SM100 only
-    mod = load_upstream(MODULE, overrides=overrides)
-    launch = getattr(mod, "compress_norm_rope_store_triton", None)
+        raise CannotRun(f"{READER}'s FP8_DTYPE is not a torch dtype: {reader_fp8!r}")
+    no_mx = {"vllm.utils.deep_gemm": {"mqa_logits_use_mx_scales": lambda: False}}  # MX_SCALE is CUDA SM100 only
+    mod, launch = load_compressor(MODULE, "gfx942", no_mx)
     launcher = getattr(mod, LAUNCHER, None)
-    if launch is None or launcher is None:
-        raise CannotRun(f"{MODULE} has no compress_norm_rope_store_triton / {LAUNCHER}")
+    if launcher is None:
+        raise CannotRun(f"{MODULE} has no {LAUNCHER}")
     setattr(mod, LAUNCHER, _Launch(launcher))
 
-    state = torch.zeros(1, 4, 2 * STATE_WIDTH, dtype=torch.float32)
-    state[0, :, HEAD:2 * HEAD] = 1.0  # positions 0..3 land in the second half (head offset 128); scores 0
+    kv = torch.ones(HEAD)  # the four compressed state rows; scores 0
     weight = torch.ones(HEAD, dtype=torch.float32)
     weight[TINY_DIM] = TINY
-    cos_sin = torch.zeros(RATIO, ROPE, dtype=torch.float32)
-    cos_sin[:, :ROPE // 2] = 1.0  # cos 1, sin 0
-    cache = torch.zeros(1, 1, HEAD + SCALE_BYTES, dtype=torch.uint8)
-    state, weight, cos_sin, cache = (t.to(device) for t in (state, weight, cos_sin, cache))
-    slots = torch.zeros(1, dtype=torch.int64, device=device)
-    got = call_upstream(
-        launch, state_cache=state, num_actual=1, token_to_req_indices=torch.zeros(1, dtype=torch.int32, device=device),
-        positions=torch.tensor([3], dtype=torch.int64, device=device), slot_mapping=slots,
-        block_table=torch.zeros(1, 1, dtype=torch.int32, device=device), block_size=4, state_width=STATE_WIDTH,
-        cos_sin_cache=cos_sin, kv_cache=cache, k_cache_metadata=SimpleNamespace(slot_mapping=slots), pdl_kwargs={},
-        head_dim=HEAD, rope_head_dim=ROPE, compress_ratio=RATIO, overlap=True, use_fp4_cache=False,
-        rms_norm_weight=weight, rms_norm_eps=1e-6, quant_block=HEAD, token_stride=HEAD, scale_dim=SCALE_BYTES)
-    if isinstance(got, Raised):
-        raise CannotRun(f"upstream's compressor did not run: {got!r}")
-    if device != "cpu":
-        torch.cuda.synchronize()
+    cache = run_compressor(launch, kv, weight, device, quant_block=HEAD, token_stride=HEAD, scale_dim=SCALE_BYTES,
+                           rope=ROPE)
 
     # the row the kernel quantizes, inline: all-ones rows normed, times the weight; RoPE at angle 0 is the identity
-    row = torch.ones(HEAD) * torch.rsqrt(torch.tensor(1.0 + 1e-6)) * weight.cpu()
+    row = rms_normed(kv, weight)
     stored = cache[0, 0].cpu()
     if not bool(stored.any()):
         raise CannotRun("the compressor stored nothing")

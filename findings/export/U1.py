@@ -16,6 +16,7 @@ totals and divide inside the selector.
 """
 import torch
 
+SHARED = ["upstream"]
 MODULE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 #: the fix of a line or two (the tests apply it to a copy of the tree: the script then exits 0)
 FIXED_BY = [
@@ -29,11 +30,8 @@ class _Chosen(Exception):
 
 
 def reproduce(args):
-    mod = load_upstream(MODULE, overrides=rocm_overrides("gfx942"))
-    wrapper = getattr(mod, "_rocm_sparse_attn_decode_ragged_triton", None)
-    select = getattr(mod, "_decode_num_splits", None)
-    if wrapper is None or select is None:
-        raise CannotRun(f"{MODULE} has no _rocm_sparse_attn_decode_ragged_triton / _decode_num_splits")
+    mod, wrapper, select = load_names(MODULE, rocm_overrides("gfx942"), "_rocm_sparse_attn_decode_ragged_triton",
+                                      "_decode_num_splits")
     mod._decode_cu_count = lambda: 256  # an MI300X; the module asks the GPU, which a CPU host cannot answer
     seen = {}
 

@@ -25,6 +25,7 @@ acc / denom[:, None], 0.0)` in `_sparse_attn_decode_reduce_kernel`, and the same
 """
 import torch
 
+SHARED = ["upstream"]
 MODULE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 HEAD, NOPE, ROPE = 512, 448, 64
 TOKEN_DATA, TOKEN_SCALES = 576, 8
@@ -96,10 +97,7 @@ def _run_reduce(mod, device, part_m, part_l, part_acc):
 def _run_generic_end_to_end(device):
     """The generic single-kernel decode through upstream's wrapper (needs a GPU: under the interpreter the kernel's
     bf16 arithmetic and bf16 tl.dot are not computed as a GPU computes them)."""
-    mod = load_upstream(MODULE, overrides=rocm_overrides("generic"))
-    wrapper = getattr(mod, "_rocm_sparse_attn_decode_ragged_triton", None)
-    if wrapper is None:
-        raise CannotRun(f"{MODULE} has no _rocm_sparse_attn_decode_ragged_triton")
+    _, wrapper = load_names(MODULE, rocm_overrides("generic"), "_rocm_sparse_attn_decode_ragged_triton")
     cache = _poisoned_cache(torch.float8_e4m3fn, device)
     q = _query().to(torch.bfloat16).reshape(1, 1, HEAD).to(device)
     indices = torch.zeros(1, dtype=torch.int32, device=device)

@@ -31,6 +31,7 @@ import math
 
 import torch
 
+SHARED = ["upstream"]
 MODULE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 #: the fix of a line or two (the tests apply it to a copy of the tree: the script then exits 0)
 FIXED_BY = [
@@ -83,11 +84,8 @@ def _binder(kernel):
 
 def reproduce(args):
     device = args.device
-    mod = load_upstream(MODULE, overrides=rocm_overrides("gfx950"))
-    gather = getattr(mod, "cp_gather_indexer_k_quant_cache_triton", None)
-    kernel = getattr(mod, KERNEL, None)
-    if gather is None or kernel is None:
-        raise CannotRun(f"{MODULE} has no cp_gather_indexer_k_quant_cache_triton / {KERNEL}")
+    mod, gather, kernel = load_names(MODULE, rocm_overrides("gfx950"), "cp_gather_indexer_k_quant_cache_triton",
+                                     KERNEL)
     native = device != "cpu" and isinstance(getattr(kernel, "device_caches", None), dict)
     key_of = _binder(kernel)
     if key_of is None and not native:

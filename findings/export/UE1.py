@@ -27,6 +27,7 @@ import mmap
 
 import torch
 
+SHARED = ["upstream", "rope"]
 MODULE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 #: the fix of a line or two (the tests apply it to a copy of the tree: the script then exits 0)
 FIXED_BY = [
@@ -58,24 +59,9 @@ def _buffer(numel: int, device: str):
     return torch.frombuffer(mm, dtype=torch.bfloat16), mm
 
 
-def _inverse_rope(rows: torch.Tensor, cos_sin: torch.Tensor, positions) -> torch.Tensor:
-    """GPT-J inverse RoPE of the trailing ROPE lanes of [n, HEAD] rows, in float64."""
-    x = rows.to(torch.float64).clone()
-    half = ROPE // 2
-    cs = cos_sin.to(torch.float64)[torch.tensor(positions)]
-    cos, sin = cs[:, :half], cs[:, half:]
-    a, b = x[:, NOPE::2].clone(), x[:, NOPE + 1::2].clone()
-    x[:, NOPE::2] = a * cos + b * sin
-    x[:, NOPE + 1::2] = b * cos - a * sin
-    return x
-
-
 def reproduce(args):
     device = args.device
-    mod = load_upstream(MODULE, overrides=rocm_overrides("gfx942"))
-    fn = getattr(mod, "rocm_inverse_rope_rows_", None)
-    if fn is None:
-        raise CannotRun(f"{MODULE} has no rocm_inverse_rope_rows_")
+    _, fn = load_names(MODULE, rocm_overrides("gfx942"), "rocm_inverse_rope_rows_")
     wrapped = BASE + _wrap32((ROWS - 1) * ROW_STRIDE)  # where row 2 lands if its offset wraps
     numel = BASE + (ROWS - 1) * ROW_STRIDE + HEAD + 2 ** 20
     assert 0 <= wrapped and wrapped + HEAD <= BASE
@@ -87,8 +73,7 @@ def reproduce(args):
     for r in range(ROWS):
         o[r, 0].copy_(rows[r].to(device))
     flat[wrapped:wrapped + HEAD].copy_(sentinel.to(device))
-    angles = torch.rand(8, ROPE // 2, generator=gen, dtype=torch.float64) * 2.0 + 0.5
-    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
+    cos_sin = random_cos_sin(gen, 8, ROPE)
     positions = torch.tensor(POSITIONS, dtype=torch.int64, device=device)
     got = call_upstream(fn, o, positions, cos_sin.to(device), ROPE)
     if isinstance(got, Raised):
@@ -98,7 +83,7 @@ def reproduce(args):
     after = torch.stack([o[r, 0].cpu() for r in range(ROWS)]).to(torch.float64)
     outside = flat[wrapped:wrapped + HEAD].cpu()
     changed_outside = int((outside.view(torch.int16) != sentinel.view(torch.int16)).sum())
-    want = _inverse_rope(rows, cos_sin, POSITIONS)
+    want = inverse_rope(rows, cos_sin[torch.tensor(POSITIONS)], NOPE)
     tol = 2 ** -7 * (rows.to(torch.float64).abs() + want.abs()) + 1e-6
     bad_rows = [r for r in range(ROWS) if bool(((after[r] - want[r]).abs() > tol[r]).any())]
     if 0 in bad_rows or 1 in bad_rows:

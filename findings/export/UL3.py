@@ -24,6 +24,7 @@ kv_cache.reshape(kv_cache.shape[0], -1)`, values `flat[:, :bs * dim]`, scales `f
 """
 import torch
 
+SHARED = ["upstream", "paged_logits"]
 MODULE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 #: the fix of a line or two (the tests apply it to a copy of the tree: the script then exits 0)
 FIXED_BY = [
@@ -39,46 +40,16 @@ DIM, BLOCK_SIZE, NEXT_N = 128, 2, 2
 KEYS = [(1.0, 0.5), (2.0, 0.125)]  # token -> (fp8 value in every lane, fp32 scale); powers of two: exact in fp8
 
 
-class _NoAiter:
-    """vLLM's AITER switchboard on a host without AITER."""
-
-    @staticmethod
-    def is_enabled():
-        return False
-
-    @staticmethod
-    def is_rdna_aiter_enabled():
-        return False
-
-
-def _block_flat_cache(fp8, device):
-    """One block, laid out as the writers lay it: the block's values, then its scales."""
-    values = torch.cat([torch.full((DIM,), v) for v, _ in KEYS]).to(fp8).view(torch.uint8)
-    scales = torch.tensor([s for _, s in KEYS], dtype=torch.float32).view(torch.uint8)
-    return torch.cat([values, scales]).reshape(1, BLOCK_SIZE, 1, DIM + 4).to(device)
-
-
 def reproduce(args):
-    device = args.device
-    overrides = rocm_overrides("gfx942")
-    overrides["vllm._aiter_ops"] = {"rocm_aiter_ops": _NoAiter}
-    mod = load_upstream(MODULE, overrides=overrides)
-    dispatch = getattr(mod, "rocm_fp8_paged_mqa_logits", None)
-    fp8 = getattr(mod, "FP8_DTYPE", None)
-    if dispatch is None or not isinstance(fp8, torch.dtype):
-        raise CannotRun(f"{MODULE} has no rocm_fp8_paged_mqa_logits / FP8_DTYPE")
-    cache = _block_flat_cache(fp8, device)
-    q = torch.ones(1, NEXT_N, 1, DIM).to(fp8).to(device)
-    weights = torch.ones(NEXT_N, 1, dtype=torch.float32, device=device)
-    context_lens = torch.tensor([BLOCK_SIZE], dtype=torch.int32, device=device)
-    block_tables = torch.zeros(1, 1, dtype=torch.int32, device=device)
-    got = call_upstream(dispatch, q, cache, weights, context_lens, block_tables, None, BLOCK_SIZE, compress_ratio=4)
-    if isinstance(got, Raised):
-        raise CannotRun(f"upstream's paged logits raised: {got!r}")
+    _, dispatch, fp8 = load_paged_logits(MODULE, "gfx942")
+    # one block laid out as the writers lay it (block-flat): the block's values, then its scales
+    cache = fp8_indexer_cache(fp8, KEYS, BLOCK_SIZE, DIM, args.device)
+    got = paged_logits_of_ones(dispatch, fp8, cache, NEXT_N, context=BLOCK_SIZE, max_model_len=BLOCK_SIZE,
+                               compress_ratio=4)
 
-    # the expected value, inline: weight * relu(q . k) * scale per key; query row n sits at position n and sees
-    # the keys up to it
-    score = [1.0 * max(DIM * v, 0.0) * s for v, s in KEYS]
+    # the expected value: weight * relu(q . k) * scale per key; query row n sits at position n and sees the keys
+    # up to it
+    score = formula_scores(KEYS, DIM)
     expected = torch.full((NEXT_N, BLOCK_SIZE), float("-inf"))
     for n in range(NEXT_N):
         expected[n, :n + 1] = torch.tensor(score[:n + 1])

@@ -20,6 +20,7 @@ torch.where(k_offsets[None, :] <= q_offsets[:, None], s, float("-inf"))[:, : max
 """
 import torch
 
+SHARED = ["upstream", "paged_logits"]
 MODULE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 #: the fix of a line or two (the tests apply it to a copy of the tree: the script then exits 0)
 FIXED_BY = [
@@ -31,46 +32,21 @@ FIXED_BY = [
 DIM, BLOCK_SIZE, NEXT_N = 128, 2, 2
 CONTEXT = MAX_MODEL_LEN = 3
 NUM_BLOCKS = 2
-
-
-class _NoAiter:
-    """vLLM's AITER switchboard on a host without AITER."""
-
-    @staticmethod
-    def is_enabled():
-        return False
-
-    @staticmethod
-    def is_rdna_aiter_enabled():
-        return False
+KEY = (1.0, 1.0)  # every token: fp8 1.0 in every lane, fp32 scale 1.0
 
 
 def reproduce(args):
-    device = args.device
-    overrides = rocm_overrides("gfx942")
-    overrides["vllm._aiter_ops"] = {"rocm_aiter_ops": _NoAiter}
-    mod = load_upstream(MODULE, overrides=overrides)
-    dispatch = getattr(mod, "rocm_fp8_paged_mqa_logits", None)
-    fp8 = getattr(mod, "FP8_DTYPE", None)
-    if dispatch is None or not isinstance(fp8, torch.dtype):
-        raise CannotRun(f"{MODULE} has no rocm_fp8_paged_mqa_logits / FP8_DTYPE")
+    _, dispatch, fp8 = load_paged_logits(MODULE, "gfx942")
     # each block laid out flat: its values (all fp8 1.0), then its fp32 scales (all 1.0)
-    values = torch.ones(BLOCK_SIZE * DIM).to(fp8).view(torch.uint8)
-    scales = torch.ones(BLOCK_SIZE, dtype=torch.float32).view(torch.uint8)
-    block = torch.cat([values, scales])
-    cache = torch.stack([block] * NUM_BLOCKS).reshape(NUM_BLOCKS, BLOCK_SIZE, 1, DIM + 4).to(device)
-    q = torch.ones(1, NEXT_N, 1, DIM).to(fp8).to(device)
-    weights = torch.ones(NEXT_N, 1, dtype=torch.float32, device=device)
-    context_lens = torch.tensor([CONTEXT], dtype=torch.int32, device=device)
-    block_tables = torch.arange(NUM_BLOCKS, dtype=torch.int32, device=device).reshape(1, NUM_BLOCKS)
-    got = call_upstream(dispatch, q, cache, weights, context_lens, block_tables, None, MAX_MODEL_LEN,
-                        compress_ratio=4)
+    cache = fp8_indexer_cache(fp8, [KEY] * BLOCK_SIZE, BLOCK_SIZE, DIM, args.device, num_blocks=NUM_BLOCKS)
+    got = paged_logits_of_ones(dispatch, fp8, cache, NEXT_N, context=CONTEXT, max_model_len=MAX_MODEL_LEN,
+                               compress_ratio=4, raised_ok=True)
 
-    # the expected value, inline: row n sits at position CONTEXT - NEXT_N + n and scores keys 0..position, each
+    # the expected value: row n sits at position CONTEXT - NEXT_N + n and scores keys 0..position, each
     # weight * relu(q . k) * scale = 128
     expected = torch.full((NEXT_N, MAX_MODEL_LEN), float("-inf"))
     for n in range(NEXT_N):
-        expected[n, :CONTEXT - NEXT_N + n + 1] = float(DIM)
+        expected[n, :CONTEXT - NEXT_N + n + 1] = formula_scores([KEY], DIM)[0]
     shape = f"[{NEXT_N}, {MAX_MODEL_LEN}]"
     if isinstance(got, Raised):
         return Verdict(True, got, f"no exception: a {shape} float32 logits tensor {expected.tolist()}")

@@ -21,8 +21,7 @@ Suggested fix: tell the torch fallback the cache's layout and un-tile the values
 view a block's values as [bs/16, dim/16, 16, 16], swap the two middle axes and flatten to [bs, dim] (the scales are
 not tiled), as vLLM 0.34.0 does with `shuffled=indexer_k_cache_is_shuffled(block_size)`.
 """
-import torch
-
+SHARED = ["upstream", "paged_logits"]
 MODULE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 #: the fix of a line or two (the tests apply it to a copy of the tree: the script then exits 0): un-tile the SHUFFLE
 #: cache before the dispatcher's AITER-less fallback
@@ -42,53 +41,15 @@ DIM, BLOCK_SIZE, MAX_MODEL_LEN = 128, 16, 16
 KEYS = [(1.0, 0.5), (2.0, 0.125)]  # token -> (fp8 value in every lane, fp32 scale); powers of two: exact in fp8
 
 
-class _NoAiter:
-    """vLLM's AITER switchboard on a host without AITER."""
-
-    @staticmethod
-    def is_enabled():
-        return False
-
-    @staticmethod
-    def is_rdna_aiter_enabled():
-        return False
-
-
-def _shuffled_cache(fp8, device):
-    """One block in the SHUFFLE layout: 16x16 tiles of (token, lane), tile (t // 16, d // 16) at
-    (t // 16 * DIM // 16 + d // 16) * 256, row-major inside; then the block's fp32 scales, one per token."""
-    block = torch.zeros(BLOCK_SIZE * (DIM + 4), dtype=torch.uint8)
-    for t, (value, scale) in enumerate(KEYS):
-        code = torch.tensor([value]).to(fp8).view(torch.uint8)[0]
-        for d in range(DIM):
-            block[((t // 16 * (DIM // 16) + d // 16) * 16 + t % 16) * 16 + d % 16] = code
-        block[BLOCK_SIZE * DIM + 4 * t:BLOCK_SIZE * DIM + 4 * t + 4] = torch.tensor([scale]).view(torch.uint8)
-    return block.reshape(1, BLOCK_SIZE, 1, DIM + 4).to(device)
-
-
 def reproduce(args):
-    device = args.device
-    overrides = rocm_overrides("gfx942")
-    overrides["vllm._aiter_ops"] = {"rocm_aiter_ops": _NoAiter}
-    mod = load_upstream(MODULE, overrides=overrides)
-    dispatch = getattr(mod, "rocm_fp8_paged_mqa_logits", None)
-    fp8 = getattr(mod, "FP8_DTYPE", None)
-    if dispatch is None or not isinstance(fp8, torch.dtype):
-        raise CannotRun(f"{MODULE} has no rocm_fp8_paged_mqa_logits / FP8_DTYPE")
-    cache = _shuffled_cache(fp8, device)
-    q = torch.ones(1, 1, 1, DIM).to(fp8).to(device)
-    weights = torch.ones(1, 1, dtype=torch.float32, device=device)
-    context_lens = torch.tensor([len(KEYS)], dtype=torch.int32, device=device)
-    block_tables = torch.zeros(1, 1, dtype=torch.int32, device=device)
-    got = call_upstream(dispatch, q, cache, weights, context_lens, block_tables, None, MAX_MODEL_LEN,
-                        compress_ratio=1)
-    if isinstance(got, Raised):
-        raise CannotRun(f"upstream's paged logits raised: {got!r}")
+    _, dispatch, fp8 = load_paged_logits(MODULE, "gfx942")
+    # one block in the SHUFFLE layout the writer uses at a block size above 1: 16x16 tiles of (token, lane), then
+    # the block's fp32 scales, one per token
+    cache = fp8_indexer_cache(fp8, KEYS, BLOCK_SIZE, DIM, args.device, shuffled=True)
+    got = paged_logits_of_ones(dispatch, fp8, cache, 1, context=len(KEYS), max_model_len=MAX_MODEL_LEN,
+                               compress_ratio=1)
 
-    # the expected value, inline: weight * relu(q . k) * scale per visible key
-    expected = [1.0 * max(DIM * v, 0.0) * s for v, s in KEYS]
-    logits = got.detach().float().cpu()[0]
-    seen = logits[:len(KEYS)].tolist()
-    wrong = [k for k in range(len(KEYS)) if seen[k] != expected[k]]
+    # the expected value: weight * relu(q . k) * scale per visible key
+    seen, expected, wrong = first_row_scores(got, KEYS, DIM)
     return Verdict(bool(wrong), f"logits of keys 0 and 1: {seen}; wrong at keys {wrong}",
                    f"logits of keys 0 and 1: {expected} (128 * 1.0 * 0.5, 128 * 2.0 * 0.125)")

@@ -21,8 +21,7 @@ scores 128 * 1.0 * 0.5 = 64 and key 1 scores 128 * 2.0 * 0.125 = 32.
 Suggested fix: pass `shuffled=indexer_k_cache_is_shuffled(block_size) and not
 _indexer_k_is_c4a_block_flat(compress_ratio)` in the AITER-less fallback of `rocm_fp8_paged_mqa_logits`.
 """
-import torch
-
+SHARED = ["upstream", "paged_logits"]
 MODULE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 #: the fix of a line or two (the tests apply it to a copy of the tree: the script then exits 0)
 FIXED_BY = [
@@ -35,53 +34,16 @@ DIM, BLOCK_SIZE, MAX_MODEL_LEN = 128, 16, 16
 KEYS = [(1.0, 0.5), (2.0, 0.125)]  # token -> (fp8 value in every lane, fp32 scale); powers of two: exact in fp8
 
 
-class _NoAiter:
-    """vLLM's AITER switchboard on a host without AITER."""
-
-    @staticmethod
-    def is_enabled():
-        return False
-
-    @staticmethod
-    def is_rdna_aiter_enabled():
-        return False
-
-
-def _block_flat_cache(fp8, device):
-    """One block as the C4A writer lays it out: token t's values at 128t, then the fp32 scales at bs * 128 + 4t."""
-    block = torch.zeros(BLOCK_SIZE * (DIM + 4), dtype=torch.uint8)
-    for t, (value, scale) in enumerate(KEYS):
-        block[t * DIM:(t + 1) * DIM] = torch.full((DIM,), value).to(fp8).view(torch.uint8)
-        block[BLOCK_SIZE * DIM + 4 * t:BLOCK_SIZE * DIM + 4 * t + 4] = torch.tensor([scale]).view(torch.uint8)
-    return block.reshape(1, BLOCK_SIZE, 1, DIM + 4).to(device)
-
-
 def reproduce(args):
-    device = args.device
-    overrides = rocm_overrides("generic")
-    overrides["vllm._aiter_ops"] = {"rocm_aiter_ops": _NoAiter}
-    overrides["vllm.platforms.rocm"].update(_ON_RDNA=False, _ON_GFX1151=False)
-    mod = load_upstream(MODULE, overrides=overrides)
-    dispatch = getattr(mod, "rocm_fp8_paged_mqa_logits", None)
-    fp8 = getattr(mod, "FP8_DTYPE", None)
-    if dispatch is None or not isinstance(fp8, torch.dtype):
-        raise CannotRun(f"{MODULE} has no rocm_fp8_paged_mqa_logits / FP8_DTYPE")
+    mod, dispatch, fp8 = load_paged_logits(MODULE, "generic", _ON_RDNA=False, _ON_GFX1151=False)
     if getattr(mod, "_ON_GFX942", None) or getattr(mod, "_ON_GFX950", None):
         raise CannotRun("the module sees gfx942 or gfx950 (the C4A cache would take its own path)")
-    cache = _block_flat_cache(fp8, device)
-    q = torch.ones(1, 1, 1, DIM).to(fp8).to(device)
-    weights = torch.ones(1, 1, dtype=torch.float32, device=device)
-    context_lens = torch.tensor([len(KEYS)], dtype=torch.int32, device=device)
-    block_tables = torch.zeros(1, 1, dtype=torch.int32, device=device)
-    got = call_upstream(dispatch, q, cache, weights, context_lens, block_tables, None, MAX_MODEL_LEN,
-                        compress_ratio=4)
-    if isinstance(got, Raised):
-        raise CannotRun(f"upstream's paged logits raised: {got!r}")
+    # one block as the C4A writer lays it out: token t's values at 128t, then the fp32 scales at bs * 128 + 4t
+    cache = fp8_indexer_cache(fp8, KEYS, BLOCK_SIZE, DIM, args.device)
+    got = paged_logits_of_ones(dispatch, fp8, cache, 1, context=len(KEYS), max_model_len=MAX_MODEL_LEN,
+                               compress_ratio=4)
 
-    # the expected value, inline: weight * relu(q . k) * scale per visible key
-    expected = [1.0 * max(DIM * v, 0.0) * s for v, s in KEYS]
-    logits = got.detach().float().cpu()[0]
-    seen = logits[:len(KEYS)].tolist()
-    wrong = [k for k in range(len(KEYS)) if seen[k] != expected[k]]
+    # the expected value: weight * relu(q . k) * scale per visible key
+    seen, expected, wrong = first_row_scores(got, KEYS, DIM)
     return Verdict(bool(wrong), f"logits of keys 0 and 1: {seen}; wrong at keys {wrong}",
                    f"logits of keys 0 and 1: {expected} (128 * 1.0 * 0.5, 128 * 2.0 * 0.125)")

@@ -26,6 +26,7 @@ old indptr), or, the smallest change, send ragged input to the Triton path, whic
 """
 import torch
 
+SHARED = ["upstream"]
 MODULE = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
 #: the fix of a line or two (the tests apply it to a copy of the tree: the script then exits 0)
 FIXED_BY = [
@@ -49,10 +50,8 @@ class _OnDevice(torch.Tensor):
 
 def reproduce(args):
     device = args.device
-    mod = load_upstream(MODULE, overrides=rocm_overrides("gfx950"))
-    entry = getattr(mod, "rocm_sparse_attn_prefill", None)
-    if entry is None or not hasattr(mod, "_get_aiter_sparse_prefill_opus"):
-        raise CannotRun(f"{MODULE} has no rocm_sparse_attn_prefill / _get_aiter_sparse_prefill_opus")
+    mod, entry, _ = load_names(MODULE, rocm_overrides("gfx950"), "rocm_sparse_attn_prefill",
+                               "_get_aiter_sparse_prefill_opus")
     if getattr(mod, "_ON_GFX950", None) is not True:
         raise CannotRun("the module does not see gfx950 (the OPUS guard would be false)")
 

@@ -25,50 +25,26 @@ cannot round past FLT_MAX, e.g. `x_clamped = tl.where(tl.reshape(exponents, (N_Q
 tl.clamp(x_clamped, -240.0, 240.0), x_clamped)`. Apply both in `_fused_kv_compress_norm_rope_insert_sparse_attn` and
 in `_finalize_norm_rope_quant_store_sparse_attn`.
 """
-from types import SimpleNamespace
-
 import torch
 
+SHARED = ["upstream", "compressor"]
 MODULE = "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py"
 HEAD, ROPE, NOPE = 512, 64, 448
 TOKEN_DATA, TOKEN_SCALES = 576, 8
-RATIO, STATE_WIDTH = 4, 2 * 512  # ratio 4 overlaps two windows: kv halves at 0 and 512, scores at 1024
 WEIGHTS = {0: 3e38, 64: 2.0625e37}  # lane -> RMSNorm weight: lane 0 overflows, lane 64 lands near FLT_MAX
 
 
 def reproduce(args):
-    device = args.device
-    mod = load_upstream(MODULE, overrides=rocm_overrides("gfx950"))
-    launch = getattr(mod, "compress_norm_rope_store_triton", None)
-    if launch is None:
-        raise CannotRun(f"{MODULE} has no compress_norm_rope_store_triton")
-    if getattr(mod, "_ON_GFX950", None) is not True:
-        raise CannotRun("the module does not see gfx950 (SANITIZE_CACHE_NANS would be off)")
-
-    state = torch.zeros(1, 4, 2 * STATE_WIDTH, dtype=torch.float32)
+    _, launch = load_compressor(MODULE, "gfx950")
+    kv = torch.zeros(HEAD)
+    kv[list(WEIGHTS)] = 1.0  # the four compressed state rows
     weight = torch.ones(HEAD, dtype=torch.float32)
-    for lane, w in WEIGHTS.items():
-        state[0, :, HEAD + lane] = 1.0  # positions 0..3 land in the second half (head offset 512)
-        weight[lane] = w
-    cos_sin = torch.zeros(RATIO, ROPE, dtype=torch.float32)
-    cos_sin[:, :ROPE // 2] = 1.0  # cos 1, sin 0
-    cache = torch.zeros(1, 1, TOKEN_DATA + TOKEN_SCALES, dtype=torch.uint8)
-    state, weight, cos_sin, cache = (t.to(device) for t in (state, weight, cos_sin, cache))
-    slots = torch.zeros(1, dtype=torch.int64, device=device)
-    got = call_upstream(
-        launch, state_cache=state, num_actual=1, token_to_req_indices=torch.zeros(1, dtype=torch.int32, device=device),
-        positions=torch.tensor([3], dtype=torch.int64, device=device), slot_mapping=slots,
-        block_table=torch.zeros(1, 1, dtype=torch.int32, device=device), block_size=4, state_width=STATE_WIDTH,
-        cos_sin_cache=cos_sin, kv_cache=cache, k_cache_metadata=SimpleNamespace(slot_mapping=slots), pdl_kwargs={},
-        head_dim=HEAD, rope_head_dim=ROPE, compress_ratio=RATIO, overlap=True, use_fp4_cache=False,
-        rms_norm_weight=weight, rms_norm_eps=1e-6, quant_block=64, token_stride=TOKEN_DATA, scale_dim=TOKEN_SCALES)
-    if isinstance(got, Raised):
-        raise CannotRun(f"upstream's compressor did not run: {got!r}")
+    weight[list(WEIGHTS)] = torch.tensor(list(WEIGHTS.values()))
+    cache = run_compressor(launch, kv, weight, args.device, quant_block=64, token_stride=TOKEN_DATA,
+                           scale_dim=TOKEN_SCALES, rope=ROPE)
 
     # the normed NoPE values, inline (what the groups are quantized from)
-    kv = torch.zeros(HEAD)
-    kv[list(WEIGHTS)] = 1.0
-    normed = kv * torch.rsqrt((kv * kv).mean() + 1e-6) * weight.cpu()
+    normed = rms_normed(kv, weight)
     if not (bool(torch.isinf(normed[0])) and bool(torch.isfinite(normed[64]))):
         raise CannotRun(f"the input did not give an infinite lane 0 and a finite lane 64 ({normed[0]}, {normed[64]})")
 
