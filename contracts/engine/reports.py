@@ -333,7 +333,8 @@ REACH_TITLES = {"production": "Reach: production (inputs upstream's own callers 
                 "caller-contract": "Reach: caller contract (allowed by the function's signature; callers do not "
                                    "produce it)",
                 "adversarial": "Reach: adversarial (corrupt or foreign data: hardening notes)",
-                None: "Reach: not classified (no failing case, or a family without a declared domain)"}
+                None: "Rows without a classified case (errors, skips naming the subject, families without a declared "
+                      "domain)"}
 
 
 def _reach_rank(r: dict) -> int:
@@ -383,7 +384,7 @@ def audit_markdown(doc: dict) -> str:
                          f"{_md_rate(r)} | {_md_split(r)} | {_md_escape(r['reason'])[:160]} |")
     bad = [r for r in rows if r["status"] in ("fail", "error", "incomplete", "known")
            or (multi and r["status"] == "skipped" and "subject" in r["reason"])]
-    lines += _md_by_reach(bad)
+    lines += _md_by_reach([r for r in bad if r["status"] in ("fail", "known")])
     group = object()
     for r in sorted(bad, key=_reach_rank):
         if r.get("reach_class") != group and any(x.get("reach_class") for x in bad):
