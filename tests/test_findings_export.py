@@ -21,6 +21,7 @@ import pytest
 from contracts.cli.smv import main as smv
 from contracts.engine import findings as kf
 from contracts.engine.findings_export import ExportError, export, part_path, sections, shared_names
+from upstream_trees import release_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py"
@@ -32,15 +33,7 @@ BLOCK_SUITE = ("import runpy, sys\n"
 
 
 def _tree(release: str) -> str:
-    local = ROOT / ".smv-subject" / f"vllm-{release}"
-    if (local / OPS).exists():
-        return str(local)
-    from contracts.subjects import SubjectSpecError, parse_subject
-
-    try:
-        return parse_subject(f"vllm=={release}").tree.root
-    except SubjectSpecError as exc:
-        pytest.skip(f"the vllm=={release} subject is unavailable here: {exc}")
+    return release_tree(release, OPS)
 
 
 @pytest.fixture(scope="module")

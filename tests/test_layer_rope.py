@@ -13,6 +13,7 @@ from fuzz.layer_rope import LayerRopeCase, layer_rope_grid
 from impl.layer_rope import InverseRopePlan, RowRotation, inverse_rope_plan
 from impl.targets import TARGET_NAMES, get_target
 from oracles.layer_rope import expected_rotation_counts, stage_rows
+from upstream_trees import release_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 ROCM = "vllm/models/deepseek_v4/amd/rocm.py"
@@ -141,15 +142,7 @@ def test_contract_names_each_wrong_row_and_stage(monkeypatch):
 # --- upstream -----------------------------------------------------------------------------------------------------
 
 def _tree(version: str) -> str:
-    local = ROOT / ".smv-subject" / f"vllm-{version}"
-    if (local / ROCM).exists():
-        return str(local)
-    from contracts.subjects import SubjectSpecError, parse_subject
-
-    try:
-        return parse_subject(f"vllm=={version}").tree.root
-    except SubjectSpecError as exc:
-        pytest.skip(f"the vllm=={version} subject is unavailable here: {exc}")
+    return release_tree(version, ROCM)
 
 
 @pytest.fixture(scope="module")
