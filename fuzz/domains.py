@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 Reach = Literal["production", "caller-contract", "adversarial"]
-_RANK = {"production": 0, "caller-contract": 1, "adversarial": 2}
+#: how production reaches a case, nearest first (findings.toml's ``reach``, audit.json's ``reach_class``)
+REACH_CLASSES: tuple = ("production", "caller-contract", "adversarial")
+_RANK = {rc: i for i, rc in enumerate(REACH_CLASSES)}
 
 
 @dataclass(frozen=True)

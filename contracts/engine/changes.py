@@ -10,8 +10,8 @@ Which repository REF names depends on the subject:
   impl module that changed selects the contracts that ran its code (``tests/entry_points.json``'s measured record of
   which contract ran which impl function), the contracts of the module named after it (``contracts/decode.py`` checks
   ``impl/decode.py``) and the contracts whose module imports it directly (directly or through impl's own imports).
-  For an upstream subject only the last rule and contracts that compare against ``ours()`` (their measured impl
-  modules) apply: an impl module no contract computes its expectations with selects nothing upstream.
+  For an upstream subject an impl-only change selects nothing: its rows judge upstream's code (the nightly audit
+  compares upstream with ours again).
 - ``vllm@PATH``, a git checkout: REF is a commit of that checkout. The audited upstream functions whose source
   changed select the rows of the families whose adapters need them (the adapters' ``NEEDS``), following the names
   each needed function uses through its module and the audited modules it imports from; a changed top-level
@@ -24,10 +24,11 @@ selects its rows; a changed engine, oracle, fuzz module, the tests' shared fixtu
 file selects everything, saying why.
 
 Zoo entries: an entry is selected when its ``file`` changed, its catalog changed, or one of its ``expect`` contracts
-is selected. Tests: each ``tests/**/test_*.py`` maps to the files it imports from this suite (a static scan,
-transitive through our packages; a contract module it imports adds the impl modules its contracts ran and the
-adapters of those families; the registry, the engine or the CLI add every contract module), plus the files whose
-path or name its source mentions; a test whose map meets the change is selected.
+had its own code changed (its module or its family's adapter). Tests: each ``tests/**/test_*.py`` maps to the files it
+imports from this suite, transitively, except through the engine, CLI, plugin, zoo, registry and subjects (kept as
+files without their imports: through the registry they reach every impl module, and a change to them runs
+everything), plus the files whose path or name its source mentions and, for a changed contract module or adapter,
+the contract ids it names; a test whose map meets the change is selected.
 
 Known limit: the measured record sees calls, not reads of module-level constants from another impl module, so a
 constant of impl/X.py that only impl/Y.py reads at import selects X's contracts and Y's only if Y's contracts ran
@@ -187,21 +188,6 @@ def _imports(path: Path, root: Path) -> set:
     return out
 
 
-def import_closure(path: str, root=SUITE_ROOT, _cache: "dict | None" = None) -> set:
-    root = Path(root)
-    cache = {} if _cache is None else _cache
-    seen, todo = set(), [path]
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        if p not in cache:
-            cache[p] = _imports(root / p, root)
-        todo += cache[p]
-    return seen
-
-
 def _impl_module(path: str) -> "str | None":
     m = re.fullmatch(r"impl/(\w+)\.py", path)
     return m.group(1) if m and m.group(1) != "__init__" else None
@@ -234,13 +220,6 @@ def _direct_users(impl_mod: str, cmods: dict, root, cache: dict) -> set:
     expectations with it, whatever the subject)."""
     target = f"impl/{impl_mod}.py"
     return {c for c, m in cmods.items() if target in _impl_closure(m, root, cache)}
-
-
-def _calls_ours(module_path: str, root) -> bool:
-    try:
-        return "ours()" in (Path(root) / module_path).read_text()
-    except OSError:
-        return False
 
 
 def select_suite(changed, *, upstream: bool = False, ref: str = "", repo: str = "", root=SUITE_ROOT) -> Selection:

@@ -46,7 +46,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from contracts.subjects.code import _defs_of, function_sha256, module_defs  # noqa: F401 - findings match code by them
+from contracts.subjects.code import function_sha256, module_defs  # noqa: F401 - findings match code by them
+from fuzz.domains import REACH_CLASSES as _REACH_CLASSES
 
 try:
     import tomllib
@@ -68,7 +69,7 @@ REQUIRED_V3 = REQUIRED + ("reach", "severity", "consequence", "policy")
 OPTIONAL_V3 = OPTIONAL + ("fixed_in",)
 #: how a finding's (or a violation's) case is reached: inputs upstream's own callers produce; inputs outside them
 #: the function's signature and docstring still allow; corrupt or foreign data
-REACH_CLASSES = ("production", "caller-contract", "adversarial")
+REACH_CLASSES = _REACH_CLASSES
 SEVERITIES = ("crash", "memory-corruption", "wrong-result", "performance", "none")
 #: schema 1's fields: ``versions`` where schema 2 has ``confirmed_in``, no ``functions``
 REQUIRED_V1 = ("id", "title", "kind", "contract", "subjects", "versions", "targets", "function", "signature")

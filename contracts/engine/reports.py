@@ -6,6 +6,7 @@ import os
 import xml.etree.ElementTree as ET
 
 from contracts.engine.timesplit import cases_per_second, format_split
+from fuzz.domains import REACH_CLASSES
 
 #: 2: run.seed (always), run.commit, run.dirty, run.versions, run.reason, run.allow_empty; per row pinned_cases,
 #: generated_cases, stopped_by, margin
@@ -39,7 +40,6 @@ from contracts.engine.timesplit import cases_per_second, format_split
 #: a case of a family without a declared domain (``reach`` stays the pairwise coverage); per row ``case_reach``:
 #: ``{class: n}``, the generated cases by reach class (every generated case records whether it lies inside)
 AUDIT_SCHEMA_VERSION = 12
-REACH_CLASSES = ("production", "caller-contract", "adversarial")
 TIME_SPLIT_KEYS = ("compile", "kernel", "oracle", "harness")
 SPECIALIZATION_SOURCES = ("compiled", "predicted")
 #: 2: ``subject`` at the top level ({name, version, source}) and ``finished``

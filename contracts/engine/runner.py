@@ -92,12 +92,8 @@ class RowResult:
         """How production reaches the failing case (fuzz/domains.py): the row's violations all come from it."""
         if not self.violations or self.case is None:
             return None
-        from fuzz.domains import reach_class
-
-        try:
-            return reach_class(self.case)
-        except Exception:  # noqa: BLE001 - a case a domain cannot read is not classified, never a crash
-            return None
+        rc = _case_reach(self.case)
+        return None if rc == "unclassified" else rc
 
     def as_json(self) -> dict:
         return {"contract": self.contract, "target": self.target, "status": self.status, "reason": self.reason,
