@@ -12,6 +12,7 @@ SWA insert (upstream's is a C++ op) gets the compressor's cases only.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter
@@ -189,6 +190,58 @@ def _token_bytes(flat, base, cache, slot):
 
 # --- writer-oracle-exact ----------------------------------------------------------------------------------------
 
+#: the arguments a ``strided-index`` case hands in as stride-2 views (fuzz.cache_writers.INPUT_LAYOUTS)
+STRIDED_INDEX_ARGS = ("slot_mapping", "positions", "token_to_req", "norm_weight")
+REFUSAL_UNCLEAR = "refusal of a strided per-token vector does not name the argument"
+REFUSAL_WROTE = "refusal of a strided per-token vector changed the pool"
+
+
+STRIDED_READ_PACKED = "a strided per-token vector is read as if packed: the pool differs from a contiguous copy's"
+STRIDED_ROWS_READ_PACKED = "a strided row-major input is read as if packed: the pool differs from a contiguous copy's"
+
+
+def _write_once(inner, target: Target, dev):
+    """(storage before, cache view, call) for one run of the case's writer on freshly built inputs and pool."""
+    _, cache = fw.build_cache(inner, dev)
+    if isinstance(inner, SwaCase):
+        k, slots = fw.build_swa_inputs(inner, dev)
+        call = lambda: bound(target).cache_writers.quantize_and_insert_k_cache(k, slots, cache, target=target)  # noqa
+    else:
+        inp = fw.build_compressor_inputs(inner, dev)
+        call = lambda: _run_compressor(inp, cache, inner, target, inner.two_stage, inner.splits, None)  # noqa
+    return storage_bytes(cache)[0].cpu().clone(), cache, call
+
+
+def compare_strided_index(inner, target: Target, write_once=_write_once) -> WriterComparison:
+    """A ``strided`` or ``strided-index`` case (row-major inputs in wider buffers; per-token vectors and the norm
+    weight as stride-2 views): the writer either refuses with a ValueError/TypeError naming the argument (for
+    ``strided-index`` one of :data:`STRIDED_INDEX_ARGS`), the pool's whole storage unchanged, or writes exactly the
+    storage it writes from contiguous copies of the same values (the contiguous rows' oracle comparisons judge that
+    one). ``write_once(inner, target, device) -> (storage before, cache, call)``."""
+    dev = kernel_device()
+    before, cache, call = write_once(inner, target, dev)
+    try:
+        call()
+    except (ValueError, TypeError) as e:
+        out = []
+        if inner.input_layout == "strided-index" and not any(name in str(e) for name in STRIDED_INDEX_ARGS):
+            out.append(Violation(REFUSAL_UNCLEAR, "error message", f"one of {STRIDED_INDEX_ARGS}", str(e)[:200]))
+        if not torch.equal(storage_bytes(cache)[0].cpu(), before):
+            out.append(Violation(REFUSAL_WROTE, "pool storage", "unchanged", "bytes differ"))
+        return WriterComparison(out, 0, 0)
+    got = storage_bytes(cache)[0].cpu()
+    _, ref_cache, ref_call = write_once(dataclasses.replace(inner, input_layout="contiguous"), target, dev)
+    ref_call()
+    want = storage_bytes(ref_cache)[0].cpu()
+    diff = (got != want).nonzero().flatten()
+    if not len(diff):
+        return WriterComparison([], 0, sum(s >= 0 for s in inner.slots))
+    off = int(diff[0])
+    msg = STRIDED_READ_PACKED if inner.input_layout == "strided-index" else STRIDED_ROWS_READ_PACKED
+    return WriterComparison([Violation(msg, f"storage byte {off} ({len(diff)} bytes differ)",
+                                       f"0x{int(want[off]):02x}", f"0x{int(got[off]):02x}")], 0, 0)
+
+
 def compare_swa(case: SwaCase, target: Target) -> WriterComparison:
     dev = kernel_device()
     k, slots = fw.build_swa_inputs(case, dev)
@@ -287,6 +340,9 @@ def compare_compressor(case: CompressorCase, target: Target) -> WriterComparison
 
 
 def compare_writer_case(case: WriterCase, target: Target) -> WriterComparison:
+    inner = case.swa if case.swa is not None else case.compressor
+    if inner.input_layout != "contiguous":
+        return compare_strided_index(inner, target)
     return compare_swa(case.swa, target) if case.swa is not None else compare_compressor(case.compressor, target)
 
 

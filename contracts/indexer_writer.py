@@ -16,6 +16,7 @@ from collections import Counter
 
 import torch
 
+from contracts import cache_writers
 from contracts.core import ALL_TARGETS, Violation, contract, record_margin
 from contracts.subjects import EntryMissing, bound
 from fuzz import capabilities
@@ -102,6 +103,27 @@ def storage_diff(what: str, got: torch.Tensor, want: torch.Tensor, owner: dict, 
         out.append(Violation(f"{what}: {msg}", where, f"{int(want[off]):#04x}", f"{int(got[off]):#04x}"))
     out += [Violation(f"{what}: more: {msg}", what, "", f"{n} more") for msg, n in more.items()]
     return out
+
+
+# --- strided per-token vectors (contracts.cache_writers.compare_strided_index) -------------------------------------
+
+def _write_once(inner, target: Target, dev):
+    """(storage before, cache view, call) for one run of the case's indexer writer on freshly built inputs and pool."""
+    if isinstance(inner, DirectCase):
+        k, slots = fiw.build_direct_inputs(inner, dev)
+        _, cache = fiw.build_pool(inner, fiw.TOKEN_BYTES["fp8"], dev)
+        layout = None if inner.layout == "default" else inner.layout
+        call = lambda: bound(target).indexer_writer.indexer_k_quant_and_cache(  # noqa: E731
+            k, cache, slots, scale_fmt=inner.scale_fmt, layout=layout, target=target)
+    else:
+        inp = fiw.build_compressor_inputs(inner, dev)
+        _, cache = fiw.build_pool(inner, fiw.TOKEN_BYTES[inner.kv_format], dev)
+        call = lambda: _run_compressor(inp, cache, inner, target, None)  # noqa: E731
+    return storage_bytes(cache)[0].cpu().clone(), cache, call
+
+
+def compare_strided_index(inner, target: Target) -> list[Violation]:
+    return cache_writers.compare_strided_index(inner, target, _write_once).violations
 
 
 # --- direct writer --------------------------------------------------------------------------------------------------
@@ -323,6 +345,9 @@ def indexer_writer_exact(case: IndexerWriterCase, target: Target) -> list[Violat
     tolerance of the oracle's (NaN/inf masks exact); quantizing the kernel's own rows with the oracle reproduces the
     pool byte for byte; end-to-end bytes equal the oracle's except where a rounding boundary lies between the two
     fp32 values (counted in ``BOUNDARY_TALLY``). Inputs include NaN, +-inf, huge, denormal and all-zero values."""
+    inner = case.direct if case.direct is not None else case.compressor
+    if inner.input_layout != "contiguous":
+        return compare_strided_index(inner, target)
     if case.direct is not None:
         return compare_direct(case.direct, target)
     violations, boundary = compare_compressor(case.compressor, target)

@@ -8,6 +8,7 @@ import torch
 
 from contracts.core import ALL_TARGETS, Violation, contract, record_margin, single_threaded
 from contracts.subjects import EntryMissing, bound
+from fuzz import router as fr
 from fuzz.router import RouterCase, make_inputs, router_cases
 from impl.targets import Target
 from oracles import router as oracle
@@ -169,7 +170,9 @@ def _check(case: RouterCase, target: "Target | str" = "generic") -> list[Violati
         by_policy[p] = (dt, b)
     out_dtype, gate_bias = by_policy[policy]
     try:
-        weights, ids = router.biased_grouped_topk(logits.to(out_dtype), gate_bias, case.topk, n_group=case.n_group,
+        # the same values in the case's memory layout, laid out after the cast (a cast would pack them)
+        gate_logits, gate_bias = fr.lay_out_router_inputs(logits.to(out_dtype), gate_bias, case.layout)
+        weights, ids = router.biased_grouped_topk(gate_logits, gate_bias, case.topk, n_group=case.n_group,
                                                   topk_group=case.topk_group, renormalize=case.renormalize,
                                                   routed_scaling_factor=case.routed_scaling_factor)
     except EntryMissing:

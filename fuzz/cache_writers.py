@@ -2,7 +2,8 @@
 
 What they reach: NaN, +-inf, huge (fp32-overflowing) and denormal values in state rows, k rows and norm weights;
 all-zero NoPE groups (the 1e-4 amax floor); odd block sizes; padded and dense block strides; views that start
-inside a shared pool; slot mappings with -1; windows that start before position 0; two requests with permuted
+inside a shared pool (pool bytes on both sides); inputs in strided memory (:data:`INPUT_LAYOUTS`: row-major inputs
+as views of wider, offset buffers, per-token vectors as stride-2 views); slot mappings with -1; windows that start before position 0; two requests with permuted
 state block tables; ratio 4 (overlapping windows) and 128 (single pass and two-stage with every split count).
 ``rope_overflow_cases`` is a branch of its own for RoPE lanes that overflow to +-inf (not NaN) after the rotation
 and bf16 rounding: every token writes, the norm stays finite, the RoPE norm weights are huge.
@@ -47,11 +48,43 @@ NORM_SAFE_KINDS = ("denormal", "zero-group")
 BLOCK_SIZES = (1, 2, 3, 5, 7, 16)
 
 
+#: how the writer's inputs sit in memory (the values are the same in each; only their layout changes):
+#: ``contiguous``; ``strided``: every row-major input a view of a wider, offset buffer (k rows, state rows and blocks,
+#: block-table rows, cos/sin rows: a row stride larger than the packed width, poisoned extra columns); ``strided-index``:
+#: the per-token vectors (slot mapping, positions, token-to-request) and the norm weight as stride-2 views, the
+#: skipped elements holding other valid-looking values. An entry point may refuse ``strided-index`` (the kernels read
+#: those vectors packed) with a ValueError/TypeError naming the argument, every buffer unchanged.
+INPUT_LAYOUTS = ("contiguous", "strided", "strided-index")
+InputLayout = Literal["contiguous", "strided", "strided-index"]
+#: extra columns and leading offset (elements) of the wider buffers the ``strided`` layout views
+STRIDED_PAD = 24
+STRIDED_OFFSET = 8
+
+
+def widen_rows(x: torch.Tensor, fill: float) -> torch.Tensor:
+    """``x`` (rows along the last dimension) copied into a buffer ``STRIDED_PAD`` elements wider per row (one extra
+    outer block), ``fill`` everywhere else: the same values, row stride and base offset no longer packed."""
+    shape = list(x.shape)
+    lead = [shape[0] + 1] + shape[1:-1]
+    buf = torch.full(lead + [shape[-1] + STRIDED_PAD], fill, dtype=x.dtype, device=x.device)
+    view = buf[1:, ..., STRIDED_OFFSET:STRIDED_OFFSET + shape[-1]]
+    view.copy_(x)
+    return view
+
+
+def interleave(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """A stride-2 view of ``x``'s values whose skipped elements hold ``other`` (same length)."""
+    buf = torch.stack([x, other], dim=1).reshape(-1)
+    return buf[::2]
+
+
 SpecialKind = Literal["nan", "inf", "-inf", "huge", "huger", "denormal", "zero-group"]
 WeightKind = Literal["normal", "huge", "huge-rope", "rope-near-max", "denormal", "zero-group", "nan", "inf"]
 
 
 def _check_geometry(case) -> None:
+    if case.input_layout not in INPUT_LAYOUTS:
+        raise ValueError(f"input_layout: expected one of {INPUT_LAYOUTS}, got {case.input_layout!r}")
     if case.block_size < 1 or case.num_blocks < 1 or case.extra_blocks_before < 0 or case.spare_blocks < 0:
         raise ValueError("block_size and num_blocks must be >= 1, extra_blocks_before and spare_blocks >= 0")
     cap = case.num_blocks * case.block_size
@@ -77,6 +110,7 @@ class SwaCase(Case):
     extra_blocks_before: int = 0
     spare_blocks: int = 0
     num_blocks: int = 1
+    input_layout: InputLayout = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -115,6 +149,7 @@ class CompressorCase(Case):
     extra_blocks_before: int = 0
     spare_blocks: int = 0
     num_blocks: int = 1
+    input_layout: InputLayout = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -249,9 +284,11 @@ def trust_gate_cases():
 # --- building tensors from a case ---------------------------------------------------------------------------------
 
 def build_cache(case: "SwaCase | CompressorCase", device, fill: int = 0xFF):
-    """(pool, view) for a case's geometry, every byte set to ``fill`` (0xFF: NaN fp8 byte and NaN scale code)."""
+    """(pool, view) for a case's geometry, every byte set to ``fill`` (0xFF: NaN fp8 byte and NaN scale code); a view
+    that starts inside the pool (a slice) also has a pool block after it, so a write past either end shows."""
     return allocate_fp8_ds_mla_pool(case.num_blocks, case.block_size, padded=case.padded, device=device, fill=fill,
-                                    extra_blocks_before=case.extra_blocks_before)
+                                    extra_blocks_before=case.extra_blocks_before,
+                                    extra_blocks_after=1 if case.extra_blocks_before else 0)
 
 
 def build_swa_inputs(case: SwaCase, device):
@@ -267,7 +304,12 @@ def build_swa_inputs(case: SwaCase, device):
             k[t, d] = SPECIAL_VALUES[kind] * (1 if d % 2 else -1) if kind in ("huge", "huger", "denormal") \
                 else SPECIAL_VALUES[kind]
     k = k.to(torch.float32).to(torch.bfloat16).to(device)
-    return k, torch.tensor(case.slots, dtype=torch.int64, device=device)
+    slots = torch.tensor(case.slots, dtype=torch.int64, device=device)
+    if case.input_layout == "strided":
+        k = widen_rows(k, float("nan"))
+    elif case.input_layout == "strided-index":
+        slots = interleave(slots, torch.full_like(slots, -1))
+    return k, slots
 
 
 def build_compressor_inputs(case: CompressorCase, device) -> dict:
@@ -331,13 +373,32 @@ def build_compressor_inputs(case: CompressorCase, device) -> dict:
     cs_rows = max_pos + 1
     ang = torch.rand(cs_rows, 32, generator=g, dtype=torch.float64) * 6.283185307179586
     cos_sin = torch.cat([ang.cos(), ang.sin()], dim=1).to(torch.float32)
-    return {
+    inp = {
         "state": state.to(device), "state_block_table": table.to(device),
         "token_to_req": torch.tensor(reqs, dtype=torch.int32, device=device),
         "positions": torch.tensor(positions, dtype=torch.int64, device=device),
         "slot_mapping": torch.tensor(case.slots, dtype=torch.int64, device=device),
         "norm_weight": w.to(device), "cos_sin_cache": cos_sin.to(device),
     }
+    return lay_out_compressor_inputs(inp, case.input_layout, n_req)
+
+
+def lay_out_compressor_inputs(inp: dict, layout: str, num_reqs: int) -> dict:
+    """The same values in the memory of ``layout`` (see :data:`INPUT_LAYOUTS`): ``strided`` widens the state (block
+    and row stride), the block table and the cos/sin rows, the extra state lanes NaN and the extra table entries a
+    valid but wrong block id; ``strided-index`` interleaves the per-token vectors and the norm weight with wrong but
+    valid-looking values (slot -1, the positions reversed, the next request, the weight negated)."""
+    out = dict(inp)
+    if layout == "strided":
+        out["state"] = widen_rows(inp["state"], float("nan"))
+        out["state_block_table"] = widen_rows(inp["state_block_table"], inp["state"].shape[0] - 1)
+        out["cos_sin_cache"] = widen_rows(inp["cos_sin_cache"], float("nan"))
+    elif layout == "strided-index":
+        out["slot_mapping"] = interleave(inp["slot_mapping"], torch.full_like(inp["slot_mapping"], -1))
+        out["positions"] = interleave(inp["positions"], inp["positions"].flip(0))
+        out["token_to_req"] = interleave(inp["token_to_req"], (inp["token_to_req"] + 1) % num_reqs)
+        out["norm_weight"] = interleave(inp["norm_weight"], -inp["norm_weight"])
+    return out
 
 
 # --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
@@ -359,13 +420,25 @@ def _bs_class(bs: int) -> str:
     return "1" if bs == 1 else ("odd" if bs % 2 else "even")
 
 
+#: the writers' memory-layout classes: every input packed; the cache a slice of a larger pool (offset base, pool bytes
+#: on both sides); the row-major inputs strided; the per-token vectors strided (see :data:`INPUT_LAYOUTS`). A block
+#: stride wider than the block's bytes is the ``padded`` dimension, which pairs with this one.
+WRITER_LAYOUTS = ("contiguous", "pool-slice", "strided", "strided-index")
+
+
+def writer_layout(inner: "SwaCase | CompressorCase") -> str:
+    if inner.input_layout != "contiguous":
+        return inner.input_layout
+    return "pool-slice" if inner.extra_blocks_before else "contiguous"
+
+
 def classify_writer(case: WriterCase, target) -> dict:
     """The dimension values a writer case hits (the special class is its first planted special's)."""
     inner = case.swa if case.swa is not None else case.compressor
     specials = inner.specials
     kind = specials[0][-1] if specials else None
     return {"writer": _writer_of(case), "special": "none" if kind is None else _SPECIAL_CLASS[kind],
-            "block": _bs_class(inner.block_size), "padded": inner.padded,
+            "block": _bs_class(inner.block_size), "padded": inner.padded, "layout": writer_layout(inner),
             "weight": "normal" if case.swa is not None else case.compressor.weight,
             "skip": any(s == -1 for s in inner.slots)}
 
@@ -383,14 +456,20 @@ def force_writer(case: WriterCase, combo: dict, target) -> WriterCase:
     inner = case.swa if case.swa is not None else case.compressor
     seed = inner.seed
     writer = combo.get("writer", _writer_of(case))
-    if writer != _writer_of(case):
+    # a stride-2 vector or a strided row read as packed differs from the true one from the second token on, and
+    # the last token may be skipped: three tokens
+    strided = combo.get("layout") in ("strided", "strided-index")
+    n = 3 if strided else 2
+    if writer != _writer_of(case) or (strided and len(inner.slots) < 3):
         if writer == "swa":
-            inner = SwaCase(seed=seed, T=2, slots=(0, 1), log_scale=(seed % 7 - 3, 0), block_size=1, num_blocks=2)
+            inner = SwaCase(seed=seed, T=n, slots=tuple(range(n)), log_scale=(seed % 7 - 3,) + (0,) * (n - 1),
+                            block_size=1, num_blocks=n)
         else:
             ratio = 4 if writer == "c4" else 128
             inner = CompressorCase(seed=seed, ratio=ratio, state_block_size=4 if ratio == 4 else 8,
-                                   positions=(ratio - 1, 2 * ratio - 1), reqs=(0, 0), slots=(0, 1), block_size=1,
-                                   num_blocks=2, two_stage=writer == "c128-two-stage")
+                                   positions=tuple((i + 1) * ratio - 1 for i in range(n)), reqs=(0,) * n,
+                                   slots=tuple(range(n)), block_size=1, num_blocks=n,
+                                   two_stage=writer == "c128-two-stage")
     f = {k.name: getattr(inner, k.name) for k in dataclasses.fields(inner)}
     T = len(f["slots"])
     bs = {"1": 1, "odd": 3, "even": 2}.get(combo.get("block"), f["block_size"])
@@ -400,6 +479,14 @@ def force_writer(case: WriterCase, combo: dict, target) -> WriterCase:
              slots=tuple(-1 if (skip and i == T - 1) else n_slots - 1 - i for i in range(T)))
     if "padded" in combo:
         f["padded"] = combo["padded"]
+    if "layout" in combo:
+        lay = combo["layout"]
+        f["input_layout"] = lay if lay in INPUT_LAYOUTS else "contiguous"
+        if lay == "strided" and "reqs" in f and f["num_reqs"] == 1:
+            # a second request (token 0's), so the block table's row stride is used
+            f.update(num_reqs=2, reqs=(1,) + tuple(f["reqs"][1:]))
+        if lay in ("contiguous", "pool-slice"):
+            f["extra_blocks_before"] = 1 if lay == "pool-slice" else 0
     if "special" in combo:
         cls = combo["special"]
         if cls == "none":
@@ -423,6 +510,13 @@ def _writer_allowed(c: dict, target) -> bool:
     return True
 
 
+def writer_family_examples(target) -> list[WriterCase]:
+    """Plain writer cases (packed, two tokens, no special) the tests force every covering row onto."""
+    return [WriterCase(swa=SwaCase(seed=5, T=2, slots=(0, 1), log_scale=(0, 1), num_blocks=2)),
+            WriterCase(compressor=CompressorCase(seed=6, ratio=4, state_block_size=4, positions=(3, 7), reqs=(0, 0),
+                                                 slots=(1, 0), num_blocks=2))]
+
+
 def _declare_writers():
     from fuzz.dimensions import Dimension, Family, declare
 
@@ -433,9 +527,13 @@ def _declare_writers():
          Dimension("block", ("1", "odd", "even"), "pool block-size class"),
          Dimension("padded", (False, True), "block stride wider than a block"),
          Dimension("weight", WEIGHT_KINDS, "the compressor's norm-weight kind"),
-         Dimension("skip", (False, True), "a token with slot -1")),
-        (("writer", "special"), ("block", "padded")),
-        classify_writer, force_writer, _writer_allowed), "writer-oracle-exact")
+         Dimension("skip", (False, True), "a token with slot -1"),
+         Dimension("layout", WRITER_LAYOUTS, "inputs packed, the cache a slice of a larger pool, row-major inputs "
+                                             "strided, per-token vectors strided (refused or read through)")),
+        # each writer reads its own inputs through its own strides (the layout); the cache's block stride and
+        # offset meet the block size in the slot arithmetic
+        (("writer", "special"), ("block", "padded"), ("writer", "layout"), ("layout", "padded")),
+        classify_writer, force_writer, _writer_allowed, writer_family_examples), "writer-oracle-exact")
 
 
 WRITER_DIMENSIONS = _declare_writers()

@@ -141,6 +141,13 @@ C_CU = ("vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::_decode_cu_count (the d
 C_PADDED = ("vllm/v1/attention/backends/mla/sparse_swa.py::DeepseekV4SWACache.__init__ (packed_page_alignment=576) "
             "and vllm/models/deepseek_v4/attention.py::DeepseekV4Attention.get_kv_cache_spec (alignment=576 for "
             "fp8_ds_mla): block strides padded to a multiple of 576 B (0.33.0, 0.34.0)")
+C_PACKED_VECTORS = ("vllm/models/deepseek_v4/compressor.py::DeepseekV4Compressor._compress_norm_rope_store "
+                    "(slot_mapping and token_to_req_indices: prefix slices of the metadata builder's persistent "
+                    "buffers; positions: the model runner's packed positions; rms_norm_weight: the norm's Parameter): "
+                    "every per-token vector and the norm weight has stride 1 (0.33.0, 0.34.0)")
+C_PACKED_SLOTS = ("vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::rocm_aiter_sparse_attn_indexer (slot_mapping = "
+                  "layer_attn_metadata.slot_mapping, the metadata builder's packed prefix slice; k the indexer's own "
+                  "projection): stride-1 vectors (0.33.0, 0.34.0)")
 C_COMPRESSOR_FINITE = ("vllm/models/deepseek_v4/compressor.py::DeepseekV4Compressor.forward (state rows from the "
                        "model's own projections: finite in a finite run) -> vllm/models/deepseek_v4/common/ops/"
                        "fused_compress_quant_cache.py::compress_norm_rope_store_triton (0.33.0, 0.34.0)")
@@ -189,6 +196,8 @@ domain(
           "adversarial"),
     Bound("swa-block-64", lambda c: c.block_size == SWA_BLOCK, C_SWA_BLOCK),
     Bound("padded-stride", lambda c: c.padded, C_PADDED),
+    Bound("packed-per-token-vectors", lambda c: getattr(c, "input_layout", "contiguous") != "strided-index",
+          C_PACKED_VECTORS),
 )
 
 domain(
@@ -202,6 +211,8 @@ domain(
           "vllm/models/deepseek_v4/compressor.py::DeepseekV4Compressor.__init__ (state cache block: 4 rows for C4, 8 "
           "for C128) (0.33.0, 0.34.0)"),
     Bound("padded-stride", lambda c: c.padded, C_PADDED),
+    Bound("packed-per-token-vectors", lambda c: getattr(c, "input_layout", "contiguous") != "strided-index",
+          C_PACKED_VECTORS),
 )
 
 domain("writer", parts=("swa", "compressor"))
@@ -226,6 +237,8 @@ domain(
           C_SHUFFLE),
     Bound("skip-slot-is-minus-1", lambda c: all(s >= -1 for s in c.slots), C_PAD_SLOT),
     Bound("stride-multiple-of-4", lambda c: c.stride_pad % 4 == 0, C_STRIDE4),
+    Bound("packed-per-token-vectors", lambda c: getattr(c, "input_layout", "contiguous") != "strided-index",
+          C_PACKED_SLOTS),
 )
 
 domain(
@@ -242,6 +255,8 @@ domain(
           "vllm/models/deepseek_v4/compressor.py::DeepseekV4Compressor.__init__ (C4 state block 4) (0.33.0, 0.34.0)"),
     Bound("skip-slot-is-minus-1", lambda c: all(s >= -1 for s in c.slots), C_PAD_SLOT),
     Bound("stride-multiple-of-4", lambda c: c.stride_pad % 4 == 0, C_STRIDE4),
+    Bound("packed-per-token-vectors", lambda c: getattr(c, "input_layout", "contiguous") != "strided-index",
+          C_PACKED_VECTORS),
 )
 
 domain("indexer-writer", parts=("direct", "compressor"))
@@ -296,7 +311,32 @@ def _decode_bounds() -> tuple[Bound, ...]:
         Bound("indptr-from-0", lambda c: c.indptr_offset == 0, C_INDPTR0),
         Bound("softmax-scale-512^-0.5", lambda c: math.isclose(c.scale, DSV4_SCALE, rel_tol=1e-6), C_SCALE),
         Bound("production-cu-count", lambda c: c.num_splits is not None or c.cu_count in PRODUCTION_CU_COUNTS, C_CU),
+        # memory layouts and absolute regimes (fuzz/decode.py, issue 30)
+        Bound("q-packed", lambda c: (c.q_layout or ("transposed" if c.q_transposed else "contiguous")) == "contiguous",
+              C_DECODE_Q),
+        Bound("cache-block-stride-padded",
+              lambda c: c.padded if c.cache_layout is None else c.cache_layout in ("padded", "pool-slice"), C_PADDED),
+        Bound("ragged-indices-packed-or-slice", lambda c: c.index_layout in ("contiguous", "slice"), C_DECODE_RAGGED),
+        Bound("sink-packed-or-slice", lambda c: c.sink == "none" or c.sink_layout in ("contiguous", "slice"),
+              C_DECODE_SINK),
+        Bound("out-packed", lambda c: c.out_layout == "contiguous", C_DECODE_OUT),
+        Bound("logits-above-exp-underflow", lambda c: c.logits != "underflow", C_DECODE_Q),
     )
+
+
+C_DECODE_Q = ("vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention._prepare_and_attn (q = "
+              "_wq_b_proj(...).view(-1, n_local_heads, head_dim): packed rows, then RMS-normed by "
+              "_fused_qnorm_rope_kv_insert, so |logit| <= scale * |q| * |k| stays tens of nats from fp32 exp's "
+              "underflow near -104) (0.33.0, 0.34.0)")
+C_DECODE_RAGGED = ("vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention._forward_decode "
+                   "(swa_metadata.decode_swa_ragged_indices/indptr and the top-k ragged pair: packed buffers or "
+                   "leading slices of persistent ones) (0.33.0, 0.34.0)")
+C_DECODE_SINK = ("vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention._forward_decode "
+                 "(attn_sink=self.attn_sink, a packed parameter; rocm_sparse_attn_decode slices [:num_heads]) "
+                 "(0.33.0, 0.34.0)")
+C_DECODE_OUT = ("vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention._forward_decode (output: "
+                "the layer's packed [tokens, heads, head_dim] output rows; no caller found handing a padded or "
+                "heads-major view) (0.33.0, 0.34.0)")
 
 
 domain("decode", *_decode_bounds(), parts=("adaptive",))
@@ -322,6 +362,19 @@ domain(
     Bound("splits-within-cap", lambda c: 1 <= c.splits <= 32,
           "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::_decode_gfx950_num_splits / _decode_num_splits (caps 32 "
           "and 16) (0.33.0, 0.34.0)"),
+    # absolute regimes and layouts (fuzz/decode_reduce.py, issue 30): split maxima are logits, tens of nats from
+    # fp32 exp's limits (C_DECODE_Q); the sink is an order-1 parameter next to them; the wrapper allocates the
+    # partials packed and hands the reduce a packed sink slice and the layer's packed output
+    Bound("maxima-within-exp-range", lambda c: getattr(c, "level", "ordinary") not in ("underflow", "overflow"),
+          C_DECODE_Q),
+    Bound("sink-near-the-maxima", lambda c: c.sink == "none" or getattr(c, "sink_gap", "near") == "near",
+          C_DECODE_SINK),
+    Bound("partials-packed", lambda c: getattr(c, "ws_layout", "contiguous") == "contiguous",
+          "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::_rocm_sparse_attn_decode_ragged_triton (part_m, part_l, "
+          "part_acc from torch.empty: packed) (0.33.0, 0.34.0)"),
+    Bound("sink-packed-or-slice", lambda c: c.sink == "none" or getattr(c, "sink_layout", "contiguous") != "strided",
+          C_DECODE_SINK),
+    Bound("out-packed", lambda c: getattr(c, "out_layout", "contiguous") == "contiguous", C_DECODE_OUT),
 )
 
 domain(
@@ -360,7 +413,17 @@ domain(
     Bound("c128a-block-2", lambda c: "c128a" not in c.layers or c.c128a_block_size == C128A_BLOCK, C_EXTRA_BLOCK),
     Bound("softmax-scale-512^-0.5", lambda c: math.isclose(c.scale, DSV4_SCALE, rel_tol=1e-6), C_SCALE),
     Bound("production-cu-count", lambda c: c.cu_count in PRODUCTION_CU_COUNTS, C_CU),
+    # padding tokens (slot -1), freed SWA blocks (the null block), capture/replay and the MXFP8 output are what
+    # production runs; a scheduled request's token whose position its SWA table does not map is not
+    Bound("no-unmapped-request", lambda c: not getattr(c, "invalid", False),
+          "vllm/v1/attention/backends/mla/sparse_swa.py::DeepseekSparseSWAMetadataBuilder.build (is_valid_token = "
+          "slot_mapping >= 0: -1 only for padding tokens; the scheduler maps every scheduled token's block) "
+          "(0.33.0, 0.34.0)"),
 )
+
+#: the step metadata builder's capture flag: every layer kind, build and build_for_cudagraph_capture, padded
+#: batches are what upstream's builders see (vllm/models/deepseek_v4/amd/rocm.py)
+domain("dsv4-builder")
 
 # --- ragged helpers (fuzz/ragged.py) --------------------------------------------------------------------------------
 
@@ -413,7 +476,7 @@ domain(
     Bound("q-finite", lambda c: not c.nan_q,
           "vllm/model_executor/layers/sparse_attn_indexer.py::SparseAttnIndexer.forward_hip (q_fp8 quantized from "
           "finite activations) (0.33.0, 0.34.0)", "adversarial"),
-    Bound("key-scales-positive-finite", lambda c: c.bad_scale == "none",
+    Bound("key-scales-positive-finite", lambda c: c.bad_scale == "none" and c.values != "zero-cut",
           "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::_indexer_k_quant_and_cache_kernel and "
           "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py::_fused_kv_compress_norm_rope_insert_"
           "indexer_attn (scales max(amax,1e-4)/448 or powers of two: > 0, finite) (0.33.0, 0.34.0)", "adversarial"),
@@ -486,6 +549,10 @@ domain(
     Bound("topk-group-within-groups", lambda c: 1 <= c.topk_group <= c.n_group,
           "vllm/model_executor/models/deepseek_v2.py::DeepseekV2MoE.__init__ (topk_group <= n_group from the "
           "config: 4 of 8) (0.33.0, 0.34.0)"),
+    Bound("packed-logits", lambda c: getattr(c, "layout", "contiguous") == "contiguous",
+          "vllm/model_executor/models/deepseek_v2.py::DeepseekV2MoE.forward (hands hidden_states to self.experts, "
+          "whose gate computes router_logits as a fresh [tokens, experts] matmul output: row-major, packed) "
+          "(0.34.0)"),
 )
 
 # --- epilogues (fuzz/epilogues.py) ----------------------------------------------------------------------------------
@@ -561,3 +628,17 @@ domain(
 domain("target-dispatch", parts=("flags",))
 domain("inverse-rope-exactly-once")   # token counts and flags: every combination is a forward_mqa call
 domain("int64-addressing")            # named probes at sizes production reaches (SPEC: 2^31 B at ~57K blocks)
+
+# --- malformed input (fuzz/bad_input.py) ------------------------------------------------------------------------------
+
+C_BAD_INPUT = ("vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention.forward_mqa (every argument "
+               "built from the model's own tensors, caches and metadata: shapes, dtypes and devices as allocated) "
+               "(0.33.0, 0.34.0)")
+C_BAD_IDS = ("vllm/v1/attention/backends/mla/sparse_swa.py::DeepseekV4SWACache.__init__ and the metadata builders "
+             "(slots, requests and table entries index what they allocated) (0.33.0, 0.34.0)")
+
+domain(
+    "bad-input",
+    Bound("well-formed-arguments", lambda c: c.breakage in ("range-high", "range-low"), C_BAD_INPUT),
+    Bound("ids-in-range", lambda c: c.breakage not in ("range-high", "range-low"), C_BAD_IDS, "adversarial"),
+)

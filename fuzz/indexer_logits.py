@@ -35,8 +35,11 @@ class IndexerLogitsCase(Case):
     ``per_row``) over a paged cache of ``block_size`` in ``layout``, table columns past each request's pages
     (``extra_columns``) and ``spare_blocks`` pool blocks no column names, all poisoned. ``mode`` "prefill":
     ``keys`` gathered keys, row t sees [row_starts[t], row_ends[t]). ``values``: "normal" (N(0, 1) codes), "ties"
-    (a coarse grid: exact ties) or "wide" (codes drawn from every finite code: subnormals to the flavour's max;
-    scales of either sign).
+    (a coarse grid: exact ties), "wide" (codes drawn from every finite code: subnormals to the flavour's max;
+    scales of either sign) or "zero-cut" (three keys in four all-zero codes: their logits are exact zeros, and the
+    top-k cut falls inside that run of equal logits; each row's head weights share one sign and one zero key in
+    three has a negative scale (bytes no writer stores), so -0 and +0 sit side by side in every row; the remaining
+    keys N(0, 1)).
     ``nan_q``/``nan_k`` plant a NaN code in q / in one visible key; ``bad_scale`` makes one visible key's scale
     inf, NaN or negative (bytes a writer never stores; the formula still holds)."""
 
@@ -46,7 +49,7 @@ class IndexerLogitsCase(Case):
     mode: Literal["decode", "prefill"]
     heads: int
     topk: int
-    values: Literal["normal", "ties", "wide"] = "normal"
+    values: Literal["normal", "ties", "wide", "zero-cut"] = "normal"
     nan_q: bool = False
     nan_k: bool = False
     bad_scale: Literal["none", "inf", "nan", "negative"] = "none"
@@ -234,6 +237,8 @@ def _key_codes(gen: torch.Generator, n: int, values: str, flavour: str) -> torch
     """[n, 128] key codes; with "ties" every key is one of three rows, so a row's logits take at most three values
     and a top-k boundary falls inside a run of equal logits."""
     codes = _codes(gen, (n, 128), values, flavour)
+    if values == "zero-cut" and n:
+        codes[torch.arange(n) % 4 != 1] = 0  # code 0 is +0 in both flavours (0x80 is FNUZ's NaN)
     if values == "ties" and n:
         codes = codes[:3][torch.randint(0, min(3, n), (n,), generator=gen)]
     return codes
@@ -242,6 +247,8 @@ def _key_codes(gen: torch.Generator, n: int, values: str, flavour: str) -> torch
 def _scales(gen: torch.Generator, n: int, values: str) -> torch.Tensor:
     if values == "ties":
         return torch.full((n,), 0.25)
+    if values == "zero-cut":  # every other zero key's scale negative: +0 and -0 logits side by side in one row
+        return torch.where(torch.arange(n) % 4 == 2, -0.25, 0.25).to(torch.float32)
     e = torch.randint(-10, 1, (n,), generator=gen).to(torch.float32)
     s = (torch.rand(n, generator=gen) + 0.5) * torch.exp2(e)
     if values == "wide":  # any bytes: a negative scale too (the writer never stores one; the formula holds)
@@ -253,6 +260,10 @@ def _weights(gen: torch.Generator, shape, values: str) -> torch.Tensor:
     if values == "ties":
         grid = torch.tensor([1.0, 0.5, -0.5, 0.25])
         return grid[torch.randint(0, len(grid), shape, generator=gen)].to(torch.float32)
+    if values == "zero-cut":  # every head of a row one sign: its zero logits are all -0 (even rows) or all +0
+        mag = torch.rand(shape, generator=gen) * 0.5 + 0.25
+        sign = torch.where(torch.arange(shape[0]) % 2 == 0, -1.0, 1.0).reshape(-1, *([1] * (len(shape) - 1)))
+        return (mag * sign).to(torch.float32)
     return (torch.randn(shape, generator=gen) * 0.5).to(torch.float32)
 
 
@@ -352,6 +363,8 @@ LOGITS_GEOMETRIES = tuple(f"bs{bs}" + ("-shuffle" if lay == "shuffle" else "") f
 LOGITS_SHAPES = ("single", "mtp", "mtp-per-row")
 LOGITS_CTX = ("0", "page-1", "page", "page+1")
 LOGITS_TOPK = ("below", "equal", "above")
+#: the value classes (see IndexerLogitsCase): "zero-cut" puts exact signed zeros at the top-k cut itself
+LOGITS_VALUES = ("normal", "ties", "wide", "zero-cut")
 LOGITS_POISON = ("none", "nan-q", "nan-k", "inf-scale", "nan-scale", "negative-scale")
 #: the cache as given; a view whose token rows are not 132 bytes apart at block size 1 (still block-contiguous:
 #: read) and above it (not block-contiguous: refused or read as the view says)
@@ -459,7 +472,8 @@ def _declare_logits():
          Dimension("shape", LOGITS_SHAPES, "one query row per request, MTP rows, MTP rows with per-row lengths"),
          Dimension("ctx", LOGITS_CTX, "the first request's length around its page"),
          Dimension("topk", LOGITS_TOPK, "top-k against the longest visible row"),
-         Dimension("values", ("normal", "ties", "wide")),
+         Dimension("values", LOGITS_VALUES, "N(0, 1) codes, a coarse grid (exact ties), every finite code, or "
+                                             "signed exact zeros at the top-k cut"),
          Dimension("poison", LOGITS_POISON, "a NaN code in q or a key, a key scale inf / NaN / negative"),
          Dimension("view", LOGITS_VIEWS, "the cache as given, or a view whose token rows are not 132 bytes apart"),
          Dimension("ctx_count", LOGITS_CTX_COUNTS, "context_lens with one entry per request, or (next_n 2) the "

@@ -19,6 +19,8 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz import capabilities
+from fuzz.cache_writers import (INPUT_LAYOUTS, WRITER_LAYOUTS, InputLayout, interleave, lay_out_compressor_inputs,
+                                widen_rows, writer_layout)
 from fuzz.cases import Case
 
 HEAD = 128
@@ -54,6 +56,8 @@ def direct_default_layout(block_size: int) -> str:
 
 
 def _check_geometry(case) -> None:
+    if case.input_layout not in INPUT_LAYOUTS:
+        raise ValueError(f"input_layout: expected one of {INPUT_LAYOUTS}, got {case.input_layout!r}")
     if case.block_size < 1 or case.num_blocks < 1 or case.extra_blocks_before < 0 or case.stride_pad < 0:
         raise ValueError("block_size and num_blocks must be >= 1, extra_blocks_before and stride_pad >= 0")
     cap = case.num_blocks * case.block_size
@@ -86,6 +90,8 @@ class DirectCase(Case):
     specials: tuple[tuple[int, int, SpecialKind], ...] = ()
     stride_pad: int = 0
     extra_blocks_before: int = 0
+    #: fuzz.cache_writers.INPUT_LAYOUTS: the same values in packed, strided or stride-2 (per-token vectors) memory
+    input_layout: InputLayout = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -133,6 +139,8 @@ class IndexerCompressorCase(Case):
     specials: tuple[tuple[int, Literal["kv", "score"], int, SpecialKind], ...] = ()
     stride_pad: int = 0
     extra_blocks_before: int = 0
+    #: fuzz.cache_writers.INPUT_LAYOUTS: the same values in packed, strided or stride-2 (per-token vectors) memory
+    input_layout: InputLayout = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -292,7 +300,12 @@ def build_direct_inputs(case: DirectCase, device):
             v = SPECIAL_VALUES[kind]
             k[t, d] = -v if kind in ("huge", "denormal") and d % 2 == 0 else v
     k = k.to(dt).to(device)
-    return k, torch.tensor(case.slots, dtype=torch.int64, device=device)
+    slots = torch.tensor(case.slots, dtype=torch.int64, device=device)
+    if case.input_layout == "strided":
+        k = widen_rows(k, float("nan"))
+    elif case.input_layout == "strided-index":
+        slots = interleave(slots, torch.full_like(slots, -1))
+    return k, slots
 
 
 def build_compressor_inputs(case: IndexerCompressorCase, device) -> dict:
@@ -343,13 +356,14 @@ def build_compressor_inputs(case: IndexerCompressorCase, device) -> dict:
         w *= 1e-30  # normed values below the 1e-4 amax floor
     ang = torch.rand(max_pos + 1, 32, generator=g, dtype=torch.float64) * 6.283185307179586
     cos_sin = torch.cat([ang.cos(), ang.sin()], dim=1).to(torch.float32)
-    return {
+    inp = {
         "state": state.to(device), "state_block_table": table.to(device),
         "token_to_req": torch.tensor(reqs, dtype=torch.int32, device=device),
         "positions": torch.tensor(positions, dtype=torch.int64, device=device),
         "slot_mapping": torch.tensor(case.slots, dtype=torch.int64, device=device),
         "norm_weight": w.to(device), "cos_sin_cache": cos_sin.to(device),
     }
+    return lay_out_compressor_inputs(inp, case.input_layout, case.num_reqs)
 
 
 # --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
@@ -410,7 +424,7 @@ def classify_indexer_writer(case: IndexerWriterCase, target) -> dict:
     skip = "none" if neg is None else next((k for k, v in _IW_SKIP_VALUE.items() if v == neg), str(neg))
     return {"writer": _iw_writer(case), "layout": layout, "block": _iw_block(inner.block_size), "scale": scale,
             "special": "none" if sp is None else _IW_CLASS[sp[-1]], "skip": skip, "padded": inner.stride_pad > 0,
-            "dtype": inner.dtype if direct else "float32"}
+            "dtype": inner.dtype if direct else "float32", "inputs": writer_layout(inner)}
 
 
 def force_indexer_writer(case: IndexerWriterCase, combo: dict, target) -> IndexerWriterCase:
@@ -423,12 +437,18 @@ def force_indexer_writer(case: IndexerWriterCase, combo: dict, target) -> Indexe
     inner = case.direct if case.direct is not None else case.compressor
     seed = inner.seed
     writer = combo.get("writer", _iw_writer(case))
-    if writer != _iw_writer(case):
+    # a stride-2 vector or a strided row read as packed differs from the true one from the second token on, and
+    # the last token may be skipped: three tokens
+    strided = combo.get("inputs") in ("strided", "strided-index")
+    n = 3 if strided else 2
+    if writer != _iw_writer(case) or (strided and len(inner.slots) < 3):
         if writer == "direct":
-            inner = DirectCase(seed=seed, T=2, slots=(0, 1), log_scale=(seed % 7 - 3, 0), block_size=1, num_blocks=2)
+            inner = DirectCase(seed=seed, T=n, slots=tuple(range(n)), log_scale=(seed % 7 - 3,) + (0,) * (n - 1),
+                               block_size=1, num_blocks=n)
         else:
-            inner = IndexerCompressorCase(seed=seed, positions=(3, 7), reqs=(0, 0), slots=(0, 1), block_size=1,
-                                          num_blocks=2, kv_format=writer.split("-")[1])
+            inner = IndexerCompressorCase(seed=seed, positions=tuple(4 * i + 3 for i in range(n)), reqs=(0,) * n,
+                                          slots=tuple(range(n)), block_size=1, num_blocks=n,
+                                          kv_format=writer.split("-")[1])
     direct = writer == "direct"
     f = {k.name: getattr(inner, k.name) for k in dataclasses.fields(inner)}
     cur = classify_indexer_writer(IndexerWriterCase(**{("direct" if direct else "compressor"): inner}), target)
@@ -469,6 +489,14 @@ def force_indexer_writer(case: IndexerWriterCase, combo: dict, target) -> Indexe
         f["mx_scale"] = scale == "ue8m0"
     if "padded" in combo:
         f["stride_pad"] = (f["stride_pad"] or 4) if combo["padded"] else 0
+    if "inputs" in combo:
+        lay = combo["inputs"]
+        f["input_layout"] = lay if lay in INPUT_LAYOUTS else "contiguous"
+        if lay == "strided" and "reqs" in f and f["num_reqs"] == 1:
+            # a second request (token 0's), so the block table's row stride is used
+            f.update(num_reqs=2, reqs=(1,) + tuple(f["reqs"][1:]))
+        if lay in ("contiguous", "pool-slice"):
+            f["extra_blocks_before"] = 1 if lay == "pool-slice" else 0
     cls = combo.get("special", cur["special"])
     if "special" in combo or _iw_stored_special(inner) is not None:
         if cls == "none":
@@ -507,6 +535,8 @@ def _indexer_writer_allowed(c: dict, target) -> bool:
 def _complete_allowed(c: dict, target) -> bool:
     w = c.get("writer")
     layout, block = c.get("layout"), c.get("block")
+    if layout == "refused" and c.get("inputs") in ("strided", "strided-index"):
+        return False  # a refused call reads no input: a strided one there would check nothing
     if layout == "shuffle" and block not in (None, "16", "64"):
         return False
     if layout == "refused" and (block not in (None, "1", "odd") or c.get("special", "none") != "none"):
@@ -558,9 +588,12 @@ def _declare_indexer_writers():
                                            "denormal / all-zero, |max| at the power-of-two scale boundary"),
          Dimension("skip", IW_SKIPS, "the invalid slot on the last token: none, -1, INT32_MIN, INT64_MIN"),
          Dimension("padded", (False, True), "block stride wider than the block's records"),
-         Dimension("dtype", ("bfloat16", "float32"), "the direct writer's k dtype")),
-        # where and how a record is placed; which values reach the quantizer and at what scale format
-        (("writer", "layout", "block", "dtype"), ("special", "scale")),
+         Dimension("dtype", ("bfloat16", "float32"), "the direct writer's k dtype"),
+         Dimension("inputs", WRITER_LAYOUTS, "inputs packed, the cache a slice of a larger pool, row-major inputs "
+                                             "strided, per-token vectors strided (refused or read through)")),
+        # where and how a record is placed; which values reach the quantizer and at what scale format; each writer
+        # reads its inputs through its own strides, and the cache's block stride meets the view's offset
+        (("writer", "layout", "block", "dtype"), ("special", "scale"), ("writer", "inputs"), ("inputs", "padded")),
         classify_indexer_writer, force_indexer_writer, _indexer_writer_allowed, _indexer_writer_examples),
         "indexer-writer-exact")
 

@@ -30,6 +30,8 @@ class RouterCase(Case):
     ties: bool = False
     logit_scale: float = 1.0
     bias_scale: float = 0.0
+    #: memory of the router's inputs (the same values): see :data:`ROUTER_LAYOUTS`
+    layout: Literal["contiguous", "strided", "transposed"] = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -105,7 +107,7 @@ def classify_router(case: RouterCase, target=None) -> dict:
            "group_pick": "one" if kg == 1 else ("all" if kg == g else "some"),
            "topk": "1" if k == 1 else ("max" if k == top else "mid"),
            "ties": case.ties, "gate_dtype": case.gate_dtype, "renormalize": case.renormalize,
-           "scaling": "1" if case.routed_scaling_factor == 1.0 else "2.5"}
+           "scaling": "1" if case.routed_scaling_factor == 1.0 else "2.5", "layout": case.layout}
     bias = next((k for k, v in BIAS_CLASSES.items() if v == case.bias_scale), None)
     if bias is not None:
         out["bias"] = bias
@@ -129,7 +131,7 @@ def force_router(case: RouterCase, combo: dict, target=None) -> RouterCase:
     k = {"1": 1, "max": top, "mid": 2 + s % max(top - 2, 1)}[f["topk"]]
     return case.replace(experts=E, n_group=n_group, topk_group=kg, topk=k, ties=f["ties"],
                         gate_dtype=f["gate_dtype"], renormalize=f["renormalize"],
-                        routed_scaling_factor=1.0 if f["scaling"] == "1" else 2.5,
+                        routed_scaling_factor=1.0 if f["scaling"] == "1" else 2.5, layout=f["layout"],
                         bias_scale=BIAS_CLASSES[f["bias"]] if "bias" in f else case.bias_scale)
 
 
@@ -144,6 +146,24 @@ def router_family_examples(target=None) -> list[RouterCase]:
     return [base, base.replace(seed=1, tokens=2, experts=16, n_group=4, topk_group=2, topk=3)]
 
 
+#: ``contiguous``; ``strided``: the logits a slice of a wider, offset table (row stride E + 5) and the bias a stride-2
+#: view; ``transposed``: the logits the transpose of an [experts, tokens] table (column-major)
+ROUTER_LAYOUTS = ("contiguous", "strided", "transposed")
+
+
+def lay_out_router_inputs(logits: torch.Tensor, bias: torch.Tensor, layout: str):
+    """``logits [T, E]`` and ``bias [E]`` with the same values in the memory of ``layout`` (the extra elements NaN)."""
+    if layout == "strided":
+        T, E = logits.shape
+        wide = torch.full((T + 1, E + 5), float("nan"), dtype=logits.dtype, device=logits.device)
+        wide[1:, 2:2 + E] = logits
+        pair = torch.stack([bias, torch.full_like(bias, float("nan"))], dim=1).reshape(-1)
+        return wide[1:, 2:2 + E], pair[::2]
+    if layout == "transposed":
+        return logits.t().contiguous().t(), bias
+    return logits, bias
+
+
 def _declare_router():
     from fuzz.dimensions import Dimension, Family, declare
 
@@ -156,9 +176,10 @@ def _declare_router():
          Dimension("gate_dtype", ("fp32", "bf16"), "the gate's output dtype policy"),
          Dimension("bias", tuple(BIAS_CLASSES), "correction bias scale"),
          Dimension("renormalize", (False, True)),
-         Dimension("scaling", ("1", "2.5"), "routed scaling factor (1.0 skips the multiply)")),
+         Dimension("scaling", ("1", "2.5"), "routed scaling factor (1.0 skips the multiply)"),
+         Dimension("layout", ROUTER_LAYOUTS, "logits packed, a slice of a wider table, or column-major")),
         (("grouping", "group_pick", "topk"), ("ties", "grouping"), ("ties", "topk"), ("gate_dtype", "ties"),
-         ("gate_dtype", "bias"), ("renormalize", "scaling")),
+         ("gate_dtype", "bias"), ("renormalize", "scaling"), ("layout", "grouping"), ("layout", "gate_dtype")),
         classify_router, force_router, _router_allowed, router_family_examples), "router-oracle-agreement")
 
 

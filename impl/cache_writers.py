@@ -144,6 +144,14 @@ def require_kernel_device(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name}: expected a tensor on '{want}' (where kernels run here), got '{t.device}'")
 
 
+def require_contiguous_vector(name: str, t: torch.Tensor) -> None:
+    """The kernels read a per-token vector at ``ptr + t`` (no stride argument): a strided view would be read as if
+    packed, so it is refused."""
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name}: expected a contiguous vector (stride 1), got stride {t.stride(0)}; pass "
+                         f"{name}.contiguous()")
+
+
 def check_slot_mapping(slot_mapping, num_tokens: int, num_slots: int, *, writes=None,
                        name: str = "slot_mapping", any_negative_skips: bool = False) -> list[int]:
     """Validate an int64 ``[T]`` slot mapping on the host (one device sync): every entry is -1 (any negative entry
@@ -152,6 +160,7 @@ def check_slot_mapping(slot_mapping, num_tokens: int, num_slots: int, *, writes=
     require_tensor(name, slot_mapping, (torch.int64,), dim=1)
     if slot_mapping.shape[0] != num_tokens:
         raise ValueError(f"{name}: expected {num_tokens} entries (one per token), got {slot_mapping.shape[0]}")
+    require_contiguous_vector(name, slot_mapping)
     slots = slot_mapping.detach().cpu().tolist()
     skip = "< 0" if any_negative_skips else "-1"
     bad = [s for s in slots if not (s < 0 if any_negative_skips else s == -1) and not 0 <= s < num_slots]

@@ -50,7 +50,7 @@ import triton.language as tl
 from impl import formats
 from impl.triton_helpers import bf16_round
 from impl.cache_writers import (HEAD, check_cache, check_slot_mapping, quantize_nope_groups, require_kernel_device,
-                                require_tensor, store_bf16_bytes)
+                                require_contiguous_vector, require_tensor, store_bf16_bytes)
 from impl.targets import Target, effective_cu_count, get_target
 
 SUPPORTED_RATIOS = (4, 128)
@@ -293,6 +293,8 @@ def check_window_inputs(state, state_block_table, token_to_req, positions, norm_
     require_tensor("token_to_req", token_to_req, (torch.int32, torch.int64), dim=1)
     if token_to_req.shape[0] != T:
         raise ValueError(f"token_to_req: expected {T} entries (one per token), got {token_to_req.shape[0]}")
+    require_contiguous_vector("positions", positions)
+    require_contiguous_vector("token_to_req", token_to_req)
     require_tensor("norm_weight", norm_weight, (torch.float32, torch.bfloat16), dim=1)
     if norm_weight.shape[0] != head or norm_weight.stride(0) != 1:
         raise ValueError(f"norm_weight: expected a contiguous [{head}] vector, got {list(norm_weight.shape)}")
@@ -352,6 +354,8 @@ def _validate(state, state_block_table, token_to_req, positions, slot_mapping, n
     pos = positions.detach().cpu()
     if T and int(pos.min()) < 0:
         raise ValueError(f"positions: expected >= 0, got {int(pos.min())}")
+    if slot_mapping.shape[0] != T:
+        raise ValueError(f"slot_mapping: expected {T} entries (one per token), got {slot_mapping.shape[0]}")
     slots = slot_mapping.detach().cpu()
     writes = ((slots >= 0) & ((pos + 1) % ratio == 0)).tolist() if T else []
     check_slot_mapping(slot_mapping, T, cache.shape[0] * layout.block_size, writes=writes)

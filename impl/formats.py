@@ -234,13 +234,16 @@ def check_fp8_ds_mla_cache(cache: torch.Tensor, name: str = "cache") -> Fp8DsMla
 
 
 def allocate_fp8_ds_mla_pool(num_blocks: int, block_size: int, *, padded: bool = True, device="cpu",
-                             fill: int = 0, extra_blocks_before: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                             fill: int = 0, extra_blocks_before: int = 0,
+                             extra_blocks_after: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A byte pool and a ``[num_blocks, block_size, 584]`` view into it whose ``stride(0)`` is the padded block
     size (as FlashMLA allocates) or the dense one. ``extra_blocks_before`` offsets the view into the pool, the way
-    production hands out views of a shared pool. Returns (pool, view)."""
+    production hands out views of a shared pool; ``extra_blocks_after`` leaves pool bytes past the view's end.
+    Returns (pool, view)."""
     layout = Fp8DsMlaLayout(block_size)
     stride = layout.padded_block_bytes if padded else layout.used_block_bytes
-    pool = torch.full(((num_blocks + extra_blocks_before) * stride,), fill, dtype=torch.uint8, device=device)
+    total = num_blocks + extra_blocks_before + extra_blocks_after
+    pool = torch.full((total * stride,), fill, dtype=torch.uint8, device=device)
     view = pool.as_strided((num_blocks, block_size, DSV4_TOKEN_BYTES), (stride, DSV4_TOKEN_BYTES, 1),
                            extra_blocks_before * stride)
     return pool, view
