@@ -67,22 +67,104 @@ def decode_oracle_agreement(case: fz.DecodeCase, target: Target) -> list[Violati
     sum_j p_j |v_j|, no fraction of lanes may fail); the margin is the worst error-to-tolerance ratio. Sources:
     SPEC section 2, seed 004 (gfx950 partial, adaptive splits, trust gate), upstream tests' boundaries (extra_len
     0/1/31/32/33/63/64/65).
+
+    Layouts (issue 30): every tensor input comes packed or as a strided, padded or offset view of a poisoned buffer
+    (fuzz.decode's ``*_LAYOUTS``), the values the same, so the oracle's answer is the same: a layout the entry point
+    accepts must give it. A layout it may refuse (strided indices/indptr or sink: fuzz.decode.MAY_REFUSE) is either
+    computed the same or refused with a ValueError/TypeError naming the argument, the NaN-poisoned output buffer and
+    workspace untouched; refusing any other layout is a violation. A mismatch of a case whose packed twin passes is
+    reported as the layouts that alone make it differ (LAYOUT_DIFFERS). The absolute regimes (every live logit near
+    -110, below fp32 exp's underflow; exact ties everywhere; q all signed zeros) meet every sink kind.
     """
+    return _oracle_agreement(case, target)
+
+
+def _oracle_agreement(case: fz.DecodeCase, target: Target) -> list[Violation]:
+    """The check; a mismatch of a case laid out other than packed is re-run packed and, where the packed case
+    passes, reported as the layouts that alone make it fail (:func:`layout_violations`)."""
+    got = _oracle_agreement_once(case, target)
+    if got and fz.non_packed(case) and not any(v.message.startswith("decode refused") for v in got):
+        return layout_violations(case, target) or got
+    return got
+
+
+#: a decode that computes differently when an input is laid out other than packed (finding signatures match it)
+LAYOUT_DIFFERS = "decode output with a non-packed layout differs from the same inputs packed"
+
+
+def layout_violations(case: fz.DecodeCase, target: Target) -> list[Violation]:
+    """Where ``case`` packed passes: one violation naming each non-packed layout that alone (the others packed)
+    makes the output differ from the oracle, with that run's first violation; [] where the packed case fails too
+    (the layout is not the cause) or no single layout does."""
+    if _oracle_agreement_once(fz.packed_except(case, {}), target):
+        return []
+    out = []
+    for dim, value in fz.non_packed(case).items():
+        alone = _oracle_agreement_once(fz.packed_except(case, {dim: value}), target)
+        if alone:
+            out.append(Violation(f"{LAYOUT_DIFFERS}: {dim}={value}", alone[0].where, alone[0].expected,
+                                 f"{alone[0].got} ({alone[0].message})"))
+    return out
+
+
+def _oracle_agreement_once(case: fz.DecodeCase, target: Target) -> list[Violation]:
     dec = bound(target).decode
     inp = fz.build_decode_inputs(case, target)
     plan = _decode_plan(dec, case, target, inp)
     pools_before = [p.clone() for p in inp.pools if p is not None]
-    got = _run_decode(dec, case, target, inp, plan)
-    violations: list[Violation] = []
-    for i, (before, p) in enumerate(zip(pools_before, [p for p in inp.pools if p is not None])):
-        if not torch.equal(before, p):
-            violations.append(Violation("decode modified a cache pool", f"pool {i}", "unchanged bytes",
-                                        f"{int((before != p).sum())} bytes changed"))
+    try:
+        got = _run_decode(dec, case, target, inp, plan)
+    except _Refused as e:
+        return refusal_violations(case, e) + _pools_changed(pools_before, inp)
+    violations = _pools_changed(pools_before, inp)
     ref = _oracle(case, target, inp)
     violations += zeroed_nan_rows(NAN_ROW_ZEROED, got, ref.out)
     label = (f"decode output vs float64 oracle ({target.decode_family} family, S={plan.num_splits}, "
              f"adaptive={plan.adaptive})")
     return violations + oracle_violations(label, got, ref, plan.num_splits)
+
+
+#: a refusal of a layout the entry point may refuse must be clean: these texts name what was not
+REFUSED_ACCEPTED_LAYOUT = "decode refused a layout it must accept"
+REFUSAL_WROTE = "decode refused a layout but wrote its output or workspace first"
+REFUSAL_UNNAMED = "decode refused a layout without naming the argument"
+
+
+class _Refused(Exception):
+    """A refusal raised by the subject, with the output and workspace buffers as they were left."""
+
+    def __init__(self, error: Exception, buffers: dict):
+        super().__init__(str(error))
+        self.error, self.buffers = error, buffers
+
+
+def refusal_violations(case: fz.DecodeCase, refused: Exception) -> list[Violation]:
+    """A decode that raised: fine only for a layout the entry point may refuse (fuzz.decode.MAY_REFUSE), when the
+    error names one of that layout's arguments and nothing it was handed to write was written (the NaN-poisoned
+    output buffer and workspace still all NaN)."""
+    err = refused.error if isinstance(refused, _Refused) else refused
+    args = fz.refusable(case)
+    where = f"layouts {fz._layouts(case)}"
+    if not args:
+        return [Violation(REFUSED_ACCEPTED_LAYOUT, where, "a result", f"{type(err).__name__}: {err}")]
+    names = [n for a in args.values() for n in a.split("/")]
+    out = []
+    if not any(n in str(err) for n in names):
+        out.append(Violation(REFUSAL_UNNAMED, where, f"a message naming one of {names}", str(err)))
+    for name, buf in (refused.buffers.items() if isinstance(refused, _Refused) else ()):
+        if not bool(torch.isnan(buf.float()).all()):
+            out.append(Violation(REFUSAL_WROTE, f"{where}; {name}", "every element still NaN",
+                                 f"{int((~torch.isnan(buf.float())).sum())} elements written"))
+    return out
+
+
+def _pools_changed(pools_before: list, inp) -> list[Violation]:
+    violations: list[Violation] = []
+    for i, (before, p) in enumerate(zip(pools_before, [p for p in inp.pools if p is not None])):
+        if not torch.equal(before, p):
+            violations.append(Violation("decode modified a cache pool", f"pool {i}", "unchanged bytes",
+                                        f"{int((before != p).sum())} bytes changed"))
+    return violations
 
 
 #: a row whose every lane is NaN in the reference (a NaN softmax denominator) comes back as all zeros: said once, in
@@ -120,13 +202,17 @@ def _run_decode(dec, case: fz.DecodeCase, target: Target, inp, plan) -> torch.Te
     b, h = case.batch, case.heads
     dev = kernel_device()
     ws = dec.DecodeWorkspace.allocate(b, plan.num_splits, h, dev, fill=math.nan)
-    out = torch.full((b, h, 512), math.nan, dtype=torch.bfloat16, device=dev)
+    out, out_base = fz.make_out(case, dev)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy warns on 0 * inf by design
-        dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
-                               inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
-                               softmax_scale=inp.softmax_scale, target=target, trust_extra_nan_free=case.trust,
-                               plan=plan, workspace=ws, out=out)
+        try:
+            dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
+                                   inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
+                                   softmax_scale=inp.softmax_scale, target=target, trust_extra_nan_free=case.trust,
+                                   plan=plan, workspace=ws, out=out)
+        except (ValueError, TypeError) as e:
+            raise _Refused(e, {"out": out_base, "workspace.part_m": ws.part_m, "workspace.part_l": ws.part_l,
+                               "workspace.part_acc": ws.part_acc}) from e
     return out.cpu().clone()
 
 
@@ -228,18 +314,32 @@ CONTRACTS["subject-agreement"].extra["skipped_on_ours"] = True
 
 
 def _agree_decode(case: fz.DecodeCase, target: Target) -> list[Violation]:
+    got = _agree_decode_once(case, target)
+    if got and fz.non_packed(case):
+        return layout_violations(case, target) or got  # a layout alone makes the subject differ from the oracle
+    return got
+
+
+def _agree_decode_once(case: fz.DecodeCase, target: Target) -> list[Violation]:
     from contracts.subjects import fidelity
 
     mine, theirs = ours().bind(target).decode, bound(target).decode
-    inp_o = fz.build_decode_inputs(case, target)
+    # a layout ours refuses (fuzz.decode.MAY_REFUSE): ours runs the same values with those inputs packed, so the
+    # subject, which may accept the layout, must give what the packed inputs give
+    refused = fz.refusable(case)
+    mine_case = fz.packed_except(case, {d: v for d, v in fz.non_packed(case).items() if d not in refused})
+    inp_o = fz.build_decode_inputs(mine_case if refused else case, target)
     inp_s = fz.build_decode_inputs(case, target)
     plan_o = _decode_plan(mine, case, target, inp_o)
     plan_s = _decode_plan(theirs, case, target, inp_s)
     # ours with the GPU's numerics too: under the interpreter a subject's kernels run corrected (ctx.call), and ours
     # would otherwise differ from them by the interpreter's own roundings (fp32 -> bf16 truncation); natively a no-op
     with fidelity.corrected():
-        got_o = _run_decode(mine, case, target, inp_o, plan_o)
-    got_s = _run_decode(theirs, case, target, inp_s, plan_s)
+        got_o = _run_decode(mine, mine_case if refused else case, target, inp_o, plan_o)
+    try:
+        got_s = _run_decode(theirs, case, target, inp_s, plan_s)
+    except _Refused as e:
+        return refusal_violations(case, e)
     out = zeroed_nan_rows(NAN_ROW_ZEROED_VS_OURS, got_s, got_o)
     ref = _oracle(case, target, inp_o)
     tol = decode_tolerance(ref, plan_o.num_splits) + decode_tolerance(ref, plan_s.num_splits)

@@ -33,11 +33,38 @@ INT32_MAX = 2 ** 31 - 1
 #: values would add no code path and no binary, only slower shrinking.
 BLOCK_SIZES = (1, 2, 5, 61)
 HEADS = (1, 3, 16)
-SCALES = (0.03125, 0.0625, 0.11, 0.3)
+#: 512^-0.5 (head_dim 512: production's scale) among non-default ones, so a hard-coded scale is caught either way
+SCALES = (0.03125, 512 ** -0.5, 0.0625, 0.11, 0.3)
+#: the SWA cache's production block size (DeepseekV4SWACache), drawn for the main cache beside the classes above
+SWA_BLOCK = 64
 SinkKind = Literal["none", "-inf", "ordinary", "large", "mixed"]
 PoisonKind = Literal["none", "nan", "inf"]
 SINK_KINDS: tuple[str, ...] = typing.get_args(SinkKind)
 POISON_KINDS: tuple[str, ...] = typing.get_args(PoisonKind)
+#: memory layouts per tensor input (the values are the same in every layout; only where they sit changes; every
+#: byte no view reaches is poisoned, NaN or a poisoned slot):
+#: q: packed; heads-major (transposed); rows padded to 576 lanes; lanes at stride 2
+Q_LAYOUTS = ("contiguous", "transposed", "padded", "lane-strided")
+#: caches: block stride = the block's bytes; padded to a multiple of 576 B (production); a padded view one block
+#: into a larger pool (offset base, poisoned blocks before it)
+CACHE_LAYOUTS = ("packed", "padded", "pool-slice")
+#: ragged indices and indptr: packed; a slice of a larger poisoned buffer (offset base); every other element
+INDEX_LAYOUTS = ("contiguous", "slice", "strided")
+#: the sink: packed; a slice of a larger NaN buffer; every other element
+SINK_LAYOUTS = ("contiguous", "slice", "strided")
+#: out: packed; rows padded to 576 lanes; heads-major
+OUT_LAYOUTS = ("contiguous", "padded", "heads-major")
+#: layouts an entry point may refuse because it requires contiguity there: a refusal is a ValueError/TypeError
+#: naming the argument before any launch; accepting one means computing what the contiguous copy gives
+MAY_REFUSE = {"index_layout": ("strided",), "sink_layout": ("strided",)}
+#: absolute logit regimes: as drawn; every live logit near -110 (below fp32 exp's underflow at about -103.97,
+#: a few tenths of a nat apart); every referenced row of a cache one row (exact ties everywhere, at every split
+#: boundary); q all signed zeros (every logit exactly +0.0 or -0.0)
+LOGIT_REGIMES = ("ordinary", "underflow", "tied", "signed-zero")
+UNDERFLOW_LOGIT = -110.0
+#: the RoPE lane-0 value every referenced row holds in the underflow regime (q's lane 0 carries the offset)
+UNDERFLOW_K = 8.0
+
 #: extra blocks past each cache view, poisoned: an unmasked out-of-range slot reads NaN/inf instead of a crash
 TAIL_BLOCKS = 2
 
@@ -64,7 +91,10 @@ class DecodeCase(Case):
     junk entries before the first row and ``tail_junk`` after the last; ``poison`` marks some referenced rows
     NaN or inf; a sink of kind ``sink``; q heads-major in memory when ``q_transposed``. The plan: ``num_splits``
     pinned (None: the target's selector with ``cu_count`` CUs), ``adaptive`` (gfx950, needs ``num_splits``),
-    ``trust`` opens the trust gate; ``int32_extremes`` adds INT32_MIN/MAX to the invalid entries."""
+    ``trust`` opens the trust gate; ``int32_extremes`` adds INT32_MIN/MAX to the invalid entries. Memory layouts
+    (see :data:`Q_LAYOUTS` and the others): ``q_layout`` (None: ``q_transposed`` says), ``cache_layout`` (None:
+    ``padded`` says, the view at a random block offset), ``index_layout`` (both caches' indices and indptr),
+    ``sink_layout``, ``out_layout``; ``logits`` is the absolute regime (:data:`LOGIT_REGIMES`)."""
 
     KIND = "decode"
     seed: int
@@ -87,9 +117,22 @@ class DecodeCase(Case):
     adaptive: AdaptiveSplits | None = None
     trust: bool = False
     int32_extremes: bool = True
+    q_layout: str | None = None
+    cache_layout: str | None = None
+    index_layout: str = "contiguous"
+    sink_layout: str = "contiguous"
+    out_layout: str = "contiguous"
+    logits: str = "ordinary"
 
     def __post_init__(self):
         super().__post_init__()
+        for name, allowed in (("q_layout", Q_LAYOUTS + (None,)), ("cache_layout", CACHE_LAYOUTS + (None,)),
+                              ("index_layout", INDEX_LAYOUTS), ("sink_layout", SINK_LAYOUTS),
+                              ("out_layout", OUT_LAYOUTS), ("logits", LOGIT_REGIMES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")
+        if self.q_layout is None and self.logits in ("underflow", "signed-zero"):
+            raise ValueError(f"logits: the {self.logits!r} regime is drawn into q; it needs a q_layout")
         for name in ("batch", "heads", "main_bs", "extra_bs", "cu_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
@@ -129,7 +172,7 @@ def decode_cases(target: Target, *, max_batch: int = 3, max_main: int = 40, max_
             seed=draw(st.integers(0, 2 ** 31 - 1)),
             batch=b,
             heads=draw(st.sampled_from(HEADS)),
-            main_bs=draw(st.sampled_from(BLOCK_SIZES)),
+            main_bs=draw(st.sampled_from(BLOCK_SIZES + (SWA_BLOCK,))),
             extra_bs=draw(st.sampled_from(BLOCK_SIZES)),
             main_lens=draw(st.lists(lens, min_size=b, max_size=b)),
             extra_lens=None if swa_only else draw(st.lists(
@@ -144,10 +187,20 @@ def decode_cases(target: Target, *, max_batch: int = 3, max_main: int = 40, max_
             scale=draw(st.sampled_from(SCALES)),
             sink=draw(st.sampled_from(SINK_KINDS)),
             poison=draw(st.sampled_from(POISON_KINDS)),
-            padded=draw(st.booleans()),
-            q_transposed=draw(st.booleans()),
+            # tiny counts: a real part's (fuzz.splits.PRODUCTION_CU_COUNTS, drawn by split-bounds and by
+            # subject-agreement's split cases) makes the selector plan its cap of splits for these tiny batches, and
+            # under the interpreter every split is a program run in turn (10 s a case); the split plans those
+            # counts give are pinned here through num_splits
             cu_count=draw(st.integers(1, 8)),
+            q_layout=draw(st.sampled_from(Q_LAYOUTS)),
+            cache_layout=draw(st.sampled_from(CACHE_LAYOUTS)),
+            index_layout=draw(st.sampled_from(INDEX_LAYOUTS)),
+            sink_layout=draw(st.sampled_from(SINK_LAYOUTS)),
+            out_layout=draw(st.sampled_from(OUT_LAYOUTS)),
+            logits=draw(st.sampled_from(LOGIT_REGIMES)),
         )
+        fields["padded"] = fields["cache_layout"] != "packed"
+        fields["q_transposed"] = fields["q_layout"] == "transposed"
         if split_k and draw(st.booleans()):
             fields["num_splits"] = draw(st.integers(1, min(target.split_cap or 1, 6)))
         if is_950 and draw(st.integers(0, 2)) == 0:
@@ -183,13 +236,18 @@ def _fp8_nan_code(flavour: str, gen: torch.Generator) -> int:
 
 def _make_cache(gen, flavour: str, block_size: int, lens: list[int], invalid_rate: float, indptr_offset: int,
                 tail_junk: int, padded: bool, poison: str, device, neg_inf_logits: bool = True,
-                int32_extremes: bool = True):
-    """One cache segment: a poisoned pool, a view of ``nb`` blocks, referenced rows with data, ragged indices."""
+                int32_extremes: bool = True, cache_layout: str | None = None, index_layout: str = "contiguous",
+                logits: str = "ordinary"):
+    """One cache segment: a poisoned pool, a view of ``nb`` blocks, referenced rows with data, ragged indices.
+    ``cache_layout`` (None: ``padded`` and a random block offset), ``index_layout`` and the ``logits`` regime as
+    :class:`DecodeCase` says."""
     total_valid = sum(lens)
     nslots_needed = max(4, int(total_valid * 0.8) + 4)
     nb = -(-nslots_needed // block_size)
     nslots = nb * block_size
     before = int(torch.randint(0, 2, (1,), generator=gen).item())
+    if cache_layout is not None:
+        padded, before = cache_layout != "packed", int(cache_layout == "pool-slice")
     pool, big = formats.allocate_fp8_ds_mla_pool(nb + TAIL_BLOCKS, block_size, padded=padded,
                                                  extra_blocks_before=before, fill=0xFF)
     all_slots = list(range((nb + TAIL_BLOCKS) * block_size))
@@ -231,6 +289,10 @@ def _make_cache(gen, flavour: str, block_size: int, lens: list[int], invalid_rat
         nope = formats.fp8_encode(x, flavour)
         scale = torch.randint(123, 128, (T, formats.DSV4_NUM_GROUPS), generator=gen).to(torch.uint8)
         rope = torch.randn(T, formats.DSV4_ROPE_DIM, generator=gen).to(torch.bfloat16)
+        if logits == "tied":  # one row everywhere: every live logit of the segment bit-identical
+            nope, scale, rope = (t[:1].expand_as(t).clone() for t in (nope, scale, rope))
+        elif logits == "underflow":  # q's RoPE lane 0 carries the -110 offset through this lane
+            rope[:, 0] = UNDERFLOW_K
         if poison != "none":
             for i in range(T):
                 if torch.rand(1, generator=gen).item() >= 0.35:
@@ -258,13 +320,70 @@ def _make_cache(gen, flavour: str, block_size: int, lens: list[int], invalid_rat
                         lane = int(torch.randint(0, formats.DSV4_ROPE_DIM, (1,), generator=gen))
                         rope[i, lane] = math.inf
         formats.pack_fp8_ds_mla(view, ref_slots, nope, scale, rope)
-    indices = torch.tensor(flat, dtype=torch.int32)
-    indptr_t = torch.tensor(indptr, dtype=torch.int32)
+    indices = laid_out_1d(torch.tensor(flat, dtype=torch.int32), index_layout, unreferenced[0], device)
+    indptr_t = laid_out_1d(torch.tensor(indptr, dtype=torch.int32), index_layout, 0, device)
     if device != "cpu":
         pool = pool.to(device)
         big_d = pool.as_strided(big.shape, big.stride(), big.storage_offset())
         view = big_d[:nb]
-    return pool, view, indices.to(device), indptr_t.to(device)
+    return pool, view, indices, indptr_t
+
+
+def laid_out_1d(t: torch.Tensor, layout: str, fill, device) -> torch.Tensor:
+    """``t`` (1-D, CPU) on ``device`` as ``layout`` says: "contiguous"; "slice" (3 elements into a buffer of
+    ``fill`` with 2 more after); "strided" (every other element of a buffer of ``fill``). Same values in each."""
+    n = t.numel()
+    if layout == "contiguous":
+        return t.to(device)
+    if layout == "slice":
+        buf = torch.full((n + 5,), fill, dtype=t.dtype)
+        buf[3:3 + n] = t
+        return buf.to(device)[3:3 + n]
+    if layout == "strided":
+        buf = torch.full((2 * n,), fill, dtype=t.dtype)
+        buf[::2] = t
+        return buf.to(device)[::2]
+    raise ValueError(f"layout: expected one of {INDEX_LAYOUTS}, got {layout!r}")
+
+
+def make_q(case: "DecodeCase", gen: torch.Generator, device) -> torch.Tensor:
+    """q [b, h, 512] bf16 of ``case``: its values (and regime) from ``gen``, laid out as ``case.q_layout``; lanes
+    no view reaches are NaN."""
+    b, h, d = case.batch, case.heads, formats.DSV4_HEAD_DIM
+    if case.q_layout is None:  # cases saved before q_layout: q_transposed says, values drawn in that order
+        if case.q_transposed:
+            return torch.randn(h, b, d, generator=gen).to(torch.bfloat16).to(device).transpose(0, 1)
+        return torch.randn(b, h, d, generator=gen).to(torch.bfloat16).to(device)
+    v = torch.randn(b, h, d, generator=gen)
+    if case.logits == "underflow":
+        v = v / 64
+        v[..., formats.DSV4_NOPE_DIM] = UNDERFLOW_LOGIT / (case.scale * UNDERFLOW_K)
+    elif case.logits == "signed-zero":
+        v = torch.where(v < 0, torch.tensor(-0.0), torch.tensor(0.0))
+    v = v.to(torch.bfloat16)
+    if case.q_layout == "contiguous":
+        return v.to(device)
+    if case.q_layout == "transposed":
+        return v.transpose(0, 1).contiguous().to(device).transpose(0, 1)
+    wide = 576 if case.q_layout == "padded" else 2 * d
+    buf = torch.full((b, h, wide), math.nan, dtype=torch.bfloat16)
+    lanes = slice(0, d) if case.q_layout == "padded" else slice(0, 2 * d, 2)
+    buf[..., lanes] = v
+    return buf.to(device)[..., lanes]
+
+
+def make_out(case: "DecodeCase", device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, base): a NaN-poisoned bf16 out [b, h, 512] laid out as ``case.out_layout`` and the buffer under it
+    (compared whole to show a refusal wrote nothing)."""
+    b, h, d = case.batch, case.heads, formats.DSV4_HEAD_DIM
+    if case.out_layout == "padded":
+        base = torch.full((b, h, 576), math.nan, dtype=torch.bfloat16, device=device)
+        return base[..., :d], base
+    if case.out_layout == "heads-major":
+        base = torch.full((h, b, d), math.nan, dtype=torch.bfloat16, device=device)
+        return base.transpose(0, 1), base
+    base = torch.full((b, h, d), math.nan, dtype=torch.bfloat16, device=device)
+    return base, base
 
 
 def make_sink(kind: str, n: int, gen: torch.Generator) -> "torch.Tensor | None":
@@ -292,24 +411,22 @@ def build_decode_inputs(case: DecodeCase, target: Target, device: str | None = N
     """Every tensor of a decode case, made from ``case.seed`` on the kernel device."""
     device = device or kernel_device()
     gen = torch.Generator().manual_seed(case.seed)
-    b, h = case.batch, case.heads
-    if case.q_transposed:
-        q = (torch.randn(h, b, formats.DSV4_HEAD_DIM, generator=gen)).to(torch.bfloat16).to(device).transpose(0, 1)
-    else:
-        q = (torch.randn(b, h, formats.DSV4_HEAD_DIM, generator=gen)).to(torch.bfloat16).to(device)
+    h = case.heads
+    q = make_q(case, gen, device)
     # an adaptive plan's reduce skips splits by their m; inf RoPE lanes (whose logit may be -inf) stay out of it
     neg_inf_logits = case.adaptive is None
+    lay = dict(cache_layout=case.cache_layout, index_layout=case.index_layout, logits=case.logits)
     mpool, mview, midx, mptr = _make_cache(gen, target.main_cache_fp8, case.main_bs, list(case.main_lens),
                                            case.invalid_rate, case.indptr_offset, case.tail_junk, case.padded,
-                                           case.poison, device, neg_inf_logits, case.int32_extremes)
+                                           case.poison, device, neg_inf_logits, case.int32_extremes, **lay)
     epool = eview = eidx = eptr = None
     if case.extra_lens is not None:
         epool, eview, eidx, eptr = _make_cache(gen, target.extra_cache_fp8, case.extra_bs, list(case.extra_lens),
                                                case.invalid_rate, case.indptr_offset, case.tail_junk, case.padded,
-                                               case.poison, device, neg_inf_logits, case.int32_extremes)
+                                               case.poison, device, neg_inf_logits, case.int32_extremes, **lay)
     pad_heads = h + int(torch.randint(0, 3, (1,), generator=gen))
     sink = make_sink(case.sink, pad_heads, gen)
-    sink = sink.to(device) if sink is not None else None
+    sink = laid_out_1d(sink, case.sink_layout, math.nan, device) if sink is not None else None
     return DecodeInputs(q, mview, midx, mptr, eview, eidx, eptr, sink, case.scale, (mpool, epool))
 
 
@@ -339,10 +456,56 @@ def _bs_class(bs: int) -> str:
     return "1" if bs == 1 else ("odd" if bs % 2 else "even")
 
 
+def effective_q_layout(case: DecodeCase) -> str:
+    return case.q_layout or ("transposed" if case.q_transposed else "contiguous")
+
+
+def refusable(case: DecodeCase) -> dict:
+    """``{dimension: argument names}`` of the case's layouts an entry point may refuse (:data:`MAY_REFUSE`)."""
+    args = {"index_layout": "main_indices/main_indptr" + ("" if case.extra_lens is None else
+                                                            "/extra_indices/extra_indptr"),
+            "sink_layout": "attn_sink"}
+    out = {}
+    for dim, values in MAY_REFUSE.items():
+        if getattr(case, dim) in values and (dim != "sink_layout" or case.sink != "none"):
+            out[dim] = args[dim]
+    return out
+
+
+#: each layout dimension's packed value (its first)
+PACKED = {"q_layout": Q_LAYOUTS[0], "cache_layout": CACHE_LAYOUTS[0], "index_layout": INDEX_LAYOUTS[0],
+          "sink_layout": SINK_LAYOUTS[0], "out_layout": OUT_LAYOUTS[0]}
+
+
+def non_packed(case: DecodeCase) -> dict:
+    """``{dimension: value}`` of the case's layouts that are not packed (legacy fields read as their layout)."""
+    got = {"q_layout": effective_q_layout(case),
+           "cache_layout": case.cache_layout or ("padded" if case.padded else "packed"),
+           "index_layout": case.index_layout, "sink_layout": case.sink_layout if case.sink != "none" else "contiguous",
+           "out_layout": case.out_layout}
+    return {k: v for k, v in got.items() if v != PACKED[k]}
+
+
+def packed_except(case: DecodeCase, keep: dict) -> DecodeCase:
+    """``case`` with every layout packed but those in ``keep``; the same values (q drawn the explicit way)."""
+    f = {**PACKED, **keep}
+    return case.replace(**f, q_transposed=f["q_layout"] == "transposed", padded=f["cache_layout"] != "packed")
+
+
+def _layouts(case: DecodeCase) -> dict:
+    out = {"q_layout": effective_q_layout(case), "index_layout": case.index_layout,
+           "out_layout": case.out_layout, "logits": case.logits}
+    if case.cache_layout is not None:
+        out["cache_layout"] = case.cache_layout
+    out["sink_layout"] = case.sink_layout  # "contiguous" for a case with no sink (allowed says so)
+    return out
+
+
 def classify_decode(case: DecodeCase, target: Target) -> dict:
     """The dimension values a decode case hits (the extra length class is its first row's)."""
     tile = EXTRA_TILE[target.decode_family]
     return {
+        **_layouts(case),
         "extra_len": "swa-only" if case.extra_lens is None else _len_class(case.extra_lens[0], tile),
         "plan": "adaptive" if case.adaptive is not None else ("pinned" if case.num_splits is not None
                                                               else "selector"),
@@ -350,7 +513,7 @@ def classify_decode(case: DecodeCase, target: Target) -> dict:
         "trust": case.trust,
         "poison": case.poison,
         "sink": case.sink,
-        "main_bs": _bs_class(case.main_bs),
+        "main_bs": "swa-64" if case.main_bs == SWA_BLOCK else _bs_class(case.main_bs),
     }
 
 
@@ -385,7 +548,18 @@ def force_decode(case: DecodeCase, combo: dict, target: Target) -> DecodeCase:
         if k in combo:
             f[k] = combo[k]
     if "main_bs" in combo:
-        f["main_bs"] = {"1": 1, "odd": 5, "even": 2}[combo["main_bs"]]
+        f["main_bs"] = {"1": 1, "odd": 5, "even": 2, "swa-64": SWA_BLOCK}[combo["main_bs"]]
+    for k in ("q_layout", "cache_layout", "index_layout", "sink_layout", "out_layout", "logits"):
+        if k in combo:
+            f[k] = combo[k]
+    if f["sink_layout"] != "contiguous" and f["heads"] < 2:
+        f["heads"] = 3  # head 0 reads the same element whatever the layout: another head reads across it
+    if f["q_layout"] is None and f["logits"] != "ordinary":  # a regime needs q drawn the new way
+        f["q_layout"] = effective_q_layout(case)
+    if f["q_layout"] is not None:
+        f["q_transposed"] = f["q_layout"] == "transposed"
+    if f["cache_layout"] is not None:
+        f["padded"] = f["cache_layout"] != "packed"
     if f["extra_lens"] is None:
         f["trust"] = False
     for k in ("main_lens", "extra_lens"):
@@ -401,7 +575,18 @@ def _decode_allowed(c: dict, target: Target) -> bool:
         return False
     if c.get("trust") is True and (not target.may_trust_extra_nan_free or c.get("extra_len") == "swa-only"):
         return False
+    if c.get("sink") == "none" and c.get("sink_layout", "contiguous") != "contiguous":
+        return False  # no sink, no sink layout
     return True
+
+
+def decode_family_examples(target: Target) -> list[DecodeCase]:
+    """Plain cases the forced rows are checked on: one saved before the layout fields (q_layout and cache_layout
+    None: q_transposed and padded say), one with every layout field set."""
+    legacy = DecodeCase(seed=3, batch=2, heads=3, main_bs=2, extra_bs=1, main_lens=(4, 0), extra_lens=(2, 5),
+                        invalid_rate=0.0, indptr_offset=0, tail_junk=0, scale=0.11, sink="none", poison="none",
+                        padded=True, q_transposed=True, cu_count=2)
+    return [legacy, legacy.replace(seed=4, q_layout="contiguous", cache_layout="padded", q_transposed=False)]
 
 
 def _declare_decode():
@@ -415,9 +600,24 @@ def _declare_decode():
          Dimension("trust", (False, True), "the trust gate (gfx950, with an extra cache)"),
          Dimension("poison", POISON_KINDS, "NaN / inf in referenced rows"),
          Dimension("sink", SINK_KINDS),
-         Dimension("main_bs", ("1", "odd", "even"), "main cache block-size class")),
-        (("extra_len", "plan"), ("extra_len", "invalid"), ("trust", "poison"), ("trust", "extra_len")),
-        classify_decode, force_decode, _decode_allowed), "decode-oracle-agreement")
+         Dimension("main_bs", ("1", "odd", "even", "swa-64"), "main cache block-size class, and production's 64"),
+         Dimension("q_layout", Q_LAYOUTS, "q packed, heads-major, rows padded to 576 lanes, lanes at stride 2"),
+         Dimension("cache_layout", CACHE_LAYOUTS, "both caches' block stride packed or padded, or a padded view "
+                                                  "one block into a poisoned pool"),
+         Dimension("index_layout", INDEX_LAYOUTS, "indices/indptr packed, a slice of a larger buffer, or strided "
+                                                  "(an entry point needing contiguity refuses it)"),
+         Dimension("sink_layout", SINK_LAYOUTS, "the sink packed, a slice of a NaN buffer, or strided (refusable)"),
+         Dimension("out_layout", OUT_LAYOUTS, "out packed, rows padded to 576 lanes, or heads-major"),
+         Dimension("logits", LOGIT_REGIMES, "absolute regime: as drawn, every live logit near -110 (below fp32 "
+                                            "exp underflow), exact ties everywhere, q all signed zeros")),
+        (("extra_len", "plan"), ("extra_len", "invalid"), ("trust", "poison"), ("trust", "extra_len"),
+         # layouts against what picks the code that reads them: the kernel family and split plan reads q and
+         # writes out (directly or through the reduce); the block-size class and block stride pick the aligned
+         # or byte-wise cache loads; invalid entries are what the index reads mask; the regimes meet the sink
+         # (dominating or vanishing against them; a tied regime ties every split boundary whatever the plan)
+         ("plan", "q_layout"), ("plan", "out_layout"), ("invalid", "index_layout"),
+         ("main_bs", "cache_layout"), ("sink", "sink_layout"), ("sink", "logits")),
+        classify_decode, force_decode, _decode_allowed, decode_family_examples), "decode-oracle-agreement")
 
 
 DECODE_DIMENSIONS = _declare_decode()

@@ -8,6 +8,7 @@ under adaptive splits, a live NaN, a sink below or above every split's maximum.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,7 +22,24 @@ HEAD_DIM = 512
 SPLIT_CLASSES = ("1", "2", "odd", "32")
 DEAD_KINDS = ("none", "first", "middle", "last", "all")
 SINK_KINDS = ("none", "below", "dominant")
+#: how far the sink sits from the top maximum: "near" (below: 2 under it, dominant: 3 over it); "far" (below: 200
+#: under it, so its fp32 weight underflows to 0 and it vanishes, head 0's -inf, a sink that means none;
+#: dominant: 200 over it, so every split's weight underflows to 0 and the sink overwhelms them)
+SINK_GAPS = ("near", "far")
+SINK_OFFSET = {("below", "near"): -2.0, ("dominant", "near"): 3.0, ("below", "far"): -200.0,
+               ("dominant", "far"): 200.0}
 POISON_KINDS = ("none", "live-nan", "stale-nan")
+#: absolute level of the split maxima (the spreads are relative to it): ~N(0, 16); near -110 (e^m underflows in
+#: fp32); near +100 (e^m overflows); at zero, the equal maxima +0.0 and -0.0 at random (signed zeros at the cut)
+LEVELS = ("ordinary", "underflow", "overflow", "signed-zero")
+LEVEL_BASE = {"underflow": -110.0, "overflow": 100.0}
+#: memory layouts of the reduce's inputs and output (the values the same in each; unreached elements NaN):
+#: the workspace packed, or each partial a view with padded rows (an entry point needing contiguity refuses it);
+#: the sink packed, a slice of a NaN buffer, or strided (refusable); out packed, rows padded, or heads-major
+WS_LAYOUTS = ("contiguous", "padded")
+SINK_LAYOUTS = ("contiguous", "slice", "strided")
+OUT_LAYOUTS = ("contiguous", "padded", "heads-major")
+MAY_REFUSE = {"ws_layout": ("padded",), "sink_layout": ("strided",)}
 
 
 @dataclass(frozen=True)
@@ -43,9 +61,18 @@ class ReduceCase(Case):
     m_spread: float = 0.0
     l_spread: float = 0.0
     poison: Literal["none", "live-nan", "stale-nan"] = "none"
+    level: str = "ordinary"
+    sink_gap: str = "near"
+    ws_layout: str = "contiguous"
+    sink_layout: str = "contiguous"
+    out_layout: str = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
+        for name, allowed in (("sink", SINK_KINDS), ("level", LEVELS), ("sink_gap", SINK_GAPS),
+                              ("ws_layout", WS_LAYOUTS), ("sink_layout", SINK_LAYOUTS), ("out_layout", OUT_LAYOUTS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")
         for name in ("batch", "heads", "splits"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive int, got {getattr(self, name)!r}")
@@ -73,7 +100,10 @@ def reduce_cases(draw) -> ReduceCase:
     return ReduceCase(seed=draw(st.integers(0, 2**31 - 1)), batch=draw(st.integers(1, 2)),
                       heads=draw(st.sampled_from([1, 2, 3])), splits=splits, adaptive=adaptive, dead=dead,
                       sink=draw(st.sampled_from(SINK_KINDS)), m_spread=draw(st.sampled_from([0.0, 3.0, 60.0])),
-                      l_spread=draw(st.sampled_from([0.0, 4.0, 24.0])), poison=poison)
+                      l_spread=draw(st.sampled_from([0.0, 4.0, 24.0])), poison=poison,
+                      level=draw(st.sampled_from(LEVELS)), sink_gap=draw(st.sampled_from(SINK_GAPS)),
+                      ws_layout=draw(st.sampled_from(WS_LAYOUTS)),
+                      sink_layout=draw(st.sampled_from(SINK_LAYOUTS)), out_layout=draw(st.sampled_from(OUT_LAYOUTS)))
 
 
 def build_partials(case: ReduceCase) -> dict:
@@ -81,7 +111,13 @@ def build_partials(case: ReduceCase) -> dict:
     g = torch.Generator().manual_seed(case.seed)
     b, S, h = case.batch, case.splits, case.heads
     base = torch.randn(b, 1, h, generator=g) * 4
+    if case.level in LEVEL_BASE:  # a few tenths of a nat apart around the level
+        base = LEVEL_BASE[case.level] + base / 16
+    elif case.level == "signed-zero":
+        base = torch.zeros_like(base)
     m = base - torch.rand(b, S, h, generator=g) * case.m_spread
+    if case.level == "signed-zero":
+        m = torch.where((m == 0) & (torch.rand(b, S, h, generator=g) < 0.5), torch.tensor(-0.0), m)
     l = torch.exp2((torch.rand(b, S, h, generator=g) - 0.5) * case.l_spread) * (0.5 + torch.rand(b, S, h, generator=g))
     acc = l[..., None] * torch.randn(b, S, h, HEAD_DIM, generator=g)
     dead = case.dead_splits()
@@ -101,8 +137,36 @@ def build_partials(case: ReduceCase) -> dict:
     if case.sink != "none":
         top = m.amax(dim=(0, 1))  # per head, over the live splits (-FLT_MAX where every split is dead)
         top = torch.where(top > -FLT_MAX, top, base.amax(dim=(0, 1)))
-        sink = top - 2.0 if case.sink == "below" else top + 3.0
+        sink = top + SINK_OFFSET[case.sink, case.sink_gap]
+        if case.sink == "below" and case.sink_gap == "far":
+            sink[0] = -math.inf
     return {"part_m": m.float(), "part_l": l.float(), "part_acc": acc.float(), "sink": sink}
+
+
+def lay_out(t: torch.Tensor, layout: str, device) -> torch.Tensor:
+    """``t`` on ``device`` as ``layout`` says, the values the same: "contiguous"; "padded" (the last dim a view of
+    a wider NaN buffer: rows padded); "heads-major" (dims 0 and 1 swapped in memory); for 1-D ``t`` "slice" (3 into
+    a NaN buffer) and "strided" (every other element of one)."""
+    if layout == "contiguous":
+        return t.contiguous().to(device)
+    if layout == "heads-major":
+        return t.transpose(0, 1).contiguous().to(device).transpose(0, 1)
+    if layout == "padded":
+        buf = torch.full((*t.shape[:-1], t.shape[-1] + 64), math.nan, dtype=t.dtype)
+        buf[..., :t.shape[-1]] = t
+        return buf.to(device)[..., :t.shape[-1]]
+    n = t.numel()
+    buf = torch.full((2 * n if layout == "strided" else n + 5,), math.nan, dtype=t.dtype)
+    view = slice(0, 2 * n, 2) if layout == "strided" else slice(3, 3 + n)
+    buf[view] = t
+    return buf.to(device)[view]
+
+
+def refusable(case: ReduceCase) -> dict:
+    """``{dimension: argument names}`` of the case's layouts an entry point may refuse (:data:`MAY_REFUSE`)."""
+    args = {"ws_layout": "workspace", "sink_layout": "attn_sink"}
+    return {d: args[d] for d, vals in MAY_REFUSE.items()
+            if getattr(case, d) in vals and (d != "sink_layout" or case.sink != "none")}
 
 
 # --- declared dimensions (fuzz.dimensions) ---------------------------------------------------------------------
@@ -114,7 +178,9 @@ def _split_class(S: int) -> str:
 def classify_reduce(case: ReduceCase, target) -> dict:
     out = {"adaptive": case.adaptive, "dead": case.dead, "sink": case.sink, "poison": case.poison,
            "maxima": "spread" if case.m_spread >= 30 else "equal" if case.m_spread == 0 else "near",
-           "denominators": "unequal" if case.l_spread >= 16 else "equal" if case.l_spread == 0 else "near"}
+           "denominators": "unequal" if case.l_spread >= 16 else "equal" if case.l_spread == 0 else "near",
+           "level": case.level, "sink_gap": case.sink_gap, "ws_layout": case.ws_layout,
+           "sink_layout": case.sink_layout, "out_layout": case.out_layout}
     cls = _split_class(case.splits)
     if cls != "other":
         out["splits"] = cls
@@ -125,9 +191,11 @@ def force_reduce(case: ReduceCase, combo: dict, target) -> ReduceCase:
     f = dataclasses.asdict(case)
     if "splits" in combo:
         f["splits"] = {"1": 1, "2": 2, "32": 32, "odd": 5 + 2 * (case.seed % 3)}[combo["splits"]]
-    for k in ("adaptive", "dead", "sink", "poison"):
+    for k in ("adaptive", "dead", "sink", "poison", "level", "sink_gap", "ws_layout", "sink_layout", "out_layout"):
         if k in combo:
             f[k] = combo[k]
+    if f["sink_layout"] != "contiguous" and f["heads"] < 2:
+        f["heads"] = 2  # head 0 reads the same element whatever the layout: a second head reads across it
     if "maxima" in combo:
         f["m_spread"] = {"equal": 0.0, "near": 3.0, "spread": 60.0}[combo["maxima"]]
     if "denominators" in combo:
@@ -144,6 +212,8 @@ def _reduce_allowed(c: dict, target) -> bool:
         return False
     if c.get("dead") == "all" and c.get("poison") == "live-nan":
         return False  # no live split to poison
+    if c.get("sink") == "none" and c.get("sink_layout", "contiguous") != "contiguous":
+        return False  # no sink, no sink layout
     return True
 
 
@@ -162,9 +232,21 @@ def _declare():
          Dimension("sink", SINK_KINDS, "no sink, one below every maximum, one above them"),
          Dimension("maxima", ("equal", "near", "spread"), "split maxima spread over 0, 3, 60 nats"),
          Dimension("denominators", ("equal", "near", "unequal"), "split denominators spread over 2^0, 2^4, 2^24"),
-         Dimension("poison", POISON_KINDS, "a NaN in a live accumulator, or behind dead splits")),
+         Dimension("poison", POISON_KINDS, "a NaN in a live accumulator, or behind dead splits"),
+         Dimension("level", LEVELS, "absolute level of the maxima: ordinary, near -110 (e^m underflows), near "
+                                    "+100 (e^m overflows), signed zeros"),
+         Dimension("sink_gap", SINK_GAPS, "the sink 2-3 nats from the top maximum, or 200 (vanishing below, "
+                                          "overwhelming above)"),
+         Dimension("ws_layout", WS_LAYOUTS, "the partials packed, or views with padded rows (refusable)"),
+         Dimension("sink_layout", SINK_LAYOUTS, "the sink packed, a slice of a NaN buffer, or strided (refusable)"),
+         Dimension("out_layout", OUT_LAYOUTS, "out packed, rows padded, or heads-major")),
         (("splits", "dead"), ("dead", "adaptive"), ("adaptive", "poison"), ("dead", "sink"),
-         ("maxima", "denominators"), ("splits", "denominators")),
+         ("maxima", "denominators"), ("splits", "denominators"),
+         # the level against the sink and its gap (dominating or vanishing in absolute terms) and the relative
+         # spread; the layouts against what walks them: the split count (strides between splits), the sink kind,
+         # the reduce mode whose select or product writes out
+         ("level", "sink"), ("sink", "sink_gap"), ("level", "sink_gap"), ("level", "maxima"),
+         ("splits", "ws_layout"), ("sink", "sink_layout"), ("adaptive", "out_layout")),
         classify_reduce, force_reduce, _reduce_allowed, _examples), "decode-reduce-oracle")
 
 

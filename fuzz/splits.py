@@ -48,7 +48,7 @@ def split_cases(target_cu_count: int):
         avg_main=st.one_of(st.just(0), st.sampled_from([64, 128, 256]), st.integers(0, 512)),
         avg_extra=st.one_of(st.just(0), st.sampled_from([32, 512, 2048, 8192]), st.integers(0, 20000)),
         ragged_slack=st.integers(0, 63),
-        cu_count=st.one_of(st.sampled_from([target_cu_count, 256, 304, 80, 38]), st.integers(1, 512)),
+        cu_count=st.one_of(st.sampled_from([target_cu_count, *PRODUCTION_CU_COUNTS, 38]), st.integers(1, 512)),
     )
 
 
@@ -62,6 +62,8 @@ def split_cases(target_cu_count: int):
 BLOCK_H, BLOCK_K = 16, 32
 BASE_CLASSES = ("<16", "16-63", ">=64")
 CU_CLASSES = ("own", "other", "below-base")
+#: the CU counts of real parts: MI308X 80, 228 (an MI300-series part), MI355X 256, MI300X 304
+PRODUCTION_CU_COUNTS = (80, 228, 256, 304)
 HEAD_CLASSES = {"1": 1, "t-1": BLOCK_H - 1, "t": BLOCK_H, "t+1": BLOCK_H + 1, "2t+1": 2 * BLOCK_H + 1}
 MAIN_CLASSES = {"0": 0, "1": 1, "t-1": BLOCK_K - 1, "t": BLOCK_K, "t+1": BLOCK_K + 1, "2t-1": 2 * BLOCK_K - 1,
                 "2t": 2 * BLOCK_K, "2t+1": 2 * BLOCK_K + 1}
@@ -118,8 +120,11 @@ def force_split(case: SplitCase, combo: dict, target) -> SplitCase:
     base = batch * hb
     cu = case.cu_count
     if "cu" in combo:
+        # "other": a real part's count (not the target's own) at least base, so the selector sees the counts
+        # production has (MI308X 80, 228, MI355X 256, MI300X 304); past them, one more than base
+        real = [n for n in PRODUCTION_CU_COUNTS if n >= base and n != target.cu_count]
         cu = {"own": target.cu_count, "below-base": max(1, base - 1 - rng.randrange(max(base - 1, 1))),
-              "other": max(80, base) + 7}[combo["cu"]]
+              "other": rng.choice(real) if real else base + 1}[combo["cu"]]
         if combo["cu"] == "other" and cu == target.cu_count:
             cu += 1
     avg_main = MAIN_CLASSES[combo["main"]] if "main" in combo else case.avg_main
