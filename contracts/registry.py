@@ -29,6 +29,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "contracts.decode_reduce",
     "contracts.dequant",
     "contracts.layer_rope",
+    "contracts.bad_input",
 )
 
 #: more modules to import after the suite's own, comma-separated (a team's own contracts, a test's planted ones):

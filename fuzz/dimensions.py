@@ -31,7 +31,7 @@ DECLARING_MODULES = ("fuzz.decode", "fuzz.cache_writers", "fuzz.cp_gather", "fuz
                      "fuzz.sparse_metadata", "fuzz.dispatch", "fuzz.dsv4_step", "fuzz.epilogues", "fuzz.formats",
                      "fuzz.graph_buffers", "fuzz.graph_capture", "fuzz.indexer_writer", "fuzz.metamorphic",
                      "fuzz.prefill", "fuzz.prefill_assembly", "fuzz.ragged", "fuzz.router", "fuzz.splits",
-                     "fuzz.decode_reduce", "fuzz.dequant", "fuzz.layer_rope")
+                     "fuzz.decode_reduce", "fuzz.dequant", "fuzz.layer_rope", "fuzz.bad_input")
 
 
 @dataclass(frozen=True)

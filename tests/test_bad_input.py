@@ -1,0 +1,146 @@
+"""bad-input-refusal (contracts/bad_input.py, fuzz/bad_input.py): every declared breakage of every checked argument
+is refused by ours, and the check itself notices an accepted argument, a launch, a write and an unnamed refusal."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts import bad_input as cb
+from contracts.subjects import SubjectUnavailable, using
+from contracts.subjects.base import Subject
+from fuzz import bad_input as fz
+from fuzz import domains
+from fuzz.bad_input import BadInputCase
+from impl.targets import TARGETS
+
+T942 = TARGETS["gfx942"]
+
+
+def _case(entry, arg=None, breakage=None, target=T942):
+    """A covering row's case of ``entry`` (a valid call drawn by the entry's generator), narrowed to one breakage."""
+    base = fz.force_bad_input(fz._examples(target)[0], {"entry": entry}, target)
+    return base.replace(arg=arg, breakage=breakage)
+
+
+def test_every_entry_is_a_covering_row_and_every_pair_is_checked_by_its_case():
+    fam = fz.BAD_INPUT_DIMENSIONS
+    rows = fam.covering_array(T942, 2)
+    assert [r["entry"] for r in rows] == sorted(fz.ENTRIES)
+    for name, e in fz.ENTRIES.items():
+        want = [(a, b) for a in sorted(e.args) for b in e.args[a].breakages()]
+        assert fz.BadInputCase(entry=name).breakages() == want and want, name
+    assert all("dim2-small" in s.breakages() for s in (fz.ENTRIES["formats.pack_fp8_ds_mla"].args["cache"],))
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx950", "generic"])
+def test_forced_rows_carry_a_generated_call_that_carries_every_breakage(target):
+    t = TARGETS[target]
+    for row in fz.BAD_INPUT_DIMENSIONS.covering_array(t, 2):
+        case = fz.force_bad_input(fz._examples(t)[0], row, t)
+        assert fz.classify_bad_input(case, t) == row
+        assert case.inner is not None, row  # a valid call from the entry's own generator
+        assert BadInputCase.from_json(case.to_json()) == case
+        for arg, breakage in case.breakages():
+            assert fz.inner_of(case, arg, breakage, t) is not None, (row, arg, breakage)
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx950", "generic"])
+def test_ours_refuses_every_breakage_of_every_entry(target):
+    t = TARGETS[target]
+    rows = fz.BAD_INPUT_DIMENSIONS.covering_array(t, 2)
+    for row in rows if target == "gfx942" else rows[::3]:
+        case = fz.force_bad_input(fz._examples(t)[0], row, t)
+        assert cb.bad_input_refusal(case, t) == [], row
+
+
+def test_the_two_issue_30_breakages_are_refused_and_named():
+    # a cache view one byte narrower per token (strides of the 584-byte cache) and a writing token's request id
+    # past the state table: the breakages the two surviving mutants of issue 30 let through
+    c = _case("formats.pack_fp8_ds_mla", "cache", "dim2-small")
+    inner = fz.inner_of(c, "cache", "dim2-small", T942)
+    inputs = fz.ENTRIES[c.entry].build(inner, "cpu", T942)
+    fz.break_inputs(c.entry, "cache", "dim2-small", c.seed, inputs, inner)
+    assert inputs["cache"].shape[2] == 583 and inputs["cache"].stride(1) == 584
+    assert cb.bad_input_refusal(c, T942) == []
+    c = _case("indexer_writer.compress_norm_rope_store_indexer", "token_to_req", "range-high")
+    assert cb.bad_input_refusal(c, T942) == []
+
+
+def _fake_entry(monkeypatch, fn):
+    monkeypatch.setattr(cb, "_entry", lambda target, name: fn)
+
+
+def test_an_accepted_argument_is_a_violation(monkeypatch):
+    c = _case("cache_writers.quantize_and_insert_k_cache", "slot_mapping", "dtype")
+    _fake_entry(monkeypatch, lambda **kw: None)
+    assert [v.message for v in cb.bad_input_refusal(c, T942)] == [cb.REFUSAL_MISSING]
+
+
+def test_a_launch_before_the_refusal_is_a_violation(monkeypatch):
+    from impl import codec_kernels
+
+    c = _case("cache_writers.quantize_and_insert_k_cache", "k", "dtype")
+
+    def launches(**kw):
+        codec_kernels.fp8_decode_triton(torch.zeros(4, dtype=torch.uint8), "ocp")
+
+    _fake_entry(monkeypatch, launches)
+    assert [v.message for v in cb.bad_input_refusal(c, T942)] == [cb.REFUSAL_LAUNCHED]
+
+
+def test_launches_refused_restores_the_launch_path():
+    from impl import codec_kernels
+
+    with pytest.raises(cb.KernelLaunched):
+        with cb.launches_refused():
+            codec_kernels.fp8_decode_triton(torch.zeros(4, dtype=torch.uint8), "ocp")
+    assert codec_kernels.fp8_decode_triton(torch.zeros(4, dtype=torch.uint8), "ocp").shape == (4,)
+
+
+def test_a_write_before_the_refusal_and_an_unnamed_refusal_are_violations(monkeypatch):
+    c = _case("cache_writers.quantize_and_insert_k_cache", "slot_mapping", "range-high")
+    calls = []
+
+    def writes_then_refuses(k, slot_mapping, cache, **kw):
+        calls.append(1)
+        if len(calls) > 1:  # the first call is the valid one, which must be accepted
+            cache[0, 0, 0] ^= 0xFF
+            raise ValueError("something is off")
+
+    _fake_entry(monkeypatch, writes_then_refuses)
+    assert sorted(v.message for v in cb.bad_input_refusal(c, T942)) == sorted([cb.REFUSAL_UNNAMED, cb.REFUSAL_WROTE])
+
+
+def test_a_refusal_of_the_valid_call_is_a_violation(monkeypatch):
+    c = _case("cache_writers.quantize_and_insert_k_cache", "k", "dtype")
+
+    def refuses_everything(k, **kw):
+        raise TypeError("k: no")
+
+    _fake_entry(monkeypatch, refuses_everything)
+    assert [v.message for v in cb.bad_input_refusal(c, T942)] == [cb.VALID_REFUSED]
+
+
+def test_a_foreign_exception_is_a_violation(monkeypatch):
+    c = _case("compressor.compress_norm_rope_store", "slot_mapping", "dim0-small")
+    calls = []
+
+    def crashes(**kw):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("The size of tensor a (2) must match the size of tensor b (3)")
+
+    _fake_entry(monkeypatch, crashes)
+    assert [v.message for v in cb.bad_input_refusal(c, T942)] == [cb.REFUSAL_WRONG_TYPE]
+
+
+def test_vllm_rows_are_skipped_with_a_reason():
+    c = _case("decode.sparse_attn_decode", "q", "dtype")
+    with using(Subject("vllm", "0.34.0")):
+        with pytest.raises(SubjectUnavailable, match="callers"):
+            cb.bad_input_refusal(c, T942)
+
+
+def test_reach_classes():
+    assert domains.reach_class(_case("decode.sparse_attn_decode", "q", "dtype")) == "caller-contract"
+    assert domains.reach_class(_case("decode.sparse_attn_decode", "main_indptr", "range-high")) == "adversarial"
