@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from contracts.core import ALL_TARGETS, Violation, contract, fmt, record_margin, single_threaded
+from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt, record_margin, single_threaded
 from contracts.decode import NAN_ROW_ZEROED, oracle_violations, zeroed_nan_rows
 from contracts.indexer_logits import compare_topk, judge_logits
 from contracts.subjects import EntryMissing, bound
@@ -37,6 +37,7 @@ from oracles import epilogues as ref_epi
 from oracles import indexer_logits as ref_logits
 from oracles import indexer_writer as ref_idx_writer
 from oracles import trust_gate as ref_trust
+from oracles.dispatch import expected_dispatch
 from oracles.formats import storage_bytes
 
 #: every entry point the step calls, (family, name)
@@ -54,8 +55,9 @@ ENTRIES = (
     ("decode", "plan_decode"),
     ("decode", "DecodeWorkspace"),
     ("decode", "sparse_attn_decode"),
-    ("epilogues", "inverse_rope_gptj"),
-    ("dsv4_step", "build_layer_metadata"),
+    ("graph_capture", "DecodeGraph"),
+    ("dsv4_step", "Dsv4MetadataBuilder"),
+    ("dsv4_step", "step_epilogue"),
 )
 CACHE_DTYPE = "fp8_ds_mla"
 #: the diagnosis of logits that are those of the NORMAL C4A indexer cache read in the SHUFFLE order
@@ -93,41 +95,55 @@ def _cases(target: Target):
     return fz.step_cases()
 
 
-@contract("dsv4-step-agreement", targets=ALL_TARGETS, cases=_cases, min_cases=1, max_cases=1, case_type=Dsv4StepCase,
+@contract("dsv4-step-agreement", targets=ALL_TARGETS, cases=_cases, min_cases=3, max_cases=3, case_type=Dsv4StepCase,
           numeric=True)
 def dsv4_step_agreement(case: Dsv4StepCase, target: Target) -> list[Violation]:
     """A few decode steps of a toy DSv4 attention (SWA-only, C4A and C128A layers) agree, layer by layer and step by
     step, with a float64 reference of the same step written from SPEC.
 
-    Per layer and step: (1) every byte of the SWA cache outside the record at the SPEC slot of the token's position
-    (the SWA block table, its own block size) is unchanged, and that record holds the token's row; (2) on a
-    compressed layer, every byte of the extra cache (and, on C4A, of the indexer-K cache, NORMAL) outside the
-    records of the rows this step's tokens complete is unchanged, and each such record, at SPEC's slot (the layer's
-    block table, block_size // ratio rows per block), holds the compressor's row for those positions up to the
-    writer's rounding (oracles.dsv4_step.row_problems / indexer_row_problems: they identify the row, the writers'
-    own contracts judge the bytes); (3) C4A: the indexer's logits equal the float64 logits of the (pos + 1) // 4
-    rows each query sees, read from the indexer-K cache at SPEC's slots, and its top-k is their top-k, by the rules
-    of indexer-logits-agreement (masks exact, its derived bound, sets that differ only by swaps within the bound of
-    the k-th gap are excused; the attention below then reads the subject's excused set, else SPEC's); (4) the
-    decode output equals the float64 attention over exactly SPEC's slots (the SWA window
-    max(pos - window + 1, 0)..pos; C128A: every row so far, (pos + 1) // 128; C4A: the top-k rows) of the caches
-    the kernels wrote, dequantized the way the kernels read them, within oracles.compare's derived bound for the
-    plan's split count, NaN/inf masks exactly; (5) at the last step, the epilogue's output is the inverse GPT-J RoPE
-    at the query's position of that decode output, within oracles.epilogues' float32 bound, the other lanes copied
-    exactly; (6) the trust gate is SPEC 4's. Every cache slot nobody should read is poisoned, the graph buffers'
-    stale entries point at poisoned slots, outputs, logits and workspaces are NaN-poisoned before each run, and the
-    kernels run before the reference. This is where pieces that each pass their own contract can still disagree:
-    a writer's slot and the table a reader uses, the window positions and the insert positions, the compressed
-    block size of the slot conversion, the indexer-K layout its writer and its reader are given, the graph-buffer
-    copy and the rows the decode reads, the epilogue and the decode's output. Sources: SPEC 1.2, 1.3, 2, 4, 5;
-    upstream's ``_forward_decode`` (vllm/models/deepseek_v4/amd/rocm.py) for the order of the pieces. The first step
-    and layer with a violation ends the case.
+    Each layer's metadata comes from its builder (``dsv4_step.Dsv4MetadataBuilder``: ``build``, and at a captured
+    step ``build_for_cudagraph_capture``). Per layer and step: (0) the metadata's ``for_cudagraph_capture`` is
+    False from ``build`` and, from ``build_for_cudagraph_capture``, whether the target takes the adaptive graph path
+    (gfx950: upstream's ``_ON_GFX950``), and a captured decode's dispatch has adaptive splits exactly where
+    oracles.dispatch says (gfx950, C128A, under capture); (1) every byte of the SWA cache outside the record at the
+    SPEC slot of each valid token's position (the SWA block table, its own block size) is unchanged, and that
+    record holds the token's row - a padding token (position -1) and a token whose position the table does not map
+    (slot -1) write nothing; (2) on a compressed layer, every byte of the extra cache (and, on C4A, of the indexer-K
+    cache, NORMAL) outside the records of the rows this step's valid tokens complete is unchanged, and each such
+    record, at SPEC's slot (the layer's block table, block_size // ratio rows per block), holds the compressor's row
+    for those positions up to the writer's rounding (oracles.dsv4_step.row_problems / indexer_row_problems: they
+    identify the row, the writers' own contracts judge the bytes); (3) C4A: the indexer's logits equal the float64
+    logits of the (pos + 1) // 4 rows each valid query sees (none for an invalid or padding token), read from the
+    indexer-K cache at SPEC's slots, and its top-k is their top-k, by the rules of indexer-logits-agreement (masks
+    exact, its derived bound, sets that differ only by swaps within the bound of the k-th gap are excused; the
+    attention below then reads the subject's excused set, else SPEC's); (4) the decode output - eager, or from the
+    graph captured at step 0 and replayed at each later step with that step's indices - equals the float64
+    attention over exactly SPEC's slots (the SWA window max(pos - window + 1, 0)..pos; C128A: every row so far,
+    (pos + 1) // 128; C4A: the top-k rows; nothing for an invalid or padding token) of the caches the kernels wrote
+    in this and every earlier step, dequantized the way the kernels read them, within oracles.compare's derived
+    bound for the plan's split count, NaN/inf masks exactly; (5) at the last step, the epilogue's output is the
+    inverse GPT-J RoPE at the query's position of that decode output, within oracles.epilogues' float32 bound, the
+    other lanes copied exactly, and with the MXFP8 epilogue (on the last layer) its codes and scale codes equal
+    oracles.epilogues' MXFP8 of those rotated rows exactly; (6) the trust gate is SPEC 4's. Every cache slot nobody should read is
+    poisoned, SWA blocks that fell out of the window may be unmapped (-1), the graph buffers' stale entries point
+    at poisoned slots, outputs, logits and workspaces are NaN-poisoned before each run, and the kernels run before
+    the reference. This is where pieces that each pass their own contract can still disagree: a writer's slot and
+    the table a reader uses, the window positions and the insert positions, the compressed block size of the slot
+    conversion, the indexer-K layout its writer and its reader are given, the graph-buffer copy and the rows the
+    decode reads, a replay and the step it is given, the capture flag and the captured plan, the epilogue and the
+    decode's output. Sources: SPEC 1.2, 1.3, 2, 4, 5; seed 004 item 2; upstream's ``_forward_decode`` and
+    ``DeepseekV4ROCMAiterMLASparseMetadataBuilder`` (vllm/models/deepseek_v4/amd/rocm.py) for the order of the
+    pieces and the capture flag. The first step and layer with a violation ends the case.
     """
     sub = bound(target)
     ent = step_entries(sub)
     with single_threaded():
         inp = fz.build_step_inputs(case, target)
         bufs = _graph_buffers(case, inp)
+        for li, layer in enumerate(inp.layers):
+            bufs[li]["builder"] = ent["dsv4_step.Dsv4MetadataBuilder"](
+                layer.ratio, swa_block_size=case.swa_block_size, block_size=layer.block_size,
+                max_model_len=inp.max_model_len, target=target)
         for s in range(case.steps):
             for li, layer in enumerate(inp.layers):
                 out = _layer_step(case, target, ent, inp, bufs[li], s, li, layer)
@@ -143,7 +159,7 @@ def dsv4_step_agreement(case: Dsv4StepCase, target: Target) -> list[Violation]:
 def _graph_buffers(case: Dsv4StepCase, inp: fz.StepInputs) -> list[dict]:
     """Persistent graph buffers per layer, one token of slack past the batch, every entry a poisoned slot."""
     dev = kernel_device()
-    max_tokens = case.batch + 1
+    max_tokens = case.num_tokens + 1
     out = []
     for layer in inp.layers:
         b = {"swa_idx": torch.full((max_tokens * case.window,), layer.swa.spare_slot, dtype=torch.int32, device=dev),
@@ -159,127 +175,227 @@ def _graph_buffers(case: Dsv4StepCase, inp: fz.StepInputs) -> list[dict]:
 
 def _layer_step(case, target, ent, inp, bufs, s, li, layer) -> list[Violation]:
     dev = kernel_device()
-    T, H = case.batch, case.heads
     pos_list = case.positions(s)
     positions = torch.tensor(pos_list, dtype=torch.int64, device=dev)
-    t2r = inp.token_to_req
     has_extra = layer.extra is not None
     where = f"step {s}, layer {li} ({layer.name})"
+    builder = bufs["builder"]
+    capture = case.graph and s == 0
+    args = (positions, inp.token_to_req, layer.swa.table, layer.extra.table if has_extra else None)
+    meta = builder.build_for_cudagraph_capture(*args) if capture else builder.build(*args)
+    before = _run_writes(case, target, ent, inp, layer, s, meta, positions)
+    logits = local = None
+    if layer.indexer is not None:
+        logits, local = _run_indexer(case, target, ent, inp, layer, s, meta)
+    segs = _run_slots(case, target, ent, inp, bufs, layer, meta, local, positions)
+    trust = ent["cache_writers.trust_extra_cache_nan_free"](target, CACHE_DTYPE, False, has_extra)
+    got, plan, dispatch = _run_decode(case, target, ent, bufs, layer, s, meta, segs, trust)
+    dec_out = got.clone()  # what the epilogue was given (``got`` may have rows marked by zeroed_nan_rows below)
+    epi = None
+    if s == case.steps - 1:  # each launch costs the interpreter more than the rest of a layer's step
+        rot_buf = torch.full(tuple(got.shape), math.nan, dtype=torch.bfloat16, device=dev)
+        # the MXFP8 output on the last layer only: its kernel costs the interpreter seconds per layer
+        mxfp8 = case.epilogue == "mxfp8" and li == len(inp.layers) - 1
+        epi = ent["dsv4_step.step_epilogue"](got.to(dev), inp.cos_sin, positions, mxfp8=mxfp8, rotated=rot_buf)
+        epi = tuple(x.cpu().clone() if x is not None else None for x in epi)
 
-    meta = ent["dsv4_step.build_layer_metadata"](
-        layer.ratio, positions, t2r, layer.swa.table, case.swa_block_size,
-        block_table=layer.extra.table if has_extra else None, block_size=layer.block_size,
-        max_model_len=inp.max_model_len)
+    # ================= the reference, after every kernel ran =================
+    v = _flag_violations(where, case, target, layer, meta, capture, dispatch)
+    v += _write_violations(where, case, target, inp, layer, s, pos_list, before)
+    c4a_rows = None
+    if layer.indexer is not None:
+        # the indexer: logits and top-k against the float64 logits of the rows so far, read at SPEC's slots
+        v_idx, c4a_rows = _indexer_violations(where, case, target, layer, s, pos_list, logits.cpu().clone(),
+                                              local.cpu().clone(), inp.max_model_len // 4)
+        v += v_idx
+    want_trust = ref_trust.trust_expected(target.name, CACHE_DTYPE, False, has_extra)
+    if trust != want_trust:
+        v.append(Violation(f"{where}: trust gate differs from SPEC 4's", "trust_extra_cache_nan_free",
+                           str(want_trust), str(trust)))
+    attn = _reference_attention(case, target, layer, s, pos_list, c4a_rows, not want_trust)
+    v += zeroed_nan_rows(f"{where}: {NAN_ROW_ZEROED}", got, attn.out)
+    mode = f"replay of the graph captured at step 0" if case.graph and s else ("captured" if capture else "eager")
+    v += oracle_violations(f"{where}: decode output ({mode}) vs the float64 attention over SPEC's slots "
+                           f"(S={plan.num_splits})", got, attn, plan.num_splits)
+    if epi is not None:
+        v += _epilogue_violations(where, dec_out, epi[0], inp.cos_sin.cpu(), pos_list)
+        if epi[1] is not None:
+            v += _mxfp8_violations(where, epi[0], epi[1], epi[2])
+    return v
 
-    # --- writes ---
-    swa_before = storage_bytes(layer.swa.view)[0].cpu().clone()
+
+def _run_writes(case, target, ent, inp, layer, s, meta, positions) -> dict:
+    """The step's cache writes (SWA insert, compressor, indexer-K writer); returns every cache's bytes before."""
+    t2r = inp.token_to_req
+    # the compressors take positions >= 0: a padding token reaches them at position 0 (where vLLM's padded
+    # positions sit) with its slot -1, so it writes nothing
+    positions = positions.clamp(min=0)
+    before = {"swa": storage_bytes(layer.swa.view)[0].cpu().clone()}
     ent["cache_writers.quantize_and_insert_k_cache"](layer.k[s], meta.swa_slot_mapping, layer.swa.view,
                                                       target=target)
-    if has_extra:
-        extra_before = storage_bytes(layer.extra.view)[0].cpu().clone()
+    if layer.extra is not None:
+        before["extra"] = storage_bytes(layer.extra.view)[0].cpu().clone()
         ent["compressor.compress_norm_rope_store"](
             layer.state, layer.state_table, t2r, positions, meta.compressed_slot_mapping, layer.norm_weight,
             inp.cos_sin, layer.extra.view, ratio=layer.ratio, eps=fz.NORM_EPS, target=target)
     idx = layer.indexer
     if idx is not None:
-        idx_before = storage_bytes(idx.view)[0].cpu().clone()
+        before["indexer"] = storage_bytes(idx.view)[0].cpu().clone()
         ent["indexer_writer.compress_norm_rope_store_indexer"](
             idx.state, idx.state_table, t2r, positions, meta.compressed_slot_mapping, idx.norm_weight, inp.cos_sin,
             idx.view, ratio=4, eps=fz.NORM_EPS, layout=meta.indexer_layout, target=target)
+    return before
 
-    # --- the indexer (C4A): logits over the rows so far, then the top-k ---
-    logits = local = None
-    if idx is not None:
-        width = inp.max_model_len // 4
-        logits_buf = torch.full((T, width), math.nan, dtype=torch.float32, device=dev)
-        logits = ent["indexer_logits.fp8_paged_mqa_logits"](
-            idx.q[s], idx.view, idx.weights[s], meta.indexer_context_lens, layer.extra.table, width,
-            layout=meta.indexer_layout, out=logits_buf, target=target)
-        local = ent["indexer_logits.topk_indices"](logits, case.topk)
 
-    # --- slots ---
-    swa_dense, swa_lens = ent["ragged.compute_swa_indices_and_lens"](positions, t2r, layer.swa.table,
+def _run_indexer(case, target, ent, inp, layer, s, meta):
+    """C4A: the logits over the rows so far, then the top-k."""
+    idx = layer.indexer
+    width = inp.max_model_len // 4
+    logits_buf = torch.full((case.num_tokens, width), math.nan, dtype=torch.float32, device=kernel_device())
+    # one block-table row per query token (a padding token takes its request row's, 0)
+    tables = layer.extra.table.index_select(0, inp.token_to_req.to(torch.int64))
+    logits = ent["indexer_logits.fp8_paged_mqa_logits"](
+        idx.q[s], idx.view, idx.weights[s], meta.indexer_context_lens, tables, width,
+        layout=meta.indexer_layout, out=logits_buf, target=target)
+    return logits, ent["indexer_logits.topk_indices"](logits, case.topk)
+
+
+def _run_slots(case, target, ent, inp, bufs, layer, meta, local, positions) -> dict:
+    """The ragged segments the decode reads: the SWA window of each token's window position (-1 for an invalid
+    token: an empty window), the C4A top-k as global slots, the C128A rows; eagerly, the SWA and C128A ones copied
+    into the layer's persistent graph buffers (a captured graph copies them into its own)."""
+    T, t2r = case.num_tokens, inp.token_to_req
+    swa_dense, swa_lens = ent["ragged.compute_swa_indices_and_lens"](meta.window_positions, t2r, layer.swa.table,
                                                                       case.swa_block_size, case.window)
-    swa_rag, swa_ptr = ent["ragged.build_ragged_indices_from_dense"](swa_dense.reshape(T, case.window), swa_lens)
-    copy = ent["graph_buffers.copy_ragged_to_graph_buffers"]
-    main_idx, main_ptr = copy(swa_rag, swa_ptr, bufs["swa_idx"], bufs["swa_ptr"], T, case.window, target=target)
-    extra_idx = extra_ptr = None
+    main = ent["ragged.build_ragged_indices_from_dense"](swa_dense.reshape(T, case.window), swa_lens)
+    extra = None
     if layer.ratio == 4:
-        extra_idx, extra_ptr = ent["ragged.compute_global_topk_ragged_indices_and_indptr"](
+        extra = ent["ragged.compute_global_topk_ragged_indices_and_indptr"](
             local, t2r, layer.extra.table, meta.topk_block_size, meta.is_valid_token)
     elif layer.ratio == 128:
-        rag, ptr = ent["ragged.build_ragged_indices_from_dense"](meta.c128a_topk, meta.c128a_lens)
-        extra_idx, extra_ptr = copy(rag, ptr, bufs["c128a_idx"], bufs["c128a_ptr"], T, bufs["c128a_width"],
-                                    target=target)
+        extra = ent["ragged.build_ragged_indices_from_dense"](meta.c128a_topk, meta.c128a_lens)
+    segs = {"main": main, "extra": extra, "main_width": case.window,
+            "extra_width": case.topk if layer.ratio == 4 else bufs.get("c128a_width")}
+    if case.graph:
+        return segs
+    copy = ent["graph_buffers.copy_ragged_to_graph_buffers"]
+    segs["main"] = copy(*main, bufs["swa_idx"], bufs["swa_ptr"], T, case.window, target=target)
+    if layer.ratio == 128:
+        segs["extra"] = copy(*extra, bufs["c128a_idx"], bufs["c128a_ptr"], T, bufs["c128a_width"], target=target)
+    return segs
 
-    # --- decode ---
-    trust = ent["cache_writers.trust_extra_cache_nan_free"](target, CACHE_DTYPE, False, has_extra)
-    plan = ent["decode.plan_decode"](target, T, H, main_idx.numel(), extra_idx.numel() if has_extra else 0,
-                                     cu_count=case.cu_count)
-    ws = ent["decode.DecodeWorkspace"].allocate(T, plan.num_splits, H, dev, fill=math.nan)
-    out = torch.full((T, H, 512), math.nan, dtype=torch.bfloat16, device=dev)
+
+def _run_decode(case, target, ent, bufs, layer, s, meta, segs, trust):
+    """The decode: eager (its plan from the subject's selector on the views' sizes), or captured at step 0 with
+    the metadata's capture flag and replayed at later steps. Returns (output on the CPU, plan, dispatch or None)."""
+    dev = kernel_device()
+    T, H = case.num_tokens, case.heads
+    has_extra = layer.extra is not None
+    (main_idx, main_ptr), extra = segs["main"], segs["extra"]
+    extra_idx, extra_ptr = extra if extra is not None else (None, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy warns on 0 * inf by design
+        if case.graph and s == 0:
+            g = ent["graph_capture.DecodeGraph"].capture(
+                layer.q[s], layer.swa.view, main_idx, main_ptr, layer.extra.view if has_extra else None, extra_idx,
+                extra_ptr, max_per_row_main=segs["main_width"],
+                max_per_row_extra=segs["extra_width"] if has_extra else None, compress_ratio=layer.ratio,
+                attn_sink=layer.sink, softmax_scale=case.scale, target=target, cu_count=case.cu_count,
+                kv_cache_dtype=CACHE_DTYPE, for_cudagraph_capture=meta.for_cudagraph_capture)
+            bufs["graph"] = g
+            return g.out.cpu().clone(), g.plan, g.dispatch
+        if case.graph:
+            g = bufs["graph"]
+            out = g.replay(layer.q[s], main_idx, main_ptr, extra_idx, extra_ptr)
+            return out.cpu().clone(), g.plan, None
+        plan = ent["decode.plan_decode"](target, T, H, main_idx.numel(), extra_idx.numel() if has_extra else 0,
+                                         cu_count=case.cu_count)
+        ws = ent["decode.DecodeWorkspace"].allocate(T, plan.num_splits, H, dev, fill=math.nan)
+        out = torch.full((T, H, 512), math.nan, dtype=torch.bfloat16, device=dev)
         ent["decode.sparse_attn_decode"](
             layer.q[s], layer.swa.view, main_idx, main_ptr, layer.extra.view if has_extra else None, extra_idx,
             extra_ptr, attn_sink=layer.sink, softmax_scale=case.scale, target=target, trust_extra_nan_free=trust,
             plan=plan, workspace=ws, out=out)
-    got = out.cpu().clone()
-    dec_out = got.clone()  # what the epilogue was given (``got`` may have rows marked by zeroed_nan_rows below)
+    return out.cpu().clone(), plan, None
 
-    # --- epilogue (the last step only: each launch costs the interpreter more than the rest of a layer's step) ---
-    rot = None
-    if s == case.steps - 1:
-        rot_buf = torch.full((T, H, 512), math.nan, dtype=torch.bfloat16, device=dev)
-        rot = ent["epilogues.inverse_rope_gptj"](out, inp.cos_sin, positions, out=rot_buf).cpu().clone()
 
-    # ================= the reference, after every kernel ran =================
-    v: list[Violation] = []
+def _flag_violations(where, case, target, layer, meta, capture: bool, dispatch) -> list[Violation]:
+    """(0) the builder's capture flag and the captured dispatch's adaptive splits (oracles)."""
+    want_flag = ref.capture_flag(target.name) if capture else False
+    v = []
+    if meta.for_cudagraph_capture != want_flag:
+        how = "build_for_cudagraph_capture" if capture else "build"
+        v.append(Violation(f"{where}: the metadata builder's {how} sets for_cudagraph_capture other than seed 004's "
+                           f"rule (True exactly on gfx950, for a capture)", "for_cudagraph_capture",
+                           str(want_flag), str(meta.for_cudagraph_capture)))
+    if dispatch is not None:
+        want = expected_dispatch(target.name, layer.ratio, layer.ratio <= 1, want_flag, layer.extra is not None,
+                                 CACHE_DTYPE, False)["adaptive_splits"]
+        if dispatch.adaptive_splits != want:
+            v.append(Violation(f"{where}: the captured decode's adaptive splits differ from SPEC 2's (gfx950, "
+                               f"C128A, under capture)", "DecodeGraph.dispatch.adaptive_splits", str(want),
+                               str(dispatch.adaptive_splits)))
+    return v
+
+
+def _write_violations(where, case, target, inp, layer, s, pos_list, before) -> list[Violation]:
+    """(1) the SWA insert and (2) the compressors' writes: each valid token's record at its SPEC slot, nothing
+    else touched."""
     swa_table = layer.swa.table.cpu().tolist()
     sbs = case.swa_block_size
-    # (1) the SWA insert: the token's row at the SPEC slot of its position, nothing else touched
-    spec_swa = {ref.slot_of(swa_table, r, p, sbs): (f"the SWA row of request {r} position {p}",
-                                                     layer.k[s][r].cpu().to(torch.float64), torch.zeros(()))
-                for r, p in enumerate(pos_list)}
-    v += _written_rows_violations(f"{where}: SWA cache", layer.swa.view, swa_before, spec_swa, pos_list,
-                                  flavour=target.main_cache_fp8, cap=255)
-    # (2) the compressors: the rows this step completes, at their SPEC slots, nothing else touched
-    if has_extra:
-        v += _compressor_violations(where, case, target, inp, layer, pos_list, extra_before)
-    c4a_rows = None
-    if idx is not None:
-        v += _indexer_writer_violations(where, target, inp, layer, pos_list, idx_before)
-        # (3) the indexer: logits and top-k against the float64 logits of the rows so far, read at SPEC's slots
-        v_idx, c4a_rows = _indexer_violations(where, case, target, layer, s, pos_list, logits.cpu().clone(),
-                                              local.cpu().clone(), inp.max_model_len // 4)
-        v += v_idx
-    # (6) the trust gate
-    want_trust = ref_trust.trust_expected(target.name, CACHE_DTYPE, False, has_extra)
-    if trust != want_trust:
-        v.append(Violation(f"{where}: trust gate differs from SPEC 4's", "trust_extra_cache_nan_free",
-                           str(want_trust), str(trust)))
-    # (4) the attention over SPEC's slots
-    main_slots = [[ref.slot_of(swa_table, r, p, sbs) for p in ref.swa_positions(pos, case.window)]
-                  for r, pos in enumerate(pos_list)]
+    reqs = case.token_requests()
+    spec_swa = {}
+    for t, p in enumerate(pos_list):
+        slot = ref.slot_of(swa_table, reqs[t], p, sbs)
+        if slot >= 0:
+            spec_swa[slot] = (f"the SWA row of request {reqs[t]} position {p}",
+                              layer.k[s][t].cpu().to(torch.float64), torch.zeros(()))
+    v = _written_rows_violations(f"{where}: SWA cache", layer.swa.view, before["swa"], spec_swa, pos_list,
+                                 flavour=target.main_cache_fp8, cap=255)
+    valid = _valid_tokens(case, layer, pos_list)
+    if layer.extra is not None:
+        v += _compressor_violations(where, case, target, inp, layer, pos_list, before["extra"], valid)
+    if layer.indexer is not None:
+        v += _indexer_writer_violations(where, target, inp, layer, pos_list, before["indexer"], valid)
+    return v
+
+
+def _valid_tokens(case, layer, pos_list) -> list[bool]:
+    """SPEC 1.3: a token is valid when the SWA table maps its position (a padding token's position is -1)."""
+    table = layer.swa.table.cpu().tolist()
+    reqs = case.token_requests()
+    return [ref.slot_of(table, reqs[t], p, case.swa_block_size) >= 0 for t, p in enumerate(pos_list)]
+
+
+def _reference_attention(case, target, layer, s, pos_list, c4a_rows, scrub_extra: bool):
+    """(4) the float64 attention over SPEC's slots: nothing for an invalid or padding token."""
+    valid = _valid_tokens(case, layer, pos_list)
+    reqs = case.token_requests()
+    swa_table = layer.swa.table.cpu().tolist()
+    main_slots = [[ref.slot_of(swa_table, reqs[t], p, case.swa_block_size) for p in ref.swa_positions(pos, case.window)]
+                  if valid[t] else [] for t, pos in enumerate(pos_list)]
     extra_slots = None
-    if has_extra:
+    if layer.extra is not None:
         table = layer.extra.table.cpu().tolist()
         cbs = layer.block_size // layer.ratio
         if layer.ratio == 4:
             rows = c4a_rows
         else:
-            rows = [list(range(ref.rows_so_far(pos, 128))) for pos in pos_list]
-        extra_slots = [[ref.slot_of(table, r, i, cbs) for i in row] for r, row in enumerate(rows)]
-    attn = ref.reference_decode(layer.q[s].cpu(), layer.swa.view, main_slots, layer.extra.view if has_extra else None,
-                                extra_slots, attn_sink=layer.sink, softmax_scale=case.scale,
-                                main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8,
-                                scrub_extra=not want_trust)
-    v += zeroed_nan_rows(f"{where}: {NAN_ROW_ZEROED}", got, attn.out)
-    v += oracle_violations(f"{where}: decode output vs the float64 attention over SPEC's slots "
-                           f"(S={plan.num_splits})", got, attn, plan.num_splits)
-    # (5) the epilogue, from the decode's own output
-    if rot is not None:
-        v += _epilogue_violations(where, dec_out, rot, inp.cos_sin.cpu(), pos_list)
+            rows = [list(range(ref.rows_so_far(pos, 128))) if valid[t] else [] for t, pos in enumerate(pos_list)]
+        extra_slots = [[ref.slot_of(table, reqs[t], i, cbs) for i in row] for t, row in enumerate(rows)]
+    return ref.reference_decode(layer.q[s].cpu(), layer.swa.view, main_slots,
+                                layer.extra.view if layer.extra is not None else None, extra_slots,
+                                attn_sink=layer.sink, softmax_scale=case.scale, main_flavour=target.main_cache_fp8,
+                                extra_flavour=target.extra_cache_fp8, scrub_extra=scrub_extra)
+
+
+def _mxfp8_violations(where, rot, codes, scales) -> list[Violation]:
+    """(5) the MXFP8 epilogue: codes and scale codes of the rotated rows, exactly oracles.epilogues'."""
+    want = ref_epi.mxfp8_quantize(rot)
+    v = compare_exact(f"{where}: MXFP8 epilogue scale codes of the rotated decode output", scales.to(torch.int64),
+                      want["scales"].to(torch.int64))
+    v += compare_exact(f"{where}: MXFP8 epilogue e4m3 codes of the rotated decode output", codes.to(torch.int64),
+                       want["codes"].to(torch.int64))
     return v
 
 
@@ -356,13 +472,13 @@ def _written_rows_violations(label, view, before, records: dict, pos_list, *, fl
     return out
 
 
-def _compressor_violations(where, case, target, inp, layer, pos_list, before) -> list[Violation]:
-    """The compressed rows this step's tokens complete, against the compressor's reference row."""
+def _compressor_violations(where, case, target, inp, layer, pos_list, before, valid) -> list[Violation]:
+    """The compressed rows this step's valid tokens complete, against the compressor's reference row."""
     table = layer.extra.table.cpu().tolist()
     cbs = layer.block_size // layer.ratio
     records = {}
     for r, pos in enumerate(pos_list):
-        if ref.completes_row(pos, layer.ratio):
+        if valid[r] and ref.completes_row(pos, layer.ratio):
             row = pos // layer.ratio
             tr = ref_comp.token_reference(layer.state, layer.state_table, r, pos, layer.norm_weight, inp.cos_sin,
                                           ratio=layer.ratio, eps=fz.NORM_EPS)
@@ -372,7 +488,7 @@ def _compressor_violations(where, case, target, inp, layer, pos_list, before) ->
                                     flavour=target.extra_cache_fp8, cap=target.writer_scale_code_cap)
 
 
-def _indexer_writer_violations(where, target, inp, layer, pos_list, before) -> list[Violation]:
+def _indexer_writer_violations(where, target, inp, layer, pos_list, before, valid) -> list[Violation]:
     """The indexer-K rows this step's tokens complete: at SPEC's slots (NORMAL, the layer's table and rows per
     block), holding the head-128 compressor's row; nothing else touched."""
     idx = layer.indexer
@@ -385,7 +501,7 @@ def _indexer_writer_violations(where, target, inp, layer, pos_list, before) -> l
     allowed = torch.zeros_like(after, dtype=torch.bool)
     records = []
     for r, pos in enumerate(pos_list):
-        if ref.completes_row(pos, 4):
+        if valid[r] and ref.completes_row(pos, 4):
             slot = ref.slot_of(table, r, pos // 4, cbs)
             allowed[torch.tensor(ref.indexer_token_offsets(view, slot, "normal"), dtype=torch.int64)] = True
             records.append((r, pos, slot))
@@ -411,8 +527,10 @@ def _indexer_violations(where, case, target, layer, s, pos_list, logits, local, 
     and the rows the attention reference reads: the subject's top-k where it is excused, else SPEC's."""
     idx = layer.indexer
     label = f"{where}: indexer"
-    visible = [[ref.rows_so_far(pos, 4)] for pos in pos_list]
-    table = layer.extra.table.cpu().tolist()
+    valid = _valid_tokens(case, layer, pos_list)
+    visible = [[ref.rows_so_far(pos, 4) if valid[t] else 0] for t, pos in enumerate(pos_list)]
+    by_req = layer.extra.table.cpu().tolist()
+    table = [by_req[r] for r in case.token_requests()]
 
     def paged(reading):
         return ref_logits.paged_logits(idx.q[s].cpu(), idx.view, idx.weights[s].cpu(), visible, table, width,
@@ -437,7 +555,8 @@ def _indexer_violations(where, case, target, layer, s, pos_list, logits, local, 
 def _epilogue_violations(where, dec_out, rot, cos_sin, pos_list, limit: int = 3) -> list[Violation]:
     """The epilogue's output against the inverse GPT-J RoPE (float64) of the decode output it was given."""
     x = dec_out.to(torch.float32)
-    want, mag = ref_epi.inverse_rope_gptj(x, cos_sin, pos_list)
+    # a padding token's row (position -1, an empty attention: zeros) is rotated at position 0
+    want, mag = ref_epi.inverse_rope_gptj(x, cos_sin, [max(p, 0) for p in pos_list])
     out: list[Violation] = []
     head = x.shape[2] - 64
     same = (rot[:, :, :head].view(torch.int16) == dec_out[:, :, :head].view(torch.int16)) | \
@@ -465,3 +584,52 @@ def _epilogue_violations(where, dec_out, rot, cos_sin, pos_list, limit: int = 3)
                              f"position {pos_list[i[0]]}", f"out[{i[0]}, {i[1]}, {head + i[2]}]",
                              f"{float(w[i])!r} +- {float(bound_[i]):.3g}", fmt(float(g[i]))))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the metadata builder's capture flag
+# ---------------------------------------------------------------------------------------------------------------
+
+def _same_metadata(a, b) -> list[str]:
+    """Names of the fields (other than ``for_cudagraph_capture``) on which two metadata objects differ."""
+    names = [n for n in vars(a) if n != "for_cudagraph_capture"]
+    diff = []
+    for n in names:
+        x, y = getattr(a, n), getattr(b, n, None)
+        same = torch.equal(x.cpu(), y.cpu()) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) \
+            else x == y
+        if not same:
+            diff.append(n)
+    return diff
+
+
+@contract("dsv4-builder-capture-flag", targets=ALL_TARGETS, cases=lambda t: fz.builder_cases(), min_cases=8,
+          case_type=fz.BuilderCase)
+def dsv4_builder_capture_flag(case: fz.BuilderCase, target: Target) -> list[Violation]:
+    """The DSv4 step metadata builder (``dsv4_step.Dsv4MetadataBuilder``; upstream's
+    ``DeepseekV4ROCMAiterMLASparseMetadataBuilder``) sets ``for_cudagraph_capture`` by seed 004's rule: False from
+    ``build``; from ``build_for_cudagraph_capture``, True exactly on gfx950 (upstream: ``_ON_GFX950``), for every
+    layer kind (SWA-only, C4A, C128A: the layer decides adaptive splits from it, not the builder), with or without
+    padding tokens; and, a capture being built like any step, the capture metadata equals ``build``'s in every
+    other field. The flag decides whether a captured C128A decode takes the adaptive-splits path (SPEC 2):
+    ``dsv4-step-agreement`` then judges the captured plan. Sources: seed 004 item 2; upstream's rocm.py."""
+    fam = bound(target).dsv4_step
+    builder = fam.Dsv4MetadataBuilder(case.compress_ratio, swa_block_size=fz.BUILDER_SIZES["swa_block_size"],
+                                      block_size=fz.BUILDER_SIZES["block_size"] if case.compress_ratio > 1 else None,
+                                      max_model_len=fz.BUILDER_SIZES["max_model_len"], target=target)
+    args = fz.builder_inputs(case)
+    plain = builder.build(*args)
+    meta = builder.build_for_cudagraph_capture(*args) if case.capture else plain
+    how = "build_for_cudagraph_capture" if case.capture else "build"
+    want = ref.capture_flag(target.name) if case.capture else False
+    v = []
+    if getattr(meta, "for_cudagraph_capture", None) is not want:
+        v.append(Violation(f"the builder's {how} sets for_cudagraph_capture other than seed 004's rule (True exactly "
+                           f"on gfx950, for a capture)", f"compress_ratio {case.compress_ratio}", str(want),
+                           repr(getattr(meta, "for_cudagraph_capture", "<absent>"))))
+    if case.capture:
+        diff = _same_metadata(plain, meta)
+        if diff:
+            v.append(Violation("build_for_cudagraph_capture's metadata differs from build's beyond the flag",
+                               ", ".join(diff), "equal", "different"))
+    return v

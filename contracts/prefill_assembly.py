@@ -57,7 +57,14 @@ def _examples(target: Target) -> list[fz.AssemblyCase]:
                             invalid_rate=0.5, int32_extremes=True, topk_dtype="int32", topk_3d=True,
                             topk_layout="contiguous", qsl_base=0)
     t_old_full = t_old.replace(replay_cut=(0, 0), topk_rows=T_OLD_FULL_TOPK, expect=T_OLD_FULL_ROWS)
-    return [t_old, budget_cross, budget_equal, swa_only, c128a, t_old_full]
+    # image visibility: request 0's tokens 7..13 are one image (its last tokens see back past the window of 3 to
+    # the image's first token, its first ones forward to the last token so far), request 1 is an image of 6 tokens
+    # resumed after a bounded replay (the window never reaches below the gather), C4A top-k before the SWA part
+    image = fz.AssemblyCase(seed=15, ratio=4, topk=4, topk_extra=0, window=3, seq_lens=(14, 6), query_lens=(8, 3),
+                            replay_cut=(0, 2), max_model_len=16, max_num_batched_tokens=8, invalid_rate=0.0,
+                            int32_extremes=False, topk_dtype="int32", topk_3d=False, topk_layout="contiguous",
+                            qsl_base=0, max_image_tokens=8, image_spans=((0, 7, 13), (1, 0, 5)))
+    return [t_old, budget_cross, budget_equal, swa_only, c128a, t_old_full, image]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -110,14 +117,16 @@ def _combine_violations(case: fz.AssemblyCase, ch: fz.ChunkInputs, ci: int, fam,
     """The subject's rows for one chunk against the oracle's; each row's unpadded prefix is added to ``prefixes``."""
     got_idx, got_lens = fam.combine_topk_swa_indices(ch.topk_indices, ch.query_start_loc, ch.seq_lens,
                                                      ch.gather_lens, compress_ratio=case.ratio, M=ch.M, N=ch.N,
-                                                     topk=case.topk, window_size=case.window)
+                                                     topk=case.topk, window_size=case.window,
+                                                     **ch.image_kwargs(case))
     rows, lens = ref.ref_combined_rows(ch.topk_rows, ch.qsl, ch.seqs, ch.gathers, window=case.window,
-                                       ratio=case.ratio, topk=case.topk, M=ch.M, N=ch.N)
-    T, W = len(rows), ref.ref_row_width(case.topk, case.window)
+                                       ratio=case.ratio, topk=case.topk, M=ch.M, N=ch.N,
+                                       max_image_tokens=case.max_image_tokens, left=ch.left, right=ch.right)
+    T, W = len(rows), ref.ref_row_width(case.topk, case.window, case.max_image_tokens)
     where = f"chunk {ci} (requests {ch.start}..{ch.end - 1}, N {ch.N}, M {ch.M})"
     if tuple(got_idx.shape) != (T, W) or tuple(got_lens.shape) != (T,):
         return [Violation("combined rows or lengths have the wrong shape", where,
-                          f"indices [{T}, {W}] (top-k + window rounded up to 128), lens [{T}]",
+                          f"indices [{T}, {W}] (top-k + window + max_image_tokens rounded up to 128), lens [{T}]",
                           f"indices {list(got_idx.shape)}, lens {list(got_lens.shape)}")]
     if got_idx.dtype != torch.int32 or got_lens.dtype != torch.int32:
         return [Violation("combined rows or lengths are not int32", where, "int32, int32",
@@ -154,9 +163,10 @@ def _combine_violations(case: fz.AssemblyCase, ch: fz.ChunkInputs, ci: int, fam,
         lo = max(col - 3, 0)
         hi = min(max(col + 6, lens[t]), W, lo + 16)
         part = _describe_column(col, topk_len, lens[t])
+        img = f", visible image tokens left {ch.left[t]} right {ch.right[t]}" if ch.left is not None else ""
         v.append(Violation(f"combined row differs from the oracle first at its {part}",
-                           f"{where}, request {ch.start + b} (seq {ch.seqs[b]}, gather {ch.gathers[b]}), position "
-                           f"{pos}, columns {lo}..{hi - 1}", fmt(want[t, lo:hi].tolist(), 240),
+                           f"{where}, request {ch.start + b} (seq {ch.seqs[b]}, gather {ch.gathers[b]}{img}), "
+                           f"position {pos}, columns {lo}..{hi - 1}", fmt(want[t, lo:hi].tolist(), 240),
                            fmt(g[t, lo:hi].tolist(), 240)))
     for what, n in (("rows", len(bad_rows)), ("lengths", len(bad_len)), ("out-of-range entries", len(out_of_range))):
         if n > _LIMIT:
@@ -190,8 +200,11 @@ def prefill_assembly_oracle(case: fz.AssemblyCase, target: Target) -> list[Viola
     chunk area equal to the budget, a fifth request crossing it, SWA-only with window 128, C128A. Cases (generated:
     chunks crossing the budget, chunks exactly at it): C4A, C128A and SWA-only layers; prefixes longer and shorter
     than the window, q_len 1; invalid top-k ids (-1, -2, N, N + 1, M, INT32 extremes) and live-looking ids past each
-    row's topk_len; int32/int64, 2-D/3-D, padded and column-major top-k; query_start_loc not starting at 0. Inputs
-    are left unchanged. Sources: SPEC 3 (DSv4 assembly), SPEC 9 (chunk plan), upstream's combine tests."""
+    row's topk_len; int32/int64, 2-D/3-D, padded and column-major top-k; query_start_loc not starting at 0; image
+    visibility (``max_image_tokens`` 0, or 3 / window + 5 with or without image spans; query tokens at a span's first and
+    last token, one off either, spans running past the sequence so far): rows window + max_image_tokens SWA entries
+    wide, each image token's SWA part from the earlier of its window start and its first visible image token
+    through its last visible one, within the gathered tokens and below seq_len. Inputs are left unchanged. Sources: SPEC 3 (DSv4 assembly), SPEC 9 (chunk plan), upstream's combine tests."""
     fam = bound(target).prefill_assembly
     v: list[Violation] = []
     if case.workspace is None:

@@ -16,6 +16,17 @@ Shapes stay tiny (the kernels run under the Triton interpreter here): 1-2 reques
 block sizes like 1, 2, 3, 5 (SWA), 4, 12, 16, 64 tokens (C4A: 1, 3, 4, 16 rows per block) and 128, 256 tokens
 (C128A: 1, 2 rows), contexts that reach, or cross during the steps, a C128A row boundary (127, 255) as well as
 short ones with no compressed row at all. ``build_step_inputs`` makes every tensor from the case's seed.
+
+The batch of a step may also hold (each a declared dimension): ``pad_tokens`` padding tokens after the requests
+(position -1, request row 0: a decode batch padded to a captured size); an ``invalid`` request after the others
+whose positions its SWA block table does not map (the table's columns from its prefix's last block on are -1, so
+its step tokens have slot -1: they write nothing and read nothing); ``freed`` SWA blocks, every SWA block table
+column wholly below the first step's window pointing at one shared poisoned "null" block (blocks that fell out of
+the window: vLLM's sliding-window manager frees them and puts its null block in their place, so a reader that
+reaches an out-of-window position reads poison, and a writer that lands there is seen); the ``mxfp8`` output
+epilogue
+(the inverse RoPE's rows MXFP8-quantized); and ``graph``: every layer's decode captured at step 0 (metadata from
+the builder's ``build_for_cudagraph_capture``) and replayed at every later step.
 """
 from __future__ import annotations
 
@@ -47,6 +58,9 @@ C128A_BLOCK_SIZES = (128, 256)
 SPARE_BLOCKS = 2
 #: GPT-J RoPE base of the toy's cos/sin table
 ROPE_BASE = 10000.0
+#: the prefix of the ``invalid`` request (its step positions are unmapped)
+INVALID_CONTEXT = 5
+EPILOGUES = ("bf16", "mxfp8")
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,11 @@ class Dsv4StepCase(Case):
     padded: bool
     indexer_heads: int = 2
     layers: tuple[LayerName, ...] = ("swaonly", "c4a", "c128a")
+    pad_tokens: int = 0
+    invalid: bool = False
+    freed: bool = False
+    epilogue: str = "bf16"
+    graph: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -90,17 +109,36 @@ class Dsv4StepCase(Case):
             raise ValueError(f"scale: expected a finite scale > 0, got {self.scale!r}")
         if not self.layers:
             raise ValueError("layers: expected at least one layer")
+        if self.pad_tokens < 0:
+            raise ValueError(f"pad_tokens: expected an int >= 0, got {self.pad_tokens!r}")
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue: expected one of {EPILOGUES}, got {self.epilogue!r}")
+
+    @property
+    def requests(self) -> tuple[int, ...]:
+        """Every request's prefix: the valid ones (``contexts``), then the invalid one."""
+        return self.contexts + ((INVALID_CONTEXT,) if self.invalid else ())
 
     @property
     def batch(self) -> int:
-        return len(self.contexts)
+        """Requests (the block tables' rows), the invalid one included."""
+        return len(self.requests)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of a step: one per request, then the padding tokens."""
+        return self.batch + self.pad_tokens
 
     def positions(self, step: int) -> list[int]:
-        return [c + step for c in self.contexts]
+        return [c + step for c in self.requests] + [-1] * self.pad_tokens
+
+    def token_requests(self) -> list[int]:
+        """The request row of every token of a step (padding tokens: row 0)."""
+        return list(range(self.batch)) + [0] * self.pad_tokens
 
     @property
     def max_position(self) -> int:
-        return max(self.contexts) + self.steps - 1
+        return max(self.requests) + self.steps - 1
 
     @property
     def max_model_len(self) -> int:
@@ -145,6 +183,11 @@ def step_cases(draw):
         sink=draw(st.sampled_from(("mixed",) + SINK_KINDS)),
         padded=draw(st.booleans()),
         indexer_heads=draw(st.sampled_from([2, 1, 3])),
+        pad_tokens=draw(st.sampled_from([1, 0, 2])),
+        invalid=draw(st.booleans()),
+        freed=draw(st.booleans()),
+        epilogue=draw(st.sampled_from(EPILOGUES[::-1])),
+        graph=draw(st.booleans()),
     )
 
 
@@ -303,9 +346,9 @@ def _indexer(gen, case: Dsv4StepCase, target: Target, extra: PagedCache, device)
         formats.pack_indexer_k(view, slots, codes, scales, layout="normal")
     state, table = _state(gen, case, 4, device, head=formats.INDEXER_HEAD_DIM)
     weight = (1.0 + 0.1 * torch.randn(formats.INDEXER_HEAD_DIM, generator=gen)).to(torch.float32)
-    Hi = case.indexer_heads
-    q = formats.fp8_encode(torch.randn(case.steps, case.batch, 1, Hi, 128, generator=gen) * 4.0, flavour)
-    weights = torch.randn(case.steps, case.batch, Hi, generator=gen).to(torch.float32)
+    Hi, T = case.indexer_heads, case.num_tokens
+    q = formats.fp8_encode(torch.randn(case.steps, T, 1, Hi, 128, generator=gen) * 4.0, flavour)
+    weights = torch.randn(case.steps, T, Hi, generator=gen).to(torch.float32)
     if device != "cpu":
         pool_d = pool.to(device)
         view = pool_d.as_strided(view.shape, view.stride(), view.storage_offset())
@@ -327,6 +370,7 @@ def build_step_inputs(case: Dsv4StepCase, target: Target, device: str | None = N
         slots = [swa.slot(r, p) for r, ctx in enumerate(case.contexts)
                  for p in range(max(ctx - case.window + 1, 0), ctx)]
         write_ordinary_rows(swa.view, slots, target.main_cache_fp8, gen)
+        _unmap_swa_columns(swa, case)
         extra = state = state_table = weight = indexer = None
         block_size = None
         if ratio > 1:
@@ -339,14 +383,29 @@ def build_step_inputs(case: Dsv4StepCase, target: Target, device: str | None = N
             weight = (1.0 + 0.1 * torch.randn(formats.DSV4_HEAD_DIM, generator=gen)).to(torch.float32).to(device)
             if ratio == 4:
                 indexer = _indexer(gen, case, target, extra, device)
-        q = torch.randn(case.steps, B, H, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
-        k = torch.randn(case.steps, B, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
+        T = case.num_tokens
+        q = torch.randn(case.steps, T, H, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
+        k = torch.randn(case.steps, T, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
         sink = make_sink(case.sink, H + int(torch.randint(0, 3, (1,), generator=gen)), gen)
         sink = sink.to(device) if sink is not None else None
         layers.append(LayerInputs(name, ratio, swa, extra, block_size, state, state_table, weight, q, k, sink,
                                   indexer))
-    token_to_req = torch.arange(B, dtype=torch.int32, device=device)
+    token_to_req = torch.tensor(case.token_requests(), dtype=torch.int32, device=device)
     return StepInputs(layers, _cos_sin(max_len).to(device), token_to_req, max_len)
+
+
+def _unmap_swa_columns(swa: PagedCache, case: Dsv4StepCase) -> None:
+    """The invalid request's SWA table columns from its prefix's last block on are -1 (its step positions
+    unmapped); with ``freed`` every valid request's columns wholly below its first step's window point at the null
+    block (an unreferenced poisoned block, the spare slot's)."""
+    bs = swa.block_size
+    table = swa.table
+    if case.invalid:
+        table[case.batch - 1, INVALID_CONTEXT // bs:] = -1
+    if case.freed:
+        for r, ctx in enumerate(case.contexts):
+            first_in_window = max(ctx - case.window + 1, 0)
+            table[r, : first_in_window // bs] = swa.spare_slot // bs
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -386,6 +445,13 @@ def classify_step(case: Dsv4StepCase, target=None) -> dict:
     }
     if case.sink in STEP_SINKS:
         out["sink"] = case.sink
+    out["pad_tokens"] = case.pad_tokens > 0
+    out["invalid"] = case.invalid
+    # freed: only where some column really lies wholly below a window
+    out["freed"] = case.freed and any(max(c - case.window + 1, 0) // case.swa_block_size > 0
+                                      for c in case.contexts)
+    out["epilogue"] = case.epilogue
+    out["graph"] = case.graph
     return out
 
 
@@ -414,9 +480,11 @@ def force_step(case: Dsv4StepCase, combo: dict, target=None) -> Dsv4StepCase:
         f["c4a_block_size"] = {"odd": 12, "even": (16, 64)[s % 2]}[combo["c4a_rows"]]
     if "c128a_rows" in combo:
         f["c128a_block_size"] = 128 * int(combo["c128a_rows"])
-    for k in ("sink", "padded"):
+    for k in ("sink", "padded", "invalid", "freed", "epilogue", "graph"):
         if k in combo:
             f[k] = combo[k]
+    if "pad_tokens" in combo:
+        f["pad_tokens"] = (case.pad_tokens or 1) if combo["pad_tokens"] else 0
     return case.replace(**f)
 
 
@@ -438,8 +506,101 @@ def _declare_step():
                                                 "reader's default indexer-K layout is SHUFFLE past 1)"),
          Dimension("c128a_rows", ("1", "2"), "C128A compressed rows per block"),
          Dimension("sink", STEP_SINKS, "the layers' sink kind"),
-         Dimension("padded", (False, True), "cache block strides padded past the block")),
+         Dimension("padded", (False, True), "cache block strides padded past the block"),
+         Dimension("pad_tokens", (False, True), "padding tokens (position -1) after the requests"),
+         Dimension("invalid", (False, True), "a request whose step positions its SWA table does not map (slot -1)"),
+         Dimension("freed", (False, True), "SWA table columns wholly below the window at the null block (freed)"),
+         Dimension("epilogue", EPILOGUES, "the output epilogue: inverse RoPE (bf16), then MXFP8 quantization"),
+         Dimension("graph", (False, True), "every layer's decode eager, or captured at step 0 (the builder's "
+                                           "build_for_cudagraph_capture) and replayed at later steps")),
         (), classify_step, force_step, None, step_family_examples), "dsv4-step-agreement")
 
 
 STEP_DIMENSIONS = _declare_step()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the metadata builder's capture flag (contract ``dsv4-builder-capture-flag``)
+# ---------------------------------------------------------------------------------------------------------------
+
+BUILDER_RATIOS = (1, 4, 128, 0)
+
+
+@dataclass(frozen=True)
+class BuilderCase(Case):
+    """One build of a layer's step metadata: the layer's ``compress_ratio``, ``capture`` (built with
+    ``build_for_cudagraph_capture``, else ``build``), two requests at positions drawn from ``seed`` and
+    ``pad_tokens`` padding tokens (position -1)."""
+
+    KIND = "dsv4-builder"
+    seed: int
+    compress_ratio: int
+    capture: bool
+    pad_tokens: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.compress_ratio not in BUILDER_RATIOS:
+            raise ValueError(f"compress_ratio: expected one of {BUILDER_RATIOS}, got {self.compress_ratio!r}")
+        if self.seed < 0 or self.pad_tokens < 0:
+            raise ValueError(f"seed, pad_tokens: expected ints >= 0, got {self.seed!r}, {self.pad_tokens!r}")
+
+
+def builder_cases():
+    return st.builds(BuilderCase, seed=st.integers(0, 2 ** 31 - 1), compress_ratio=st.sampled_from(BUILDER_RATIOS),
+                     capture=st.booleans(), pad_tokens=st.sampled_from([0, 1, 2]))
+
+
+#: the builder's fixed sizes in the toy: SWA block size, attention block size of a compressed layer, model length
+BUILDER_SIZES = {"swa_block_size": 3, "block_size": 256, "max_model_len": 512}
+
+
+def builder_inputs(case: BuilderCase, device: str | None = None):
+    """(positions int64 [T], token_to_req int32 [T], swa_block_table int32 [2, 171], block_table int32 [2, 2] or
+    None) of a builder case."""
+    device = device or kernel_device()
+    gen = torch.Generator().manual_seed(case.seed)
+    pos = torch.randint(0, BUILDER_SIZES["max_model_len"], (2,), generator=gen).tolist() + [-1] * case.pad_tokens
+    t2r = [0, 1] + [0] * case.pad_tokens
+    cols = -(-BUILDER_SIZES["max_model_len"] // BUILDER_SIZES["swa_block_size"])
+    swa = torch.randperm(2 * cols, generator=gen).reshape(2, cols).to(torch.int32)
+    table = None
+    if case.compress_ratio > 1:
+        table = torch.randperm(4, generator=gen).reshape(2, 2).to(torch.int32).to(device)
+    return (torch.tensor(pos, dtype=torch.int64, device=device), torch.tensor(t2r, dtype=torch.int32, device=device),
+            swa.to(device), table)
+
+
+def classify_builder(case: BuilderCase, target=None) -> dict:
+    return {"ratio": case.compress_ratio, "capture": case.capture, "pad_tokens": case.pad_tokens > 0}
+
+
+def force_builder(case: BuilderCase, combo: dict, target=None) -> BuilderCase:
+    f = {}
+    if "ratio" in combo:
+        f["compress_ratio"] = combo["ratio"]
+    if "capture" in combo:
+        f["capture"] = combo["capture"]
+    if "pad_tokens" in combo:
+        f["pad_tokens"] = (case.pad_tokens or 1) if combo["pad_tokens"] else 0
+    return case.replace(**f)
+
+
+def builder_family_examples(target=None) -> list[BuilderCase]:
+    return [BuilderCase(seed=1, compress_ratio=128, capture=True), BuilderCase(seed=2, compress_ratio=1,
+                                                                               capture=False, pad_tokens=1)]
+
+
+def _declare_builder():
+    from fuzz.dimensions import Dimension, Family, declare
+
+    return declare(Family(
+        "dsv4-builder",
+        (Dimension("ratio", BUILDER_RATIOS, "the layer kind's compress ratio (0 and 1: SWA-only)"),
+         Dimension("capture", (False, True), "build, or build_for_cudagraph_capture"),
+         Dimension("pad_tokens", (False, True), "padding tokens (position -1) in the batch")),
+        (("ratio", "capture"),), classify_builder, force_builder, None, builder_family_examples),
+        "dsv4-builder-capture-flag")
+
+
+BUILDER_DIMENSIONS = _declare_builder()

@@ -12,6 +12,12 @@ contiguous, row-padded or column-major, and query_start_loc starts past 0 (decod
 An SWA-only layer's top-k tensor is never empty (its callers pass the indexer's buffer; upstream's kernel cannot
 take zero columns).
 
+Image visibility (DSv4's vision variant): ``max_image_tokens`` 0 (text), or 3 / window + 5 with no image span in
+the batch (rows widened, no visibility tensors) or with spans (per request, inclusive [start, end] positions, at most
+``max_image_tokens`` tokens each, as an image is) placed so the first request's query tokens sit at a span's edges
+(its first and last token, one before, one after) and a span may run past the sequence so far (an image split
+across prefill steps); the per-token visible counts come from ``oracles.prefill_assembly.ref_image_visibility``.
+
 ``AssemblyCase.workspace`` pins the chunk's (N, M) instead of planning (upstream's older expected table uses N 8,
 M 20); ``expect`` holds literal unpadded row prefixes for pinned examples.
 """
@@ -70,9 +76,18 @@ class AssemblyCase(Case):
     workspace: tuple[int, int] | None = None
     topk_rows: tuple[tuple[int, ...], ...] | None = None
     expect: tuple[tuple[int, ...], ...] | None = None
+    max_image_tokens: int = 0
+    image_spans: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self):
         super().__post_init__()
+        if self.max_image_tokens < 0:
+            raise ValueError(f"max_image_tokens: expected an int >= 0, got {self.max_image_tokens!r}")
+        for span in self.image_spans:
+            if (len(span) != 3 or not 0 <= span[0] < len(self.seq_lens) or not 0 <= span[1] <= span[2]
+                    or span[2] - span[1] + 1 > self.max_image_tokens):
+                raise ValueError(f"image_spans: expected (request, start, end) with 0 <= start <= end and at most "
+                                 f"max_image_tokens = {self.max_image_tokens} tokens, got {span!r}")
         n = len(self.seq_lens)
         if n < 1 or len(self.query_lens) != n or len(self.replay_cut) != n:
             raise ValueError(f"seq_lens/query_lens/replay_cut: expected the same number (>= 1) of requests, got "
@@ -170,6 +185,12 @@ def assembly_cases():
             seqs.append(s)
             qs.append(q)
         cuts = draw(st.lists(st.sampled_from([0, 0, 0, 1, 2, 5, 1000]), min_size=len(seqs), max_size=len(seqs)))
+        image = draw(st.sampled_from(["off", "spans", "width"]))
+        mit = 0 if image == "off" else draw(st.sampled_from([window + 5, 3]))
+        spans = ()
+        if image == "spans":
+            spans = tuple(_span_at_edge(r, seqs[r], qs[r], mit, draw(st.integers(0, 2 ** 16)))
+                          for r in sorted(set([0] + draw(st.lists(st.integers(0, len(seqs) - 1), max_size=2)))))
         return AssemblyCase(
             seed=draw(st.integers(0, 2 ** 31 - 1)), ratio=ratio, topk=topk,
             topk_extra=draw(st.sampled_from([0, 3] if topk else [3, 1])), window=window, seq_lens=tuple(seqs),
@@ -177,9 +198,24 @@ def assembly_cases():
             replay_cut=tuple(cuts), max_model_len=mml, max_num_batched_tokens=mnbt,
             invalid_rate=draw(st.sampled_from([0.2, 0.0, 0.5])), int32_extremes=draw(st.booleans()),
             topk_dtype=draw(st.sampled_from(["int32", "int64"])), topk_3d=draw(st.booleans()),
-            topk_layout=draw(st.sampled_from(TOPK_LAYOUTS)), qsl_base=draw(st.sampled_from([3, 0])))
+            topk_layout=draw(st.sampled_from(TOPK_LAYOUTS)), qsl_base=draw(st.sampled_from([3, 0])),
+            max_image_tokens=mit, image_spans=spans)
 
     return build()
+
+
+def _span_at_edge(req: int, seq_len: int, q_len: int, mit: int, pick: int) -> tuple[int, int, int]:
+    """An image span of request ``req`` (a whole image of ``mit`` tokens half the time, else 1..``mit``) with an
+    edge at, or one off, one of the request's query tokens: starting at its first query token, one before or after
+    it; ending at the last token so far, one before it, or past it (the image continues in a later prefill step).
+    A whole image ending at the last token gives that token mit - 1 visible tokens to its left: past a window
+    shorter than the image."""
+    length = mit if pick % 2 else 1 + pick // 2 % mit
+    pick //= 2 * mit
+    first, last = seq_len - q_len, seq_len - 1
+    start = [first, first - 1, first + 1, last - length + 1, last - length + 2, last - length][pick % 6]
+    start = max(0, start)
+    return (req, start, start + length - 1)
 
 
 # --- inputs ------------------------------------------------------------------------------------------------------
@@ -200,6 +236,17 @@ class ChunkInputs:
     qsl: list[int]
     seqs: list[int]
     gathers: list[int]
+    left_visible: torch.Tensor | None = None
+    right_visible: torch.Tensor | None = None
+    left: list[int] | None = None
+    right: list[int] | None = None
+
+    def image_kwargs(self, case: "AssemblyCase") -> dict:
+        """The image arguments of ``combine_topk_swa_indices`` for this chunk ({} for a text case)."""
+        if not case.max_image_tokens and self.left_visible is None:
+            return {}
+        return dict(max_image_tokens=case.max_image_tokens, left_visible=self.left_visible,
+                    right_visible=self.right_visible)
 
 
 @dataclass
@@ -207,6 +254,21 @@ class AssemblyInputs:
     plan: list[tuple[int, int, int, int]]  # the oracle's (or the pinned workspace's)
     chunks: list[ChunkInputs]
     topk_full: torch.Tensor  # the batch's top-k tensor (the chunks' rows are views into it)
+
+
+def image_visibility(case: AssemblyCase) -> tuple[list[int] | None, list[int] | None]:
+    """Every query token's visible image counts (batch order) from the case's spans, or (None, None) without
+    spans (upstream passes no visibility tensors for a batch with no image)."""
+    if not case.image_spans:
+        return None, None
+    left, right = [], []
+    for r, (s, q) in enumerate(zip(case.seq_lens, case.query_lens)):
+        spans = [(a, b) for req, a, b in case.image_spans if req == r]
+        for pos in range(s - q, s):
+            lv, rv = ref.ref_image_visibility(pos, spans, case.max_image_tokens)
+            left.append(lv)
+            right.append(rv)
+    return left, right
 
 
 def oracle_plan(case: AssemblyCase) -> list[tuple[int, int, int, int]]:
@@ -270,14 +332,20 @@ def build_assembly_inputs(case: AssemblyCase, device: str | None = None) -> Asse
     seq_t = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
     gathers = case.gather_lens
     g_t = torch.tensor(gathers, dtype=torch.int32, device=device)
+    left, right = image_visibility(case)
     chunks = []
     for s, e, n_c, m_c in plan:
         t0, t1 = qsl[s] - qsl[0], qsl[e] - qsl[0]
         tk = topk_full[t0:t1]
         if case.topk_3d:
             tk = tk.unsqueeze(1)
-        chunks.append(ChunkInputs(s, e, n_c, m_c, tk, qsl_t[s:e + 1], seq_t[s:e], g_t[s:e], rows[t0:t1],
-                                  qsl[s:e + 1], list(case.seq_lens[s:e]), gathers[s:e]))
+        ch = ChunkInputs(s, e, n_c, m_c, tk, qsl_t[s:e + 1], seq_t[s:e], g_t[s:e], rows[t0:t1],
+                         qsl[s:e + 1], list(case.seq_lens[s:e]), gathers[s:e])
+        if left is not None:
+            ch.left, ch.right = left[t0:t1], right[t0:t1]
+            ch.left_visible = torch.tensor(ch.left, dtype=torch.int32, device=device)
+            ch.right_visible = torch.tensor(ch.right, dtype=torch.int32, device=device)
+        chunks.append(ch)
     return AssemblyInputs(plan, chunks, topk_full)
 
 
@@ -292,6 +360,8 @@ PREFIX_CLASSES = ("0", "1", "w-1", "w", "w+1")
 COMBINE_TILE = 16
 QLEN_CLASSES = ("1", "t-1", "t", "t+1")
 INVALID_KINDS = ("none", "slots", "int32")
+#: image visibility: a text model, rows widened for images but none in the batch, image spans in the batch
+IMAGE_KINDS = ("off", "width", "spans")
 
 
 def _prefix_len(cls: str, window: int) -> int:
@@ -316,6 +386,7 @@ def classify_assembly(case: AssemblyCase, target=None) -> dict:
         "topk_dtype": case.topk_dtype,
         "topk_3d": case.topk_3d,
         "qsl_base": "zero" if case.qsl_base == 0 else "offset",
+        "image": "off" if not case.max_image_tokens else ("spans" if case.image_spans else "width"),
     }
     if case.ratio in RATIO_LAYER and (case.ratio == 1) == (case.topk == 0):
         out["layer"] = RATIO_LAYER[case.ratio]
@@ -366,6 +437,17 @@ def force_assembly(case: AssemblyCase, combo: dict, target=None) -> AssemblyCase
             f[k] = combo[k]
     if "qsl_base" in combo:
         f["qsl_base"] = 0 if combo["qsl_base"] == "zero" else (case.qsl_base or 3)
+    img = combo.get("image")
+    # an image longer than the window: its last tokens see back past the window start
+    mit = max(case.max_image_tokens, f["window"] + 5)
+    if img == "off":
+        f["max_image_tokens"], f["image_spans"] = 0, ()
+    elif img == "width":
+        f["max_image_tokens"], f["image_spans"] = mit, ()
+    elif img == "spans":
+        f["max_image_tokens"] = mit
+        # a whole image ending at the first request's last token (its left part reaches past a short window)
+        f["image_spans"] = (_span_at_edge(0, seqs[0], qs[0], mit, 1 + 2 * mit * 3),)
     return AssemblyCase(**f)
 
 
@@ -404,9 +486,11 @@ def _declare_assembly():
          Dimension("topk_layout", TOPK_LAYOUTS, "top-k tensor contiguous, row-padded or column-major"),
          Dimension("topk_dtype", ("int32", "int64"), "top-k tensor dtype"),
          Dimension("topk_3d", (False, True), "top-k [T, K] or [T, 1, K]"),
-         Dimension("qsl_base", ("zero", "offset"), "query_start_loc starting at 0 or past decode tokens")),
+         Dimension("qsl_base", ("zero", "offset"), "query_start_loc starting at 0 or past decode tokens"),
+         Dimension("image", IMAGE_KINDS, "image visibility: text, rows widened by max_image_tokens with no span, "
+                                         "image spans with query tokens at their edges")),
         (("layer", "prefix"), ("prefix", "replay"), ("layer", "invalid"), ("layer", "window"),
-         ("prefix", "window")),
+         ("prefix", "window"), ("image", "window"), ("image", "q_len"), ("image", "replay")),
         classify_assembly, force_assembly, _assembly_allowed, assembly_family_examples), "prefill-assembly-oracle")
 
 

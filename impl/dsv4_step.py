@@ -30,15 +30,32 @@ what upstream's metadata builders and ``_forward_decode`` compute from those tab
   (``impl.prefill_assembly.indexer_k_layout_for_ratio``), where a reader's default for a block size above 1 is
   SHUFFLE.
 
+- ``window_positions``: the positions the SWA window helper (``impl.ragged.compute_swa_indices_and_lens``) is
+  handed: the token's position where it is valid, -1 (an empty window) where it is not, so a token the SWA table
+  does not map reads nothing (upstream's ``_compute_swa_indices_and_lens_kernel`` gives an invalid token length 0).
+- ``for_cudagraph_capture``: the metadata was built for a graph capture on a target whose decode then uses
+  adaptive splits (gfx950; seed 004 item 2).
+
+``Dsv4MetadataBuilder`` is the per-layer builder (upstream's ``DeepseekV4ROCMAiterMLASparseMetadataBuilder`` in
+vllm/models/deepseek_v4/amd/rocm.py, one per attention layer kind): ``build(...)`` the metadata of a step
+(``for_cudagraph_capture`` False) and ``build_for_cudagraph_capture(...)`` the same with ``for_cudagraph_capture``
+set to whether the target takes the adaptive graph path (upstream: ``_ON_GFX950``; False on gfx942 and elsewhere,
+so their captured decodes keep the eager plan). ``step_epilogue`` is what the step runs on a decode output: the
+inverse GPT-J RoPE at the tokens' positions, then, for the MXFP8 output (gfx950's fp8 output projection), the
+MXFP8 quantization of the rotated rows.
+
 Everything is torch on the tensors' device; arguments are validated first (ValueError/TypeError naming them).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
+from impl.epilogues import inverse_rope_gptj, mxfp8_quantize
 from impl.prefill_assembly import indexer_k_layout_for_ratio
+from impl.targets import Target, get_target
 from impl.validation import require_tensor
 
 #: ``compress_ratios[layer]`` of the three layer kinds (0 and 1 are both SWA-only; vLLM uses max(1, ratio))
@@ -78,6 +95,8 @@ class LayerStepMetadata:
     c128a_lens: torch.Tensor | None = None  # int32 [T]
     indexer_context_lens: torch.Tensor | None = None  # int32 [T]
     indexer_layout: str | None = None
+    window_positions: torch.Tensor | None = None  # int64 [T]
+    for_cudagraph_capture: bool = False
 
 
 def _require_positive(name: str, v) -> int:
@@ -131,8 +150,9 @@ def build_layer_metadata(compress_ratio: int, positions: torch.Tensor, token_to_
                          f"{req.tolist()}")
     swa_slots = _lookup(swa_block_table, req, positions, swa_block_size)
     valid = swa_slots >= 0
+    window_positions = torch.where(valid, positions, torch.full_like(positions, -1))
     if kind == "swaonly":
-        return LayerStepMetadata(kind, ratio, swa_slots, valid)
+        return LayerStepMetadata(kind, ratio, swa_slots, valid, window_positions=window_positions)
 
     if block_table is None or block_size is None:
         raise ValueError(f"block_table, block_size: a {kind} layer needs the compressed cache's block table and "
@@ -154,6 +174,7 @@ def build_layer_metadata(compress_ratio: int, positions: torch.Tensor, token_to_
     n_rows = torch.where(valid, torch.div(positions + 1, ratio, rounding_mode="floor"),
                          torch.zeros_like(positions))
     meta = dict(compressed_slot_mapping=comp_slots, topk_block_size=block_size // ratio)
+    meta["window_positions"] = window_positions
     if kind == "c4a":
         meta["indexer_context_lens"] = n_rows.to(torch.int32)
         meta["indexer_layout"] = indexer_k_layout_for_ratio(ratio, states_per_block)
@@ -168,3 +189,47 @@ def build_layer_metadata(compress_ratio: int, positions: torch.Tensor, token_to_
         meta["c128a_topk"] = slots.to(torch.int32)
         meta["c128a_lens"] = lens.to(torch.int32)
     return LayerStepMetadata(kind, ratio, swa_slots, valid, **meta)
+
+
+class Dsv4MetadataBuilder:
+    """The metadata builder of one DSv4 attention layer kind (module docstring): its compress ratio, the SWA block
+    size, the attention block size and model length of a compressed layer, and the target, fixed at construction;
+    ``build`` / ``build_for_cudagraph_capture`` take a step's positions, token-to-request map and block tables."""
+
+    def __init__(self, compress_ratio: int, *, swa_block_size: int, block_size: int | None = None,
+                 max_model_len: int | None = None, target: "Target | str | None" = None):
+        self.kind = layer_kind(compress_ratio)
+        self.compress_ratio = compress_ratio
+        self.swa_block_size = _require_positive("swa_block_size", swa_block_size)
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.target = get_target(target)
+
+    def build(self, positions: torch.Tensor, token_to_req: torch.Tensor, swa_block_table: torch.Tensor,
+              block_table: torch.Tensor | None = None) -> LayerStepMetadata:
+        """The step's metadata (``build_layer_metadata``), ``for_cudagraph_capture`` False."""
+        return build_layer_metadata(self.compress_ratio, positions, token_to_req, swa_block_table,
+                                    self.swa_block_size, block_table=block_table, block_size=self.block_size,
+                                    max_model_len=self.max_model_len)
+
+    def build_for_cudagraph_capture(self, positions: torch.Tensor, token_to_req: torch.Tensor,
+                                    swa_block_table: torch.Tensor,
+                                    block_table: torch.Tensor | None = None) -> LayerStepMetadata:
+        """``build``, for the step a graph captures: ``for_cudagraph_capture`` is whether the target's captured
+        decode takes the adaptive path (gfx950)."""
+        meta = self.build(positions, token_to_req, swa_block_table, block_table)
+        return dataclasses.replace(meta, for_cudagraph_capture=self.target.adaptive_splits_in_capture)
+
+
+def step_epilogue(out: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor, *, mxfp8: bool = False,
+                  rotated: torch.Tensor | None = None):
+    """The epilogue of a decode output ``out [T, H, 512]``: the inverse GPT-J RoPE at ``positions`` into
+    ``rotated`` (allocated when None), then with ``mxfp8`` the MXFP8 quantization of the rotated rows. Returns
+    ``(rotated, codes, scales)`` (``codes`` / ``scales`` None without ``mxfp8``)."""
+    if not isinstance(mxfp8, bool):
+        raise TypeError(f"mxfp8: expected a bool, got {type(mxfp8).__name__}")
+    # a padding token (position -1) attended to nothing: its row is rotated at position 0 and discarded
+    rot = inverse_rope_gptj(out, cos_sin, positions.clamp(min=0), out=rotated)
+    if not mxfp8:
+        return rot, None, None
+    codes, scales = mxfp8_quantize(rot)
+    return rot, codes, scales

@@ -175,15 +175,17 @@ class DecodeGraph:
                 attn_sink: torch.Tensor | None = None, softmax_scale: float | None = None,
                 target: "Target | str | None" = None, cu_count: int | None = None,
                 kv_cache_dtype: str = "fp8_ds_mla", has_kv_transfer: bool = False,
-                mode: str | None = None) -> "DecodeGraph":
+                mode: str | None = None, for_cudagraph_capture: bool = True) -> "DecodeGraph":
         """Capture one decode step of ``q [num_rows, heads, 512]`` (bf16) over the caches (kept by reference: the
         graph reads them at their captured addresses, their contents may change between replays).
 
         ``max_per_row_main``/``max_per_row_extra``: the most entries a row may hold in any replay (the index
         buffers hold ``num_rows * max_per_row``). ``compress_ratio`` (0/1 SWA-only, 4, 128) and ``kv_cache_dtype``/
         ``has_kv_transfer`` go to ``decode_dispatch``, which decides adaptive splits and the trust gate.
-        ``cu_count`` overrides the target's CU count for the split selector. Every argument is validated before
-        anything is allocated or launched."""
+        ``cu_count`` overrides the target's CU count for the split selector. ``for_cudagraph_capture`` is the flag
+        of the metadata the capture step was built with (a metadata builder's ``build_for_cudagraph_capture`` sets
+        it where the target takes the adaptive path): the dispatch decides adaptive splits from it. Every argument
+        is validated before anything is allocated or launched."""
         t = get_target(target)
         if mode is None:
             mode = default_mode()
@@ -202,7 +204,7 @@ class DecodeGraph:
         if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
             raise TypeError(f"compress_ratio: expected an int, got {type(compress_ratio).__name__}")
         dispatch = decode_dispatch(t, compress_ratio=compress_ratio, swa_only=compress_ratio in SWA_ONLY_RATIOS,
-                                   for_cudagraph_capture=True, has_extra_cache=has_extra,
+                                   for_cudagraph_capture=for_cudagraph_capture, has_extra_cache=has_extra,
                                    kv_cache_dtype=kv_cache_dtype, has_kv_transfer=has_kv_transfer)
         if not has_extra and compress_ratio not in SWA_ONLY_RATIOS:
             raise ValueError(f"extra_cache: a layer with compress_ratio {compress_ratio} reads a compressed (extra) "

@@ -19,7 +19,15 @@ for SWA-only), M = N + max(gather).
     swa_start = max(pos - window + 1, 0, seq_len - gather_len),  swa_len = pos + 1 - swa_start
                                                   entries M*b + N + (swa_start - (seq_len - gather_len)) + j
 
-then -1 up to the row width ``ceil((topk + window) / 128) * 128``. With gather_len = q_len + min(prefix, window -
+then -1 up to the row width ``ceil((topk + window + max_image_tokens) / 128) * 128``.
+
+Image visibility (DSv4's vision variant, ``max_image_tokens`` > 0): a token inside an image span also sees
+``left_visible[t]`` tokens to its left and ``right_visible[t]`` to its right (upstream's SWA metadata builder counts
+them from the spans: min(pos - span_start, max_image_tokens - 1) and min(span_end - pos, max_image_tokens)). The
+SWA part then covers positions max(min(pos - window + 1, pos - left), 0, seq_len - gather_len) ..
+min(pos + right, seq_len - 1): the window widened to the image's visible left part, and past the query token up to
+its visible right part within the sequence so far. Rows are ``window + max_image_tokens`` SWA entries wide even for
+a batch without image spans (no visibility tensors: left = right = 0). With gather_len = q_len + min(prefix, window -
 1) the start is SPEC 3's max(pos - window + 1, 0) (swa_len = min(pos + 1, window)); a smaller gather (bounded
 replay: context below the replay start has no window KV) starts the window at the first gathered token instead of
 below the workspace's SWA region. ``lens[t] = topk_len + swa_len`` counts the -1 top-k entries too: the attention
@@ -163,31 +171,34 @@ def plan_prefill_chunks(seq_lens, query_lens, *, compress_ratio: int, max_model_
 # combined top-k + SWA rows (Triton)
 # ----------------------------------------------------------------------------------------------------------------
 
-def combined_row_width(topk: int, window_size: int) -> int:
-    """Entries per combined row: topk + window rounded up to a multiple of COMBINED_ROW_ALIGNMENT (128)."""
+def combined_row_width(topk: int, window_size: int, max_image_tokens: int = 0) -> int:
+    """Entries per combined row: topk + window + max_image_tokens rounded up to a multiple of
+    COMBINED_ROW_ALIGNMENT (128)."""
     a = COMBINED_ROW_ALIGNMENT
-    return (topk + window_size + a - 1) // a * a
+    return (topk + window_size + max_image_tokens + a - 1) // a * a
 
 
 @triton.jit
 def _combine_topk_swa_indices_kernel(
         topk_ptr, stride_topk_t, stride_topk_k,
-        qsl_ptr, seq_ptr, gather_ptr,
+        qsl_ptr, seq_ptr, gather_ptr, left_ptr, right_ptr,
         out_ptr, stride_out_t, lens_ptr,
         M, N,
         TOP_K: tl.constexpr, RATIO: tl.constexpr, WINDOW: tl.constexpr, ROW_W: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+        HAS_IMAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """Combined top-k + SWA index rows of one chunk.
 
     Layout: ``topk`` [T, >= TOP_K] integer rows (any strides), chunk-local query tokens; ``qsl`` [R + 1] query
     start offsets (any base: qsl[0] is subtracted), ``seq`` / ``gather`` [R]; ``out`` int32 [T, ROW_W] rows with
-    stride ``stride_out_t`` and unit column stride, ``lens`` int32 [T]. ROW_W is a multiple of BLOCK_C.
+    stride ``stride_out_t`` and unit column stride, ``lens`` int32 [T]; with HAS_IMAGE, ``left`` / ``right`` [T]
+    chunk-local visible counts (read only then). ROW_W is a multiple of BLOCK_C.
     Grid (R, cdiv(max q_len, BLOCK_T)): program (b, tb) takes tokens tb*BLOCK_T.. of request b and walks their
     whole rows BLOCK_C columns at a time, writing every column - top-k part, SWA part and the -1 padding - so the
     output needs no fill beforehand.
     Invariant (checked on the host): q_len <= gather_len <= seq_len and N + gather_len <= M, so an SWA entry lies
     in [M*b + N, M*b + N + gather_len), a kept top-k entry in [M*b, M*b + N), and R*M fits int32; a top-k column
-    is read only below topk_len <= TOP_K <= the row's width."""
+    is read only below topk_len <= TOP_K <= the row's width; topk_len + swa_len <= ROW_W (the host checks each
+    token's image-widened SWA part against window + max_image_tokens)."""
     b = tl.program_id(0)
     tb = tl.program_id(1)
     base = tl.load(qsl_ptr)
@@ -199,9 +210,19 @@ def _combine_topk_swa_indices_kernel(
     t_ok = t < q_len
     pos = seq_len - q_len + t
     topk_len = tl.minimum((pos + 1) // RATIO, TOP_K)
-    swa_start = tl.maximum(tl.maximum(pos - WINDOW + 1, 0), gather_start)
-    swa_len = tl.maximum(pos + 1 - swa_start, 0)
     row = (q_start + t).to(tl.int64)
+    if HAS_IMAGE:
+        left = tl.load(left_ptr + row, mask=t_ok, other=0)
+        right = tl.load(right_ptr + row, mask=t_ok, other=0)
+    else:
+        left = tl.zeros_like(pos)
+        right = tl.zeros_like(pos)
+    # an image token's window reaches back to the first of its visible image tokens, when that lies further
+    left_add = tl.maximum(left - (WINDOW - 1), 0)
+    swa_start = tl.maximum(tl.maximum(pos - WINDOW + 1 - left_add, 0), gather_start)
+    # and forward to its visible right part, within the tokens the sequence holds so far
+    swa_end = tl.minimum(pos + right + 1, seq_len)
+    swa_len = tl.maximum(swa_end - swa_start, 0)
     req_base = M * b
     swa_first = req_base + N + swa_start - gather_start
     for c0 in range(0, ROW_W, BLOCK_C):
@@ -228,17 +249,45 @@ def _index_tensor(name: str, t, device=None) -> torch.Tensor:
     return t
 
 
+def _image_visibility(left, right, T: int, window: int, max_image_tokens: int, dev):
+    """The visibility tensors (contiguous, on ``dev``) or (None, None); every check the kernel's row width relies
+    on, before the launch."""
+    if (left is None) != (right is None):
+        raise ValueError("left_visible, right_visible: give both or neither")
+    if left is None:
+        return None, None
+    out = []
+    for name, t in (("left_visible", left), ("right_visible", right)):
+        _index_tensor(name, t, dev)
+        if t.dim() != 1 or t.numel() != T:
+            raise ValueError(f"{name}: expected shape [{T}] (one count per query token), got {list(t.shape)}")
+        if T and int(t.min()) < 0:
+            raise ValueError(f"{name}: expected counts >= 0, got {t.tolist()}")
+        out.append(t.contiguous())
+    widest = (torch.clamp(out[0].to(torch.int64), min=window - 1) + out[1].to(torch.int64) + 1)
+    if T and int(widest.max()) > window + max_image_tokens:
+        t = int(widest.argmax())
+        raise ValueError(f"left_visible, right_visible: token {t} sees {int(widest[t])} SWA entries "
+                         f"(max(window - 1, left) + right + 1), more than window + max_image_tokens = "
+                         f"{window + max_image_tokens}")
+    return out[0], out[1]
+
+
 def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                              gather_lens: torch.Tensor, *, compress_ratio: int, M: int, N: int,
-                             topk: int = INDEX_TOPK, window_size: int = SLIDING_WINDOW
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+                             topk: int = INDEX_TOPK, window_size: int = SLIDING_WINDOW,
+                             max_image_tokens: int = 0, left_visible: torch.Tensor | None = None,
+                             right_visible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The combined index rows of one prefill chunk (see the module docstring).
 
     ``topk_indices``: int32/int64 ``[T, K]`` or ``[T, 1, K]`` chunk-local top-k rows (K >= ``topk``; any strides;
     ignored when ``topk`` is 0, the SWA-only case). ``query_start_loc`` ``[R + 1]`` (any base), ``seq_lens`` and
     ``gather_lens`` ``[R]``: int32/int64 on topk_indices' device, read once on the host for the checks below.
     ``compress_ratio`` >= 1, ``topk`` >= 0 (0: SWA-only; topk_len is then 0), ``window_size`` >= 1, the chunk's
-    ``N`` and ``M`` (``plan_prefill_chunks``).
+    ``N`` and ``M`` (``plan_prefill_chunks``). ``max_image_tokens`` >= 0 widens every row's SWA part to
+    ``window + max_image_tokens``; ``left_visible`` / ``right_visible`` (both or neither) int32/int64 [T] >= 0 are
+    the chunk's per-token visible image counts (module docstring), each token's SWA part at most
+    max(window - 1, left) + right + 1 <= window + max_image_tokens entries.
 
     Checked before the launch: T == query_start_loc[-1] - query_start_loc[0], a non-decreasing query_start_loc,
     per request q_len <= gather_len <= seq_len and N + gather_len <= M, N >= seq_len // ratio when topk > 0 (the
@@ -292,7 +341,9 @@ def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.
                              f"request's compressed rows), got {n_}")
     if R * m_ > INT32_MAX:
         raise ValueError(f"M: {R} requests of {m_} workspace rows exceed int32 indices")
-    width = combined_row_width(k, window)
+    mit = _positive_int("max_image_tokens", max_image_tokens, 0)
+    left_t, right_t = _image_visibility(left_visible, right_visible, T, window, mit, dev)
+    width = combined_row_width(k, window, mit)
     combined = torch.empty(T, width, dtype=torch.int32, device=dev)
     lens = torch.empty(T, dtype=torch.int32, device=dev)
     max_q = max((qsl[r + 1] - qsl[r] for r in range(R)), default=0)
@@ -302,9 +353,10 @@ def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.
     _combine_topk_swa_indices_kernel[grid](
         topk2, topk2.stride(0), topk2.stride(1),
         query_start_loc, seq_lens, gather_lens,
+        left_t if left_t is not None else lens, right_t if right_t is not None else lens,
         combined, combined.stride(0), lens,
         m_, n_,
-        TOP_K=k, RATIO=ratio, WINDOW=window, ROW_W=width,
+        TOP_K=k, RATIO=ratio, WINDOW=window, ROW_W=width, HAS_IMAGE=left_t is not None,
         BLOCK_T=COMBINE_BLOCK_T, BLOCK_C=COMBINED_ROW_ALIGNMENT)
     return combined, lens
 

@@ -63,6 +63,12 @@ def c128a_width(max_model_len: int, ratio: int = 128, align: int = 128) -> int:
     return max(1, -(-n // align)) * align
 
 
+def capture_flag(arch: str) -> bool:
+    """``for_cudagraph_capture`` of metadata built for a graph capture (seed 004 item 2: upstream's
+    ``build_for_cudagraph_capture`` sets it to ``_ON_GFX950``): True on gfx950 only."""
+    return arch == "gfx950"
+
+
 def completes_row(pos: int, ratio: int) -> bool:
     return pos >= 0 and (pos + 1) % ratio == 0
 

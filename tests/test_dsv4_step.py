@@ -187,3 +187,73 @@ def test_indexer_layout_mix_up_is_named(monkeypatch):
 
 def test_regression_case_passes():
     assert cstep.dsv4_step_agreement(cstep.REGRESSION_CASE, impl.targets.get_target("gfx942")) == []
+
+
+@pytest.mark.parametrize("target,ratio", [("gfx950", 128), ("gfx950", 1), ("gfx942", 128), ("generic", 4)])
+def test_builder_sets_the_capture_flag_by_target(target, ratio):
+    """build: for_cudagraph_capture False; build_for_cudagraph_capture: True exactly on gfx950 (upstream's
+    _ON_GFX950), every other field as build's."""
+    kw = dict(block_size=256, max_model_len=512) if ratio > 1 else {}
+    b = step.Dsv4MetadataBuilder(ratio, swa_block_size=3, target=target, **kw)
+    args = (_t([0, 9, -1]), _t([0, 1, 0], torch.int32), _t(SWA_TABLE, torch.int32),
+            _t(TABLE, torch.int32) if ratio > 1 else None)
+    plain, cap = b.build(*args), b.build_for_cudagraph_capture(*args)
+    assert plain.for_cudagraph_capture is False
+    assert cap.for_cudagraph_capture is (target == "gfx950")
+    assert cstep._same_metadata(plain, cap) == []
+
+
+def test_invalid_and_padding_tokens_get_an_empty_window():
+    """A padding token (position -1) and a token the SWA table does not map (slot -1) hand the window helper
+    position -1; a valid token its own."""
+    table = [[5, 2, -1], [1, 3, 6]]
+    m = step.build_layer_metadata(1, _t([7, 4, -1]), _t([0, 1, 0], torch.int32), _t(table, torch.int32), 3)
+    assert m.swa_slot_mapping.tolist() == [-1, 3 * 3 + 1, -1]
+    assert m.window_positions.tolist() == [-1, 4, -1]
+
+
+def test_step_epilogue_quantizes_the_rotated_rows():
+    from oracles import epilogues as ref_epi
+
+    gen = torch.Generator().manual_seed(7)
+    out = torch.randn(3, 1, 512, generator=gen).to(torch.bfloat16).to(DEV)
+    cos_sin = torch.randn(16, 64, generator=gen).to(DEV)
+    rot, codes, scales = step.step_epilogue(out, cos_sin, _t([3, 0, -1]), mxfp8=True)
+    want = ref_epi.mxfp8_quantize(rot.cpu())
+    assert torch.equal(codes.cpu().to(torch.int64), want["codes"].to(torch.int64))
+    assert torch.equal(scales.cpu().to(torch.int64), want["scales"].to(torch.int64))
+    assert step.step_epilogue(out, cos_sin, _t([3, 0, -1]))[1:] == (None, None)
+
+
+def test_capture_flag_ignored_is_caught(monkeypatch):
+    """A builder whose build_for_cudagraph_capture keeps build's flag: on gfx950 the builder contract names it."""
+    monkeypatch.setattr(step.Dsv4MetadataBuilder, "build_for_cudagraph_capture",
+                        lambda self, *a: step.Dsv4MetadataBuilder.build(self, *a))
+    from fuzz.dsv4_step import BuilderCase
+
+    v = cstep.dsv4_builder_capture_flag(BuilderCase(seed=3, compress_ratio=128, capture=True),
+                                        impl.targets.get_target("gfx950"))
+    assert v and "for_cudagraph_capture" in v[0].message
+
+
+def test_broadened_c128a_case_passes_and_a_stale_replay_is_caught(monkeypatch):
+    """One C128A layer with padding and an invalid request, freed SWA blocks, the MXFP8 epilogue, captured at
+    step 0 and replayed at step 1 (gfx950: adaptive splits): it passes; a replay that keeps the capture step's
+    indices is caught at step 1."""
+    case = Dsv4StepCase(seed=21, contexts=(126, 4), steps=2, heads=1, window=3, swa_block_size=2,
+                        c4a_block_size=12, c128a_block_size=128, topk=3, cu_count=1, scale=0.11, sink="mixed",
+                        padded=True, layers=("c128a",), pad_tokens=1, invalid=True, freed=True, epilogue="mxfp8",
+                        graph=True)
+    t = impl.targets.get_target("gfx950")
+    assert cstep.dsv4_step_agreement(case, t) == []
+    from impl import graph_capture
+
+    real = graph_capture.DecodeGraph._copy_ragged
+
+    def copy_at_capture_only(self, *a):
+        if getattr(self, "replays", None) is None:  # set once the capture is done
+            real(self, *a)
+
+    monkeypatch.setattr(graph_capture.DecodeGraph, "_copy_ragged", copy_at_capture_only)
+    v = cstep.dsv4_step_agreement(case, t)
+    assert v and v[0].message.startswith("step 1, layer 0 (c128a): decode output (replay")

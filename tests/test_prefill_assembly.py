@@ -227,3 +227,50 @@ def test_cases_round_trip_and_are_strict():
         fz.AssemblyCase.from_json(doc)
     with pytest.raises(ValueError, match="expect"):
         case.replace(expect=((1,),))
+
+
+# --- image visibility ----------------------------------------------------------------------------------------------
+
+#: SWA-only, window 3, one request of 10 tokens whose last 4 (positions 6..9) are queried, gathering 6 (from
+#: position 4); an image span [5, 12] of at most 8 tokens runs past the sequence so far. Position 6 sees back to 4
+#: (its window) and forward to 9 (the last token so far, not 12); positions 7..9 see back to the image's first
+#: token, 5 (left 2, 3, 4: from 8 on further back than their windows' starts).
+IMAGE_SPAN = (5, 12)
+IMAGE_ROWS = ((0, 1, 2, 3, 4, 5), (1, 2, 3, 4, 5), (1, 2, 3, 4, 5), (1, 2, 3, 4, 5))
+
+
+def test_image_visibility_literal_rows():
+    left, right = zip(*(ref.ref_image_visibility(p, [IMAGE_SPAN], 8) for p in range(6, 10)))
+    assert (left, right) == ((1, 2, 3, 4), (6, 5, 4, 3))
+    idx, lens = pa.combine_topk_swa_indices(_i32([[0]] * 4), _i32([0, 4]), _i32([10]), _i32([6]), compress_ratio=1,
+                                            M=6, N=0, topk=0, window_size=3, max_image_tokens=8,
+                                            left_visible=_i32(list(left)), right_visible=_i32(list(right)))
+    assert tuple(idx.shape) == (4, 128) and _prefixes(idx, lens) == list(IMAGE_ROWS)
+    rows, rlens = ref.ref_combined_rows([[0]] * 4, [0, 4], [10], [6], window=3, ratio=1, topk=0, M=6, N=0,
+                                        max_image_tokens=8, left=list(left), right=list(right))
+    assert [tuple(r[:n]) for r, n in zip(rows, rlens)] == list(IMAGE_ROWS)
+    # max_image_tokens with no visibility tensors only widens the rows
+    idx0, lens0 = pa.combine_topk_swa_indices(_i32([[0]] * 4), _i32([0, 4]), _i32([10]), _i32([6]),
+                                              compress_ratio=1, M=6, N=0, topk=0, window_size=128,
+                                              max_image_tokens=8)
+    assert tuple(idx0.shape) == (4, 256) and lens0.tolist() == [3, 4, 5, 6]  # from the first gathered token
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(left_visible=_i32([0] * 4)), "give both or neither"),
+    (dict(left_visible=_i32([0] * 3), right_visible=_i32([0] * 3)), "left_visible: expected shape"),
+    (dict(left_visible=_i32([0, -1, 0, 0]), right_visible=_i32([0] * 4)), "left_visible: expected counts >= 0"),
+    (dict(left_visible=_i32([0] * 4), right_visible=_i32([0, 9, 0, 0])), "more than window \\+ max_image_tokens"),
+])
+def test_image_visibility_bad_input(kw, match):
+    with pytest.raises(ValueError, match=match):
+        pa.combine_topk_swa_indices(_i32([[0]] * 4), _i32([0, 4]), _i32([10]), _i32([6]), compress_ratio=1, M=6,
+                                    N=0, topk=0, window_size=3, max_image_tokens=8, **kw)
+
+
+def test_image_case_round_trip_and_validation():
+    c = cpa._examples(get_target("generic"))[-1]
+    assert c.image_spans and fz.AssemblyCase.from_json(json.loads(json.dumps(c.to_json()))) == c
+    with pytest.raises(ValueError, match="image_spans"):
+        c.replace(image_spans=((0, 0, 8),))  # 9 tokens, more than max_image_tokens 8
+    assert cpa.prefill_assembly_oracle(c, get_target("generic")) == []

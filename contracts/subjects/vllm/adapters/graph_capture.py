@@ -219,7 +219,7 @@ def build(ctx) -> Family:
         def capture(cls, q, main_cache, main_indices, main_indptr, extra_cache=None, extra_indices=None,
                     extra_indptr=None, *, max_per_row_main, max_per_row_extra=None, compress_ratio,
                     attn_sink=None, softmax_scale=None, target=None, cu_count=None, kv_cache_dtype="fp8_ds_mla",
-                    has_kv_transfer=False, mode=None):
+                    has_kv_transfer=False, mode=None, for_cudagraph_capture=None):
             same_target(ctx, target)
             mode = default_mode() if mode is None else mode
             if mode not in MODES:
@@ -239,7 +239,8 @@ def build(ctx) -> Family:
             g = object.__new__(cls)
             rows, heads = int(q.shape[0]), int(q.shape[1])
             device = q.device
-            flag = capture_flag(ctx)
+            # the flag of the metadata the step was built with, else the one upstream's builder sets
+            flag = capture_flag(ctx) if for_cudagraph_capture is None else bool(for_cudagraph_capture)
             trust = bool(ctx.call(rocm._trust_dsv4_extra_cache_nan_free, kv_cache_dtype, has_kv_transfer,
                                   not swa_only and has_extra))
             g.dispatch = GraphDispatch(flag, layer_adaptive_splits(ctx, compress_ratio, rows, heads, flag), trust)

@@ -4,9 +4,9 @@ and the C4A indexer-K gate ``_indexer_k_is_c4a_block_flat`` (``vllm/v1/attention
 behind our ``impl.prefill_assembly`` API.
 
 - ``combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gather_lens, *, compress_ratio, M, N, topk,
-  window_size)``: upstream's host function with the same tensors and its positional ``window_size,
-  compress_ratio, topk, M, N``; no image visibility (``max_image_tokens`` 0, no left/right visibility: a text
-  model, as ours).
+  window_size, max_image_tokens, left_visible, right_visible)``: upstream's host function with the same tensors
+  and its positional ``window_size, compress_ratio, topk, M, N``; the image visibility arguments (vLLM 0.31.0 on;
+  0.29.0 has none) by keyword, only when a case gives them (a text case calls it as before).
 - ``plan_prefill_chunks(seq_lens, query_lens, *, compress_ratio, max_model_len, max_num_batched_tokens,
   window_size, prefill_chunk_size, has_compressed)``: the planner is a method of the SWA metadata dataclass; the
   adapter builds that dataclass with the fields the method reads (``num_prefills``, ``prefill_seq_lens_cpu``,
@@ -46,6 +46,30 @@ def _swa_module(ctx):
     return mod
 
 
+#: the release whose combine_topk_swa_indices first takes the image visibility (0.29.0 does not; 0.31.0 does)
+IMAGE_SINCE = "0.31.0"
+IMAGE_PARAMETERS = ("max_image_tokens", "left_visible", "right_visible")
+
+
+def _require_image_parameters(ctx, fn) -> None:
+    """SymbolTooNew (a release before IMAGE_SINCE) or SymbolMissing naming the parameters upstream's combine
+    lacks."""
+    import inspect
+
+    from contracts.subjects.base import SymbolMissing, SymbolTooNew
+    from contracts.subjects.vllm.adapters import predates
+
+    missing = [p for p in IMAGE_PARAMETERS if p not in inspect.signature(fn).parameters]
+    if not missing:
+        return
+    version = getattr(ctx.subject, "release", ctx.subject.version)
+    what = (f"the prefill_assembly adapter passes {', '.join(missing)} to combine_topk_swa_indices "
+            f"(vllm/models/deepseek_v4/amd/rocm.py)")
+    if predates(version, IMAGE_SINCE):
+        raise SymbolTooNew(f"{what}, which came in vLLM {IMAGE_SINCE}; this subject is {version}")
+    raise SymbolMissing(f"{what}, which this tree's function does not take: the adapter needs a look")
+
+
 #: the upstream symbols this adapter uses, checked when the family is bound (a missing one names itself);
 #: since: the release that introduced each one newer than 0.22.0, the first with the DSv4 ROCm code
 NEEDS = needs({
@@ -59,9 +83,11 @@ def build(ctx) -> Family:
     ops = ctx["ops"]
 
     def combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gather_lens, *, compress_ratio, M, N,
-                                 topk=UPSTREAM_TOPK, window_size=UPSTREAM_WINDOW):
+                                 topk=UPSTREAM_TOPK, window_size=UPSTREAM_WINDOW, **image):
+        if image:
+            _require_image_parameters(ctx, rocm.combine_topk_swa_indices)
         return ctx.call(rocm.combine_topk_swa_indices, topk_indices, query_start_loc, seq_lens, gather_lens,
-                        window_size, compress_ratio, topk, M, N)
+                        window_size, compress_ratio, topk, M, N, **image)
 
     def plan_prefill_chunks(seq_lens, query_lens, *, compress_ratio, max_model_len, max_num_batched_tokens,
                             window_size=UPSTREAM_WINDOW, prefill_chunk_size=UPSTREAM_PREFILL_CHUNK_SIZE,
