@@ -25,9 +25,10 @@ for step in $steps; do
     zoo)
       smv zoo --report "$out/zoo" || status=1 ;;
     mutate)
-      # a seeded sample of cosmic-ray's mutants of impl/ (needs the `mutate` extra); survivors do not fail the
-      # night, they are read from mutate.json
+      # a seeded sample of cosmic-ray's and the Triton operators' mutants of impl/ (needs the `mutate` extra);
+      # survivors do not fail the night, they are read from mutate.json
       smv mutate --sample "${SMV_NIGHTLY_MUTANTS:-150}" --seed "${SMV_NIGHTLY_MUTATE_SEED:-13}" --report "$out/mutate" \
+        --operators "${SMV_NIGHTLY_MUTATE_OPERATORS:-all}" \
         --cap "${SMV_NIGHTLY_MUTANT_CAP:-240}" --no-progress || [ $? -eq 1 ] || status=1 ;;
     upstream)
       # every release since the first that holds the DSv4 ROCm code (vllm/models/deepseek_v4/amd/rocm.py came in

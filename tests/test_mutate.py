@@ -151,3 +151,135 @@ def test_one_real_mutant():
     r = mutate.run_one(site, src, mutate.mutated_source(src, site), ["split-bounds"], root=root, cap=120,
                        targets=["gfx942"])
     assert r.status == "killed", r.detail
+
+
+# --- the Triton operators (contracts/cli/mutate_triton.py) ---------------------------------------------------------
+
+TRITON_SRC = '''\
+import math
+import triton
+import triton.language as tl
+
+BLOCK_T = 64
+
+
+@triton.jit(do_not_specialize=["n", "stride_x"])
+def _k(x_ptr, stride_x, y_ptr, n, BLOCK: tl.constexpr = 32):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + t * stride_x + offs, mask=offs < n, other=0.0)
+    w = tl.load(y_ptr + offs, mask=offs >= 0, other=float("-inf"))
+    tl.store(y_ptr + tl.cast(t, tl.int64) + offs, v + w, mask=offs < n)
+
+
+def launch(x, y):
+    if x.stride(1) != 1:
+        raise ValueError(f"x: strides {x.stride(0)}")
+    _k[(x.shape[0],)](x, x.stride(0), y, x.shape[1], BLOCK=BLOCK_T)
+'''
+
+
+def _triton_mutants(op):
+    from contracts.cli import mutate_triton
+
+    out = []
+    for name, occ, line in mutate_triton.positions(TRITON_SRC):
+        if name == f"triton/{op}":
+            new = mutate_triton.apply(TRITON_SRC, name, occ)
+            ast_ok = compile(new, "t.py", "exec")  # every mutant still parses
+            assert ast_ok is not None and new != TRITON_SRC
+            out.append(mutate.changed_lines(TRITON_SRC, new)[1:])
+    return out
+
+
+@pytest.mark.parametrize("op, expected", [
+    ("StrideToPackedWidth", [("_k[(x.shape[0],)](x, x.stride(0), y, x.shape[1], BLOCK=BLOCK_T)",
+                              "_k[(x.shape[0],)](x, __import__('math').prod((x).shape[1:]), y, x.shape[1], "
+                              "BLOCK=BLOCK_T)")]),
+    ("DropMask", [("v = tl.load(x_ptr + t * stride_x + offs, mask=offs < n, other=0.0)",
+                   "v = tl.load(x_ptr + t * stride_x + offs)"),
+                  ("w = tl.load(y_ptr + offs, mask=offs >= 0, other=float(\"-inf\"))", "w = tl.load(y_ptr + offs)"),
+                  ("tl.store(y_ptr + tl.cast(t, tl.int64) + offs, v + w, mask=offs < n)",
+                   "tl.store(y_ptr + tl.cast(t, tl.int64) + offs, v + w)")]),
+    ("FlipMaskBound", [("v = tl.load(x_ptr + t * stride_x + offs, mask=offs < n, other=0.0)",
+                        "v = tl.load(x_ptr + t * stride_x + offs, mask=offs <= n, other=0.0)"),
+                       ("w = tl.load(y_ptr + offs, mask=offs >= 0, other=float(\"-inf\"))",
+                        "w = tl.load(y_ptr + offs, mask=offs > 0, other=float(\"-inf\"))"),
+                       ("tl.store(y_ptr + tl.cast(t, tl.int64) + offs, v + w, mask=offs < n)",
+                        "tl.store(y_ptr + tl.cast(t, tl.int64) + offs, v + w, mask=offs <= n)")]),
+    ("LoadOtherToNaN", [("v = tl.load(x_ptr + t * stride_x + offs, mask=offs < n, other=0.0)",
+                         "v = tl.load(x_ptr + t * stride_x + offs, mask=offs < n, other=float(\"nan\"))")]),
+    ("LoadOtherToOne", [("v = tl.load(x_ptr + t * stride_x + offs, mask=offs < n, other=0.0)",
+                         "v = tl.load(x_ptr + t * stride_x + offs, mask=offs < n, other=1.0)")]),
+    ("LoadOtherToZero", [("w = tl.load(y_ptr + offs, mask=offs >= 0, other=float(\"-inf\"))",
+                          "w = tl.load(y_ptr + offs, mask=offs >= 0, other=0)")]),
+    ("BlockSizeDouble", [("BLOCK_T = 64", "BLOCK_T = 128"),
+                         ("def _k(x_ptr, stride_x, y_ptr, n, BLOCK: tl.constexpr = 32):",
+                          "def _k(x_ptr, stride_x, y_ptr, n, BLOCK: tl.constexpr = 64):"),
+                         ("_k[(x.shape[0],)](x, x.stride(0), y, x.shape[1], BLOCK=BLOCK_T)",
+                          "_k[(x.shape[0],)](x, x.stride(0), y, x.shape[1], BLOCK=(BLOCK_T) * 2)")]),
+    ("BlockSizeHalve", [("BLOCK_T = 64", "BLOCK_T = 32"),
+                        ("def _k(x_ptr, stride_x, y_ptr, n, BLOCK: tl.constexpr = 32):",
+                         "def _k(x_ptr, stride_x, y_ptr, n, BLOCK: tl.constexpr = 16):"),
+                        ("_k[(x.shape[0],)](x, x.stride(0), y, x.shape[1], BLOCK=BLOCK_T)",
+                         "_k[(x.shape[0],)](x, x.stride(0), y, x.shape[1], BLOCK=(BLOCK_T) // 2)")]),
+    ("DropInt64Widening", [("t = tl.program_id(0).to(tl.int64)", "t = tl.program_id(0)")]),
+    ("Int64CastToInt32", [("t = tl.program_id(0).to(tl.int64)", "t = tl.program_id(0).to(tl.int32)"),
+                          ("tl.store(y_ptr + tl.cast(t, tl.int64) + offs, v + w, mask=offs < n)",
+                           "tl.store(y_ptr + tl.cast(t, tl.int32) + offs, v + w, mask=offs < n)")]),
+    ("DropDoNotSpecialize", [("@triton.jit(do_not_specialize=[\"n\", \"stride_x\"])",
+                              "@triton.jit(do_not_specialize=[\"stride_x\"])"),
+                             ("@triton.jit(do_not_specialize=[\"n\", \"stride_x\"])",
+                              "@triton.jit(do_not_specialize=[\"n\"])")]),
+])
+def test_each_triton_operator_finds_its_sites_and_rewrites_only_them(op, expected):
+    # the order is the sites' order in the text; the stride checks in the if/raise are not sites
+    assert sorted(_triton_mutants(op)) == sorted(expected)
+
+
+def test_a_triton_rewrite_keeps_the_rest_of_the_file_byte_for_byte():
+    from contracts.cli import mutate_triton
+
+    src = TRITON_SRC.replace("mask=offs < n, other=0.0)", "mask=offs < n,   # keep me\n        other=0.0)")
+    new = mutate_triton.apply(src, "triton/LoadOtherToOne", 0)
+    assert new == src.replace("other=0.0)", "other=1.0)")
+    assert mutate_triton.apply(src, "triton/LoadOtherToOne", 1) is None
+
+
+def test_operators_select_the_families_and_the_sample_is_seeded(tmp_path):
+    (tmp_path / "impl").mkdir()
+    (tmp_path / "impl" / "k.py").write_text(TRITON_SRC)
+    (tmp_path / "impl" / "tiny.py").write_text(TINY)
+    mods = ["impl/k.py", "impl/tiny.py"]
+    tri = mutate.enumerate_sites(tmp_path, mods, "triton")
+    cr = mutate.enumerate_sites(tmp_path, mods, "cosmic-ray")
+    both = mutate.enumerate_sites(tmp_path, mods, "all")
+    assert tri and all(s.operator.startswith("triton/") and s.module == "impl/k.py" for s in tri)
+    assert cr and not any(s.operator.startswith("triton/") for s in cr)
+    assert [s.key for s in both] == [s.key for s in cr] + [s.key for s in tri]
+    with pytest.raises(ValueError):
+        mutate.families_of("pit")
+    o1, o2 = (mutate.sample_order(both, 3105, ["cosmic-ray", "triton"]) for _ in range(2))
+    assert o1 == o2 and sorted(o1) == list(range(len(both)))
+    assert o1 != mutate.sample_order(both, 3106, ["cosmic-ray", "triton"])
+    # the families alternate while both last; cosmic-ray alone draws exactly as before
+    fams = [mutate.family(both[i].operator) for i in o1[:2 * min(len(cr), len(tri))]]
+    assert fams == ["cosmic-ray", "triton"] * min(len(cr), len(tri))
+    assert [cr[i].key for i in mutate.sample_order(cr, 7, ["cosmic-ray"])] == \
+        [cr[i].key for i in (lambda o: (__import__("random").Random(7).shuffle(o), o)[1])(list(range(len(cr))))]
+
+
+def test_a_triton_session_reports_its_family(tiny_root, tmp_path, monkeypatch):
+    (tiny_root / "impl" / "k.py").write_text(TRITON_SRC)
+    calls: list = []
+    monkeypatch.setattr(zoo_runner, "_audit", fake_audit(calls))
+    doc = mutate.run_session(4, seed=5, root=tiny_root, modules=["impl/k.py", "impl/tiny.py"], cap=30,
+                             report=tmp_path / "r", equivalents={}, operators="triton",
+                             cmap={"impl/k.py": ["tiny-clamp"], "impl/tiny.py": ["tiny-clamp"]})
+    on_disk = json.loads((tmp_path / "r" / "mutate.json").read_text())
+    assert on_disk["schema_version"] == 2 and on_disk["operators"] == ["triton"]
+    assert set(on_disk["families"]) == {"triton"} and on_disk["families"]["triton"]["survived"] == 4
+    assert len(doc["results"]) == 4 and all(r["operator"].startswith("triton/") for r in doc["results"])
+    assert [r["id"] for r in doc["results"]] == [r["id"] for r in mutate.run_session(
+        4, seed=5, root=tiny_root, modules=["impl/k.py", "impl/tiny.py"], cap=30, equivalents={},
+        operators="triton", cmap={"impl/k.py": ["tiny-clamp"], "impl/tiny.py": ["tiny-clamp"]})["results"]]

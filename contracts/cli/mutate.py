@@ -38,7 +38,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-MUTATE_SCHEMA_VERSION = 1
+#: 2: top-level ``operators`` (the families sampled) and ``families`` (the summary per family) were added
+MUTATE_SCHEMA_VERSION = 2
+#: the operator families ``--operators`` picks from: cosmic-ray's default set, and ours for Triton code
+FAMILIES = ("cosmic-ray", "triton")
 DEFAULT_CAP = 90.0
 EQUIVALENT_FILE = Path(__file__).resolve().parent / "mutate_equivalent.toml"
 #: impl modules every contract module imports for plumbing: an import of them says nothing about coverage
@@ -98,9 +101,34 @@ def impl_modules(root: Path, folder: str = "impl") -> list[str]:
     return sorted(str(p.relative_to(root)) for p in (root / folder).glob("*.py") if p.name != "__init__.py")
 
 
-def enumerate_sites(root: Path, modules: list[str]) -> list[Site]:
-    """Every (module, operator, occurrence) cosmic-ray would put in its session (the order ``cosmic-ray init``
-    numbers occurrences in, so ``occurrence`` means the same to its ``mutate_code``)."""
+def family(operator: str) -> str:
+    """``triton`` for ``triton/...`` operators (``contracts.cli.mutate_triton``), else ``cosmic-ray``."""
+    return "triton" if operator.startswith("triton/") else "cosmic-ray"
+
+
+def families_of(operators: str) -> list[str]:
+    """``--operators``: ``all``, or one family."""
+    if operators == "all":
+        return list(FAMILIES)
+    if operators not in FAMILIES:
+        raise ValueError(f"--operators: expected all, {' or '.join(FAMILIES)}, got {operators!r}")
+    return [operators]
+
+
+def enumerate_sites(root: Path, modules: list[str], operators: str = "cosmic-ray") -> list[Site]:
+    """Every (module, operator, occurrence) of the ``operators`` families: cosmic-ray's in the order ``cosmic-ray
+    init`` numbers occurrences in (so ``occurrence`` means the same to its ``mutate_code``), then ours, by module."""
+    fams = families_of(operators)
+    sites = _cosmic_ray_sites(root, modules) if "cosmic-ray" in fams else []
+    if "triton" in fams:
+        from contracts.cli import mutate_triton
+
+        for mod in modules:
+            sites += [Site(mod, op, occ, line) for op, occ, line in mutate_triton.positions((root / mod).read_text())]
+    return sites
+
+
+def _cosmic_ray_sites(root: Path, modules: list[str]) -> list[Site]:
     from cosmic_ray.ast import ast_nodes, get_ast_from_path
 
     ops = _operators()
@@ -118,6 +146,10 @@ def enumerate_sites(root: Path, modules: list[str]) -> list[Site]:
 
 
 def mutated_source(source: str, site: Site) -> str | None:
+    if family(site.operator) == "triton":
+        from contracts.cli import mutate_triton
+
+        return mutate_triton.apply(source, site.operator, site.occurrence)
     import cosmic_ray.plugins
     from cosmic_ray.mutating import mutate_code
 
@@ -335,6 +367,26 @@ def summarize(results: list[MutantResult]) -> dict:
     return {"score": round(counts["killed"] / judged, 4) if judged else None, **counts}
 
 
+def by_family(results: list[MutantResult], fams) -> dict:
+    """``summarize`` per operator family sampled."""
+    return {f: summarize([r for r in results if family(r.operator) == f]) for f in fams}
+
+
+def sample_order(sites: list[Site], seed: int, fams) -> list[int]:
+    """The order sites are drawn in: each family's sites shuffled by ``random.Random(seed)`` (cosmic-ray's alone
+    draw exactly as before the Triton operators came), then the families taken in turn, so a sample of ``all``
+    holds as many Triton mutants as cosmic-ray ones (while both last) instead of ~2 % of them."""
+    per = []
+    for f in fams:
+        idx = [i for i, s in enumerate(sites) if family(s.operator) == f]
+        random.Random(seed).shuffle(idx)
+        per.append(idx)
+    order = []
+    for k in range(max((len(p) for p in per), default=0)):
+        order += [p[k] for p in per if k < len(p)]
+    return order
+
+
 def _commit(root: Path) -> str:
     from contracts.engine.reports import git_commit
 
@@ -344,10 +396,12 @@ def _commit(root: Path) -> str:
 
 def run_session(sample: int, *, seed: int = 0, root: "Path | None" = None, modules=None, cap: float = DEFAULT_CAP,
                 report: "str | Path | None" = None, equivalents=None, cmap=None, targets=None, jobs: int = 1,
-                progress=None, findings: str | None = None, commit: str | None = None) -> dict:
-    """Sample ``sample`` mutants (``seed``) over ``modules`` (default ``impl/*.py``) and judge each; with ``report``
-    ``DIR/mutate.json`` is rewritten after every mutant, so a killed session keeps what it judged. ``commit`` names
-    the code's commit where ``root`` is an exported snapshot rather than a checkout."""
+                progress=None, findings: str | None = None, commit: str | None = None,
+                operators: str = "all") -> dict:
+    """Sample ``sample`` mutants (``seed``) of the ``operators`` families over ``modules`` (default ``impl/*.py``)
+    and judge each; with ``report`` ``DIR/mutate.json`` is rewritten after every mutant, so a killed session keeps
+    what it judged. ``commit`` names the code's commit where ``root`` is an exported snapshot rather than a
+    checkout."""
     from concurrent.futures import ThreadPoolExecutor
 
     from contracts.engine.reports import write_json
@@ -356,10 +410,9 @@ def run_session(sample: int, *, seed: int = 0, root: "Path | None" = None, modul
     root = Path(root) if root else default_root()
     modules = list(modules) if modules else impl_modules(root)
     t0 = time.monotonic()
-    sites = enumerate_sites(root, modules)
-    rng = random.Random(seed)
-    order = list(range(len(sites)))
-    rng.shuffle(order)
+    fams = families_of(operators)
+    sites = enumerate_sites(root, modules, operators)
+    order = sample_order(sites, seed, fams)
     equiv = load_equivalents(equivalents) if not isinstance(equivalents, dict) else equivalents
     cmap = cmap if cmap is not None else contract_map(root)
     sources = {m: (root / m).read_text() for m in modules}
@@ -371,7 +424,8 @@ def run_session(sample: int, *, seed: int = 0, root: "Path | None" = None, modul
         mutated = mutated_source(sources[s.module], s)
         if mutated is not None and mutated != sources[s.module]:
             picked.append((s, mutated))
-    head = {"schema_version": MUTATE_SCHEMA_VERSION, "tool": _tool_version(), "seed": seed, "sample": sample,
+    head = {"schema_version": MUTATE_SCHEMA_VERSION, "tool": _tool_version(fams), "operators": fams,
+            "seed": seed, "sample": sample,
             "population": len(sites), "commit": commit or _commit(root), "cap": cap, "modules": modules,
             "contract_map": {m: cmap.get(m, []) for m in modules}}
     results: list[MutantResult | None] = [None] * len(picked)
@@ -381,7 +435,8 @@ def run_session(sample: int, *, seed: int = 0, root: "Path | None" = None, modul
             return
         done = [r for r in results if r is not None]
         write_json(os.path.join(str(report), "mutate.json"),
-                   {**head, **summarize(done), "complete": complete, "judged": len(done),
+                   {**head, **summarize(done), "families": by_family(done, fams), "complete": complete,
+                    "judged": len(done),
                     "seconds": round(time.monotonic() - t0, 2), "results": [r.as_json() for r in done]})
 
     import threading
@@ -415,17 +470,22 @@ def run_session(sample: int, *, seed: int = 0, root: "Path | None" = None, modul
             list(pool.map(one, range(len(picked))))
     write(True)
     done = [r for r in results if r is not None]
-    return {**head, **summarize(done), "complete": True, "judged": len(done),
+    return {**head, **summarize(done), "families": by_family(done, fams), "complete": True, "judged": len(done),
             "seconds": round(time.monotonic() - t0, 2), "results": [r.as_json() for r in done]}
 
 
-def _tool_version() -> str:
-    try:
-        from importlib.metadata import version
+def _tool_version(fams=("cosmic-ray",)) -> str:
+    names = []
+    if "cosmic-ray" in fams:
+        try:
+            from importlib.metadata import version
 
-        return f"cosmic-ray {version('cosmic-ray')}"
-    except Exception:  # noqa: BLE001 - the version is informative only
-        return "cosmic-ray"
+            names.append(f"cosmic-ray {version('cosmic-ray')}")
+        except Exception:  # noqa: BLE001 - the version is informative only
+            names.append("cosmic-ray")
+    if "triton" in fams:
+        names.append("smv triton operators")
+    return " + ".join(names)
 
 
 def _window(before: str, after: str, width: int = 48) -> tuple[str, str]:
@@ -453,11 +513,15 @@ def main_cli(args) -> int:
             print(progress_line(i, n, r), file=sys.stderr, flush=True)
 
     doc = run_session(args.sample, seed=args.seed, modules=args.module, cap=args.cap, report=args.report,
-                      equivalents=args.equivalents, jobs=args.jobs, progress=progress, targets=args.target)
+                      equivalents=args.equivalents, jobs=args.jobs, progress=progress, targets=args.target,
+                      operators=getattr(args, "operators", "all"))
     print(f"mutation score {doc['score']}: {doc['killed']} killed, {doc['survived']} survived, "
           f"{doc['equivalent']} equivalent, {doc['timeout']} timeout, {doc['error']} error, "
           f"{doc['incompetent']} incompetent, {doc['uncovered']} uncovered of {doc['judged']} sampled "
           f"(population {doc['population']}, seed {doc['seed']}, commit {doc['commit']}) in {doc['seconds']:.0f}s")
+    for f, c in doc["families"].items():
+        print(f"  {f}: score {c['score']}, {c['killed']} killed, {c['survived']} survived, {c['equivalent']} "
+              f"equivalent, {c['timeout']} timeout, {c['error']} error, {c['incompetent']} incompetent")
     for r in doc["results"]:
         if r["status"] == "survived":
             print(f"  survived {r['id']}  {r['module']}:{r['line']}  {r['before'][:60]!r} -> {r['after'][:60]!r}")

@@ -848,6 +848,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--subject", action="append", metavar="SPEC",
                    help="the code under audit (repeatable; default ours): ours, vllm==VERSION (a release, "
                         "downloaded once), vllm@PATH (a checkout or a fetched tree) or vllm (the installed one); "
+                        "flashmla or flashmla@PATH (FlashMLA's sparse decode, natively on NVIDIA SM90/SM100); "
                         "each subject gets the whole --budget")
     a.add_argument("--findings", metavar="FILE",
                    help="known findings (default: the suite's findings.toml); a row whose every violation is one "
@@ -870,6 +871,9 @@ def build_parser() -> argparse.ArgumentParser:
     mu.add_argument("--equivalents", metavar="FILE",
                     help="inspected equivalent mutants (default contracts/cli/mutate_equivalent.toml)")
     mu.add_argument("--no-progress", action="store_true", help="no per-mutant progress lines on stderr")
+    mu.add_argument("--operators", choices=("all", "cosmic-ray", "triton"), default="all",
+                    help="operator families: cosmic-ray's default set, ours for Triton code (masks, other=, strides, "
+                         "block sizes, int64 widening, do_not_specialize), or all (default; sampled in turn)")
     mu.set_defaults(func=lambda args: __import__("contracts.cli.mutate", fromlist=["main_cli"]).main_cli(args))
     z = sub.add_parser("zoo", help="plant each catalogued bug and prove its contracts catch it")
     z.add_argument("--catalog", action="append", help="TOML catalog (repeatable; default: the built-in ones)")
