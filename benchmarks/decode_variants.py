@@ -16,6 +16,10 @@ What it does, in order (benchmarks/DECODE_PERF.md says why each variant is there
    ``n_regs``, ``n_spills``, ``metadata.shared``); ``triton.testing.do_bench`` median (batch 1:
    ``do_bench_cudagraph``, falling back to ``do_bench`` when the call cannot be captured). Upstream's decode (and
    reduce) for the same family and inputs when ``SMV_BENCH_SUBJECT`` names it, and the torch gather + SDPA baseline.
+   FlashMLA's sparse decode (benchmarks/flashmla.py) on the same cache bytes and index lists, checked against the
+   same oracle, with its bandwidth and FLOP rate against the copy and bf16-matmul ceilings measured at the start of
+   the run; where FlashMLA is not installed (``SMV_FLASHMLA_PATH`` may name the folder holding flash_mla/) or the
+   GPU is not SM90/SM100 one line says why and the row is left out.
 4. Prints a short table last; the full results go to ``$OUT/decode_variants.json`` (``--json``), rewritten after
    every row so a run cut by its time limit still leaves what it measured.
 
@@ -456,6 +460,92 @@ def precompile(jobs: list[dict], workers: int, timeout: float) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# FlashMLA and the ceilings
+# ---------------------------------------------------------------------------------------------------------------
+
+def flashmla_column(disabled: bool, note):
+    """(benchmarks/flashmla.py, flash_mla) where FlashMLA's row runs here, else (module or None, None) after one
+    line saying why it is left out."""
+    if disabled:
+        note("flashmla: left out (--no-flashmla)")
+        return None, None
+    try:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("smv_bench_flashmla", Path(__file__).with_name("flashmla.py"))
+        col = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(col)
+        mod, why = col.availability()
+    except Exception as e:  # noqa: BLE001 - a broken install is a reason, not the end of the run
+        note(f"flashmla: skipped: {type(e).__name__}: {e}")
+        return None, None
+    if mod is None:
+        note(f"flashmla: skipped: {why}")
+        return col, None
+    note(f"flashmla: {col.label()} on {col.arch_family()} runs beside ours")
+    return col, mod
+
+
+def measure_ceilings(rep_ms: int) -> dict:
+    """The device's copy bandwidth (1 GiB copied, read + write counted) and bf16 matmul rate (8192^3), do_bench
+    medians in this run: the yardsticks FlashMLA's row (and the summary) are divided by."""
+    import torch
+    import triton
+
+    from contracts.cli import bench
+
+    n = bench.COPY_BYTES
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    copy_s = triton.testing.do_bench(lambda: b.copy_(a), warmup=5, rep=rep_ms, return_mode="median") / 1e3
+    m = bench.MATMUL_SIZE
+    x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    mm_s = triton.testing.do_bench(lambda: x @ y, warmup=5, rep=rep_ms, return_mode="median") / 1e3
+    return {"copy_bytes_per_s": bench.copy_figures(n)["bytes"] / copy_s,
+            "matmul_flops_per_s": bench.matmul_figures(m)["flops"] / mm_s}
+
+
+def rates(row: dict, ceilings) -> None:
+    """A timed row's achieved GB/s and TFLOP/s (graph median where it has one) and their fractions of the ceilings."""
+    us = _graph_us(row) or row.get("us")
+    if not us:
+        return
+    sec = us / 1e6
+    row["gb_per_s"], row["tflop_per_s"] = row["bytes"] / sec / 1e9, row["flops"] / sec / 1e12
+    if ceilings:
+        row["fraction_of_copy_ceiling"] = row["bytes"] / sec / ceilings["copy_bytes_per_s"]
+        row["fraction_of_matmul_ceiling"] = row["flops"] / sec / ceilings["matmul_flops_per_s"]
+
+
+def flashmla_row(col, mod, work: Work, batch: int, fig: dict, ref_future, timing: bool, args, ceilings) -> dict:
+    """FlashMLA's decode of this batch: one checked call (the shared oracle where one was computed for OCP caches,
+    else its own), then timed as ours are."""
+    import torch
+
+    row = {"batch": batch, "family": "flashmla", "impl": f"{col.label()} {col.arch_family()}", **fig}
+    try:
+        run, plan = col.workload_call(mod, work.w)  # FlashMLA allocates its own output
+        row["num_splits"] = plan.num_splits
+        got = run().detach().clone()
+        torch.cuda.synchronize()
+        if ref_future is not None:
+            ref, r = ref_future.result()
+            row["oracle"] = check_against(ref, r, got, plan.num_splits)
+        else:
+            row["oracle"] = col.oracle_check(work.w, got, plan.num_splits, ORACLE_ROWS)
+        if timing:
+            row["us"], row["timing"] = time_call(run, batch, args.rep_ms)
+            if batch > 1 and args.graph:
+                row["graph_us"] = graph_us(run, args.rep_ms)
+            rates(row, ceilings)
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {e}"[:500]
+        row["trace"] = traceback.format_exc()[-1500:]
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the run
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -491,6 +581,7 @@ def main(argv=None) -> int:
                    help="batches above 1: only do_bench (default: also do_bench_cudagraph, as graph_us)")
     p.add_argument("--dry-run", action="store_true", help="tiny shape, no timing (the interpreter's self-check)")
     p.add_argument("--no-upstream", action="store_true", help="ignore SMV_BENCH_SUBJECT")
+    p.add_argument("--no-flashmla", action="store_true", help="leave FlashMLA's row out")
     args = p.parse_args(argv)
     t_start = time.time()
     deadline = t_start + args.budget
@@ -551,6 +642,15 @@ def main(argv=None) -> int:
             note(f"upstream {spec}: cannot load ({type(e).__name__}: {e}); ours only")
     else:
         note("no SMV_BENCH_SUBJECT: upstream's kernels are not run (set it to vllm@.smv-subject/vllm-0.33.0)")
+
+    fm_col, fm_mod = flashmla_column(args.no_flashmla, note)
+    if timing:
+        try:
+            doc["ceilings"] = measure_ceilings(args.rep_ms)
+            note(f"ceilings: copy {doc['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
+                 f"{doc['ceilings']['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s (measured in this run)")
+        except Exception as e:  # noqa: BLE001
+            note(f"ceilings: not measured ({type(e).__name__}: {e})")
 
     # the workloads, and the float64 oracles on CPU threads (torch releases the GIL) while the GPU works
     works = {b: Work(b, dev, heads, swa, extra) for b in batches}
@@ -703,6 +803,16 @@ def main(argv=None) -> int:
                 doc["rows"].append(row)
                 print(_row_line(row), flush=True)
                 save()
+        if fm_mod is not None and time.time() < deadline - 3:
+            row = flashmla_row(fm_col, fm_mod, work, batch, fig, oracles.get((batch, "ocp/ocp")), timing, args,
+                               doc.get("ceilings"))
+            doc["rows"].append(row)
+            print(_row_line(row), flush=True)
+            save()
+    if fm_mod is not None:
+        from contracts.subjects import flashmla as fm
+
+        doc["flashmla_conversions"] = [{"id": k, "why": v} for k, v in sorted(fm.CONVERSIONS.items())]
     if up is not None:
         with contextlib.suppress(Exception):
             doc["upstream_rewrites"] = up.rewrites()
@@ -754,6 +864,29 @@ def _clock(*rs) -> str:
     return "graph" if present and all(_graph_us(r) is not None for r in present) else "events"
 
 
+def flashmla_lines(rows) -> list[str]:
+    """Per batch with a timed FlashMLA row: its time, GB/s, TFLOP/s and fractions of the ceilings, beside our
+    fastest correct build (any family and variant) on the same clock, and ours over FlashMLA's time."""
+    out = []
+    for fm in (r for r in rows if r["family"] == "flashmla" and r.get("us") and not r.get("error")):
+        ours = [r for r in rows if r["batch"] == fm["batch"] and r["impl"].startswith("ours ")
+                and r["impl"] != "ours reduce" and r.get("us") and not r.get("error")
+                and r.get("oracle", {}).get("ok", True)]
+        clock = _clock(fm, *ours)
+        key = _graph_us if clock == "graph" else (lambda r: r["us"])
+        best = min(ours, key=key) if ours else None
+        pct = (lambda x: f"{100 * x:.1f}%" if x is not None else "-")
+        ok = "ok" if fm.get("oracle", {}).get("ok") else "ORACLE FAIL"
+        line = (f"{fm['batch']:>5} flashmla     {key(fm):9.1f} us ({clock}, oracle {ok}): "
+                f"{fm.get('gb_per_s', 0):.0f} GB/s = {pct(fm.get('fraction_of_copy_ceiling'))} of copy, "
+                f"{fm.get('tflop_per_s', 0):.1f} TFLOP/s = {pct(fm.get('fraction_of_matmul_ceiling'))} of bf16 mma")
+        if best is not None:
+            line += (f"; our best {best['family']} {best.get('variant')} {key(best):.1f} us = "
+                     f"{key(best) / key(fm):.2f}x FlashMLA's time")
+        out.append(line)
+    return out
+
+
 def summary_table(doc) -> str:
     """Per batch and family: upstream, our default, our fastest correct variant, ratios; then torch.
 
@@ -794,6 +927,7 @@ def summary_table(doc) -> str:
                          f"{fmt(b_us / up_us if b_us and up_us else None, 7, 2)} {fmt(t_us, 9)}{t_mark} {clock}")
     if torch_marked:
         lines.append("* torch us by events: that row has no CUDA-graph median")
+    lines.extend(flashmla_lines(rows))
     seen = {}
     for r in rows:
         if r.get("stats") and r["impl"] != "ours reduce":

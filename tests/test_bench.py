@@ -480,8 +480,8 @@ def test_smv_bench_on_a_cpu_host_skips_the_gpu_benchmarks_and_exits_0(pytester, 
     cap = capsys.readouterr()
     text = cap.out
     assert rc == 0, "\n".join(run.result.outlines + run.result.errlines) + cap.err
-    # decode, its subject columns, reduce, its subject columns, torch, ceilings
-    run.result.assert_outcomes(skipped=9 + 9 + 6 + 6 + 3 + 2)
+    # decode, its subject columns, FlashMLA's column, reduce, its subject columns, torch, ceilings
+    run.result.assert_outcomes(skipped=9 + 9 + 3 + 6 + 6 + 3 + 2)
     reasons = [ln for ln in run.result.outlines if ln.startswith("SKIPPED")]
     assert reasons and all("[gpu] needs a real GPU (CUDA or ROCm): found no GPU" in ln for ln in reasons), reasons
     first = [ln for ln in text.splitlines() if ln.startswith("smv bench:")][0]
@@ -594,7 +594,8 @@ def test_the_gpu_benchmark_module_runs_end_to_end_on_fakes(triton_imported, pyte
     res = pytester.runpytest_inprocess(str(ROOT / "tests" / "benchmarks" / "bench_decode.py"), "-p",
                                        "no:cacheprovider", "-q", f"--benchmark-json={out}")
     monkeypatch.delenv("SMV_BENCH_SUBJECT", raising=False)
-    res.assert_outcomes(passed=3 + 2 + 1 + 2, skipped=3 + 2)  # the subject columns need SMV_BENCH_SUBJECT
+    # the subject columns need SMV_BENCH_SUBJECT; FlashMLA's column needs FlashMLA and an SM90/SM100 GPU
+    res.assert_outcomes(passed=3 + 2 + 1 + 2, skipped=3 + 2 + 1)
     doc = bench.load_results(out)
     infos = {b["name"]: b["extra_info"] for b in doc["benchmarks"]}
     assert set(infos) == {"test_decode[generic-b1]", "test_decode[gfx942-b1]", "test_decode[gfx950-b1]",

@@ -647,6 +647,7 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
         if graphs:
             lines.append("graph us: the same call replayed from one CUDA graph capture, an L2 flush before each "
                          "replay" + ("; vs subj divides the graph figures where both rows have one" if subj else ""))
+        lines.extend(_flashmla_lines(gpu))
     lines.extend(_indexer_lines(rows, before))
     meta = [r for r in rows if r["kind"] == "metadata"]
     if meta:
@@ -667,6 +668,23 @@ def format_table(doc: dict, compare: dict | None = None, compare_name: str = "be
     if not lines:
         lines.append("no benchmark results (every selected benchmark was skipped)")
     return "\n".join(lines)
+
+
+def _flashmla_lines(gpu: list) -> list[str]:
+    """Per batch with a FlashMLA row: its time beside our fastest decode family's and their ratio (> 1: ours takes
+    longer than FlashMLA), on one clock: the graph replays where every row compared has one, else the event-timed
+    medians."""
+    out = []
+    for fm in (r for r in gpu if str(r.get("subject") or "").startswith("flashmla") and r["kind"] == "decode"):
+        ours = [r for r in gpu if r["kind"] == "decode" and not r.get("subject") and r["batch"] == fm["batch"]]
+        if not ours:
+            continue
+        key = "graph_seconds" if all(r.get("graph_seconds") for r in (fm, *ours)) else "seconds"
+        best = min(ours, key=lambda r: r[key])
+        out.append(f"batch {fm['batch']}: {fm['subject']} {fm['family']} {fm[key] * 1e6:.1f} us; our fastest, triton "
+                   f"{best['family']}, {best[key] * 1e6:.1f} us = {best[key] / fm[key]:.2f}x its time "
+                   f"({'graph' if key == 'graph_seconds' else 'events'})")
+    return out
 
 
 def _speedup(subject_row: dict, ours_row: dict) -> float:

@@ -13,7 +13,8 @@ from contracts.subjects.base import (  # noqa: F401 - the package's API
 def parse_subject(spec: str) -> Subject:
     """``ours``; ``vllm==X`` (downloaded once into the user cache); ``vllm@PATH`` (a checkout or a fetched tree);
     ``vllm`` (the installed package); any of the three vllm specs followed by ``#VARIANT`` (a model variant, e.g.
-    ``vllm==0.34.0#deepseek_v41``). Anything else, or a spec that cannot be resolved, is a
+    ``vllm==0.34.0#deepseek_v41``); ``flashmla`` or ``flashmla@PATH`` (FlashMLA's sparse decode, natively on an
+    NVIDIA SM90/SM100 GPU: :mod:`contracts.subjects.flashmla`). Anything else, or a spec that cannot be resolved, is a
     :class:`SubjectSpecError` with one line saying why."""
     s = (spec or "").strip()
     if s in ("", "ours"):
@@ -24,5 +25,11 @@ def parse_subject(spec: str) -> Subject:
         sub = vllm_subject(s)
         sub.spec = s  # the spec that names it again (a reproducer records it)
         return sub
+    if s == "flashmla" or s.startswith("flashmla@"):
+        from contracts.subjects.flashmla import flashmla_subject
+
+        sub = flashmla_subject(s)
+        sub.spec = s
+        return sub
     raise SubjectSpecError(f"unknown subject {spec!r}: expected ours, vllm==VERSION, vllm@PATH or vllm "
-                           f"(each optionally #VARIANT)")
+                           f"(each optionally #VARIANT), flashmla or flashmla@PATH")

@@ -1,5 +1,7 @@
 """GPU benchmarks of the sparse-MLA decode, side by side in one run: every kernel family, the split-K reduce on its
-own (with ``SMV_BENCH_SUBJECT``, the subject's decode and reduce beside ours), the torch gather + SDPA baseline, and the two ceilings (device copy bandwidth, bf16 matmul rate).
+own (with ``SMV_BENCH_SUBJECT``, the subject's decode and reduce beside ours), FlashMLA's sparse decode where it is
+installed and the GPU is SM90/SM100 (else skipped, saying why), the torch gather + SDPA baseline, and the two
+ceilings (device copy bandwidth, bf16 matmul rate).
 
 Not collected by plain ``pytest`` (the file pattern is ``bench_*.py``); run it by path or through ``smv bench``:
 
@@ -183,6 +185,45 @@ def test_decode_subject(gpu_benchmark, workloads, refs, device, subject, family,
     _record(gpu_benchmark, seconds, device, kind="decode", family=family, batch=batch, refs=refs.get(batch),
             subject=subject.label, heads=w.heads, tokens_per_query=w.figures["tokens_per_query"],
             bytes=w.figures["bytes"], flops=w.figures["flops"])
+
+
+def _flashmla_column():
+    """benchmarks/flashmla.py (the column's call and its oracle check), loaded from this checkout."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "flashmla.py"
+    spec = importlib.util.spec_from_file_location("smv_bench_flashmla", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def flashmla():
+    """(column helpers, flash_mla): FlashMLA's column, or the benchmark skipped with the one-line reason (not
+    installed, no CUDA, compute capability X.Y). ``SMV_FLASHMLA_PATH`` names a folder holding flash_mla/."""
+    col = _flashmla_column()
+    mod, why = col.availability()
+    if mod is None:
+        pytest.skip(f"FlashMLA column: {why}")
+    return col, mod
+
+
+@BATCH
+def test_decode_flashmla(gpu_benchmark, workloads, refs, device, flashmla, batch):
+    """FlashMLA's sparse decode (legacy extension, V4 cache format) on the same inputs as ours: the same cache bytes
+    and index lists, converted to its shapes outside the timing; its output is checked against the float64 oracle
+    on the first rows (a wrong output fails the benchmark; its time is still recorded)."""
+    col, mod = flashmla
+    w = workloads(batch)
+    fn, plan = col.workload_call(mod, w)
+    check = col.oracle_check(w, fn(), plan.num_splits)
+    seconds = gpu_benchmark(fn, graph=True)
+    _record(gpu_benchmark, seconds, device, kind="decode", family=col.arch_family(), batch=batch,
+            refs=refs.get(batch), subject=col.label(), heads=w.heads, tokens_per_query=w.figures["tokens_per_query"],
+            bytes=w.figures["bytes"], flops=w.figures["flops"], oracle=check)
+    assert check["ok"], f"FlashMLA's output disagrees with the float64 oracle: {check['mismatches']}"
 
 
 @BATCH
