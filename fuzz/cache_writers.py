@@ -99,6 +99,7 @@ class SwaCase(Case):
     (token, dim, kind)) written through ``slots`` into a pool of the given geometry."""
 
     KIND: ClassVar[str] = "swa-writer"
+    ADDED_FIELDS = ('input_layout',)
 
     seed: int
     T: int
@@ -130,6 +131,7 @@ class CompressorCase(Case):
     the kernel's own count) for ratio 128."""
 
     KIND: ClassVar[str] = "compressor-writer"
+    ADDED_FIELDS = ('input_layout',)
 
     seed: int
     ratio: Literal[4, 128]

@@ -1,7 +1,9 @@
 """Typed cases: every contract's case family is one frozen dataclass built on :class:`Case`.
 
 A case is what a strategy draws and what a reproducer stores. ``to_json`` writes every field plus ``kind`` and
-``schema_version``; ``from_json`` is strict: every field must be present (defaults exist for the strategies only),
+``schema_version``; ``from_json`` is strict: every field must be present (defaults exist for the strategies, and
+for the fields a case kind names in ``ADDED_FIELDS``: added after its cases were first stored, their defaults replay
+those cases),
 no unknown field is accepted, each value is checked against the field's annotation, and the schema version must be
 the one this code writes. Any problem is a :class:`CaseError` (a ``ValueError``) naming the field, so a malformed
 reproducer is a usage error, never a contract violation.
@@ -113,6 +115,10 @@ class Case:
     """Base of every case family. Subclasses are ``@dataclass(frozen=True)`` and set ``KIND``."""
 
     KIND: ClassVar[str] = ""
+    #: fields added after this case kind was first stored: a stored case without one was drawn before it existed, and
+    #: the field's default reproduces what that case ran, so older reproducers replay unchanged (every other field
+    #: stays required; tests/test_cases.py checks each one named here has a default)
+    ADDED_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self):
         # strategies may hand lists; store tuples so the case is immutable all the way down
@@ -142,13 +148,13 @@ class Case:
             raise CaseError(f"{where}: expected an object, got {type(doc).__name__}")
         hints = cls._hints()
         names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in doc]
+        missing = [n for n in names if n not in doc and n not in cls.ADDED_FIELDS]
         if missing:
             raise CaseError(f"{where}: missing field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
         unknown = sorted(set(doc) - set(names) - {"kind", "schema_version"})
         if unknown:
             raise CaseError(f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
-        values = {n: _convert(doc[n], hints[n], f"{where}.{n}") for n in names}
+        values = {n: _convert(doc[n], hints[n], f"{where}.{n}") for n in names if n in doc}
         try:
             return cls(**values)
         except (TypeError, ValueError) as exc:

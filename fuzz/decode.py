@@ -97,6 +97,7 @@ class DecodeCase(Case):
     ``sink_layout``, ``out_layout``; ``logits`` is the absolute regime (:data:`LOGIT_REGIMES`)."""
 
     KIND = "decode"
+    ADDED_FIELDS = ('q_layout', 'cache_layout', 'index_layout', 'sink_layout', 'out_layout', 'logits')
     seed: int
     batch: int
     heads: int

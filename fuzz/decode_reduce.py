@@ -51,6 +51,7 @@ class ReduceCase(Case):
     (the output lane must be NaN) or into the dead splits' accumulators (it must not leak)."""
 
     KIND = "decode-reduce-oracle"
+    ADDED_FIELDS = ('level', 'sink_gap', 'ws_layout', 'sink_layout', 'out_layout')
     seed: int
     batch: int
     heads: int

@@ -71,6 +71,7 @@ class Dsv4StepCase(Case):
     CUs, softmax ``scale``, a sink of kind ``sink``, block strides padded (``padded``) or dense."""
 
     KIND = "dsv4-step"
+    ADDED_FIELDS = ('pad_tokens', 'invalid', 'freed', 'epilogue', 'graph')
     seed: int
     contexts: tuple[int, ...]
     steps: int

@@ -77,6 +77,7 @@ class DirectCase(Case):
     size (SHUFFLE with bs % 16 != 0) is a case the writer must refuse."""
 
     KIND: ClassVar[str] = "indexer-direct"
+    ADDED_FIELDS = ('input_layout',)
 
     seed: int
     T: int
@@ -120,6 +121,7 @@ class IndexerCompressorCase(Case):
     mxfp4 68 B); ``layout`` "default" is NORMAL (C4A)."""
 
     KIND: ClassVar[str] = "indexer-compressor"
+    ADDED_FIELDS = ('input_layout',)
 
     seed: int
     positions: tuple[int, ...]

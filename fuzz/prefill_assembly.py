@@ -57,6 +57,7 @@ class AssemblyCase(Case):
     the seed. ``expect``: the literal unpadded prefix of every token's row (pinned examples only)."""
 
     KIND = "prefill-assembly"
+    ADDED_FIELDS = ('max_image_tokens', 'image_spans')
     seed: int
     ratio: int
     topk: int

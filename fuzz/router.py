@@ -18,6 +18,7 @@ class RouterCase(Case):
     arguments; the dtype the gate emits."""
 
     KIND = "router-oracle-agreement"
+    ADDED_FIELDS = ('layout',)
     seed: int
     tokens: int
     experts: int
