@@ -93,18 +93,19 @@ LAYOUT_DIFFERS = "decode output with a non-packed layout differs from the same i
 
 
 def layout_violations(case: fz.DecodeCase, target: Target) -> list[Violation]:
-    """Where ``case`` packed passes: one violation naming each non-packed layout that alone (the others packed)
-    makes the output differ from the oracle, with that run's first violation; [] where the packed case fails too
-    (the layout is not the cause) or no single layout does."""
-    if _oracle_agreement_once(fz.packed_except(case, {}), target):
-        return []
+    """One violation naming each non-packed layout that alone (the others packed) adds a violation the packed case
+    does not have, with the first such one; where the packed case fails too, its own violations come first (a known
+    defect of the packed inputs and a layout's defect are told apart). [] where no single layout adds one."""
+    packed = _oracle_agreement_once(fz.packed_except(case, {}), target)
+    seen = {(v.message, v.where) for v in packed}
     out = []
     for dim, value in fz.non_packed(case).items():
         alone = _oracle_agreement_once(fz.packed_except(case, {dim: value}), target)
-        if alone:
-            out.append(Violation(f"{LAYOUT_DIFFERS}: {dim}={value}", alone[0].where, alone[0].expected,
-                                 f"{alone[0].got} ({alone[0].message})"))
-    return out
+        new = [v for v in alone if (v.message, v.where) not in seen]
+        if new:
+            out.append(Violation(f"{LAYOUT_DIFFERS}: {dim}={value}", new[0].where, new[0].expected,
+                                 f"{new[0].got} ({new[0].message})"))
+    return packed + out if out else []
 
 
 def _oracle_agreement_once(case: fz.DecodeCase, target: Target) -> list[Violation]:
