@@ -12,6 +12,7 @@ from fuzz import cache_writers as fw
 from fuzz import indexer_writer as fiw
 from fuzz.cache_writers import CompressorCase, SwaCase, WriterCase
 from impl import cache_writers as impl_cw
+from impl.runtime import kernel_device
 from impl.targets import get_target
 from oracles.formats import storage_bytes
 
@@ -56,8 +57,9 @@ def test_a_layout_keeps_the_values_and_changes_the_memory(layout):
 def test_a_strided_slot_mapping_is_refused_before_launch_pool_untouched():
     t = get_target("gfx950")
     case = _swa("strided-index")
-    k, slots = fw.build_swa_inputs(case, "cpu")
-    _, cache = fw.build_cache(case, "cpu")
+    dev = kernel_device()  # where the kernels run: the refusal must be the layout's, not the device's
+    k, slots = fw.build_swa_inputs(case, dev)
+    _, cache = fw.build_cache(case, dev)
     before = storage_bytes(cache)[0].clone()
     with pytest.raises(ValueError, match="slot_mapping: expected a contiguous vector"):
         impl_cw.quantize_and_insert_k_cache(k, slots, cache, target=t)
