@@ -29,24 +29,21 @@ def tiny_root(tmp_path):
 
 
 def fake_audit(calls):
-    """Stands in for ``contracts.zoo.runner._audit``: the contract ``tiny-clamp`` fails when ``clamp`` lost its
-    bound (run in-process: exec the mutated module)."""
-    def audit(report, contracts, targets, *, budget, timeout, code_root, cwd, tree=None, findings=None):
-        calls.append({"contracts": list(contracts), "code_root": code_root, "timeout": timeout})
+    """Stands in for ``contracts.cli.mutate.audit_until_fail`` (the zoo's subprocess audit, stopped at the first
+    failed row): the contract ``tiny-clamp`` fails when ``clamp`` lost its bound (run in-process: exec the mutated
+    module)."""
+    def audit(report, contracts, targets, *, budget, timeout, code_root, findings=None, cwd=None):
+        calls.append({"contracts": list(contracts), "code_root": code_root, "timeout": timeout,
+                      "baseline": cwd is not None})
         ns: dict = {}
         exec((Path(code_root) / "impl" / "tiny.py").read_text(), ns)
         try:
             ok = ns["clamp"](5, 3) == 3 and ns["clamp"](1, 3) == 1 and ns["clamp"](3, 3) == 3
         except Exception:  # noqa: BLE001 - a raising check is a failing row
             ok = False
-        report.mkdir(parents=True)
         rows = [{"contract": c, "target": "generic", "status": "pass" if ok else "fail",
                  "reason": "" if ok else "clamp(5, 3) != 3"} for c in contracts]
-        (report / "audit.json").write_text(json.dumps({"results": rows}))
-
-        class P:
-            returncode, stdout, stderr = 0, "", ""
-        return P()
+        return mutate.AuditOutcome(0, "", rows, "" if ok else "first-fail")
     return audit
 
 
@@ -76,7 +73,7 @@ def test_contract_map_is_derived_from_the_zoo_and_the_contract_modules():
 
 def test_session_scores_writes_incrementally_and_honours_equivalents(tiny_root, tmp_path, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(zoo_runner, "_audit", fake_audit(calls))
+    monkeypatch.setattr(mutate, "audit_until_fail", fake_audit(calls))
     report = tmp_path / "rep"
     seen = []
 
@@ -103,11 +100,13 @@ def test_session_scores_writes_incrementally_and_honours_equivalents(tiny_root, 
     assert doc["killed"] + doc["survived"] + doc["equivalent"] + doc["incompetent"] + doc["error"] \
         + doc["timeout"] + doc["uncovered"] == len(doc["results"])
     assert doc["score"] == round(doc["killed"] / (doc["killed"] + doc["survived"]), 4)
-    assert len(calls) == sum(r["status"] not in ("equivalent", "incompetent") for r in doc["results"])
+    judged = [c for c in calls if not c["baseline"]]
+    assert len(judged) == sum(r["status"] not in ("equivalent", "incompetent") for r in doc["results"])
+    assert len(calls) - len(judged) == 1  # the unmutated tiny-clamp row, measured once when a kill rested on it
 
 
 def test_a_killed_session_keeps_what_it_judged(tiny_root, tmp_path, monkeypatch):
-    monkeypatch.setattr(zoo_runner, "_audit", fake_audit([]))
+    monkeypatch.setattr(mutate, "audit_until_fail", fake_audit([]))
     report = tmp_path / "rep"
 
     def stop(i, n, r):
@@ -122,12 +121,10 @@ def test_a_killed_session_keeps_what_it_judged(tiny_root, tmp_path, monkeypatch)
 
 
 def test_timeout_and_uncovered(tiny_root, monkeypatch):
-    import subprocess
-
     def slow(*a, **k):
-        raise subprocess.TimeoutExpired("smv audit", 1)
+        return mutate.AuditOutcome(None, "", None, "timeout")
 
-    monkeypatch.setattr(zoo_runner, "_audit", slow)
+    monkeypatch.setattr(mutate, "audit_until_fail", slow)
     src = TINY
     site = mutate.enumerate_sites(tiny_root, ["impl/tiny.py"])[0]
     out = mutate.mutated_source(src, site)
@@ -272,7 +269,7 @@ def test_operators_select_the_families_and_the_sample_is_seeded(tmp_path):
 def test_a_triton_session_reports_its_family(tiny_root, tmp_path, monkeypatch):
     (tiny_root / "impl" / "k.py").write_text(TRITON_SRC)
     calls: list = []
-    monkeypatch.setattr(zoo_runner, "_audit", fake_audit(calls))
+    monkeypatch.setattr(mutate, "audit_until_fail", fake_audit(calls))
     doc = mutate.run_session(4, seed=5, root=tiny_root, modules=["impl/k.py", "impl/tiny.py"], cap=30,
                              report=tmp_path / "r", equivalents={}, operators="triton",
                              cmap={"impl/k.py": ["tiny-clamp"], "impl/tiny.py": ["tiny-clamp"]})
@@ -283,3 +280,276 @@ def test_a_triton_session_reports_its_family(tiny_root, tmp_path, monkeypatch):
     assert [r["id"] for r in doc["results"]] == [r["id"] for r in mutate.run_session(
         4, seed=5, root=tiny_root, modules=["impl/k.py", "impl/tiny.py"], cap=30, equivalents={},
         operators="triton", cmap={"impl/k.py": ["tiny-clamp"], "impl/tiny.py": ["tiny-clamp"]})["results"]]
+
+
+# --- judging cheaper: stopped at the first failed row, contracts ordered by kills, --jobs, --budget, SIGTERM --------
+
+@pytest.fixture(autouse=True)
+def _no_stop_left_over():
+    yield
+    mutate._STOP.clear()
+    mutate._STOP_WHY[0] = ""
+
+
+ROWS_THEN_SLEEP = '''\
+import json, os, sys, time
+rep = sys.argv[1]
+os.makedirs(rep, exist_ok=True)
+open(os.path.join(rep, "pid"), "w").write(str(os.getpid()))
+def save(rows):
+    open(os.path.join(rep, "audit.json.tmp"), "w").write(json.dumps({"results": rows}))
+    os.replace(os.path.join(rep, "audit.json.tmp"), os.path.join(rep, "audit.json"))
+rows = [{"contract": "a", "target": "generic", "status": "pass", "reason": ""}]
+save(rows)
+time.sleep(0.3)
+if sys.argv[2] == "fail":
+    save(rows + [{"contract": "b", "target": "generic", "status": "fail", "reason": "b broke"}])
+time.sleep(60)
+'''
+
+
+def _gone(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _watch(tmp_path, mode, timeout=30.0):
+    import sys
+    import time
+
+    script = tmp_path / "audit.py"
+    script.write_text(ROWS_THEN_SLEEP)
+    rep = tmp_path / "rep"
+    t0 = time.monotonic()
+    out = mutate.watch([sys.executable, str(script), str(rep), mode], env=dict(__import__("os").environ),
+                       cwd=tmp_path, report=rep, timeout=timeout)
+    return out, time.monotonic() - t0, int((rep / "pid").read_text())
+
+
+def test_an_audit_is_stopped_at_its_first_failed_row(tmp_path):
+    out, took, pid = _watch(tmp_path, "fail")
+    assert out.stopped == "first-fail" and took < 15 and _gone(pid)
+    assert [r["status"] for r in out.rows] == ["pass", "fail"]
+    res = mutate.judge(mutate.MutantResult("m", "impl/x.py", "op", 0, 1, "a", "b", "error", ["a", "b"]), out, 30)
+    assert res.status == "killed" and res.fired == ["b"] and res.detail.startswith("b on generic: b broke")
+
+
+def test_an_audit_past_its_cap_is_a_timeout_and_its_process_group_is_gone(tmp_path):
+    out, took, pid = _watch(tmp_path, "pass", timeout=2.0)
+    assert out.stopped == "timeout" and took < 15 and _gone(pid)
+    res = mutate.judge(mutate.MutantResult("m", "impl/x.py", "op", 0, 1, "a", "b", "error", ["a"]), out, 2)
+    assert res.status == "timeout"
+
+
+def test_a_stopped_session_kills_the_running_audits(tmp_path):
+    import threading
+
+    threading.Timer(1.0, mutate.stop_all, ("budget",)).start()
+    out, took, pid = _watch(tmp_path, "pass")
+    assert out.stopped == "interrupted" and took < 15 and _gone(pid)
+    blank = mutate.MutantResult("m", "impl/x.py", "op", 0, 1, "a", "b", "error", ["a"])
+    assert mutate.judge(blank, out, 30).status == "error"  # cut by the budget: no verdict, recorded
+    mutate._STOP_WHY[0] = "signal"
+    assert mutate.judge(blank, out, 30).status == "interrupted"  # cut by a signal: not recorded
+
+
+def test_each_mutant_has_its_own_triton_cache(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_watch(cmd, *, env, cwd, report, timeout):
+        seen.update(env=env, cmd=cmd, cwd=cwd)
+        return mutate.AuditOutcome(0, "", [], "")
+
+    monkeypatch.setattr(mutate, "watch", fake_watch)
+    mutate.audit_until_fail(tmp_path / "report", ["b", "a"], ["gfx942"], budget=10, timeout=20, code_root=tmp_path,
+                            findings=None)
+    assert seen["env"]["TRITON_CACHE_DIR"] == str(tmp_path / ".triton-cache") and seen["cwd"] == tmp_path
+    assert seen["env"]["PYTHONPATH"].startswith(str(tmp_path))
+    c = seen["cmd"]
+    assert "--first-violation" in c and [c[i + 1] for i, x in enumerate(c) if x == "--contract"] == ["b", "a"]
+
+
+def test_contracts_are_ordered_by_their_kills(tmp_path):
+    rep = tmp_path / "old.json"
+    rep.write_text(json.dumps({"results": [{"module": "impl/x.py", "fired": ["c"]},
+                                           {"module": "impl/y.py", "fired": ["b"]},
+                                           {"module": "impl/y.py", "fired": ["b"]}]}))
+    h = mutate.kill_history([rep], zoo=False)
+    assert mutate.order_contracts(["a", "b", "c"], "impl/x.py", h) == ["c", "b", "a"]
+    assert mutate.order_contracts(["a", "b", "c"], "impl/z.py", h) == ["b", "c", "a"]
+    assert mutate.order_contracts(["a", "b"], "impl/z.py", {}) == ["a", "b"]
+    # a contract measured running the mutated function goes first
+    assert mutate.order_contracts(["a", "b", "c"], "impl/x.py", h, reached=["a"]) == ["a", "c", "b"]
+    src = "import triton\n\nX = 1\n\n\n@triton.jit(\n    do_not_specialize=['n'])\ndef k(n):\n    return n\n"
+    assert [mutate.enclosing_function(src, i) for i in (3, 6, 7, 9)] == [None, "k", "k", "k"]
+    # reached_by reads the measured record (tests/entry_points.json) for the function holding the line
+    root = zoo_runner.default_root()
+    record = json.loads((root / "tests" / "entry_points.json").read_text())["exercised"]
+    dec = (root / "impl" / "decode.py").read_text()
+    lines = {t.split("(")[0][4:]: i for i, t in enumerate(dec.splitlines(), 1) if t.startswith("def ")}
+    name = next(k.split(".", 1)[1] for k in record if k.startswith("decode.") and k.split(".", 1)[1] in lines)
+    assert mutate.reached_by(root, "impl/decode.py", dec, lines[name] + 1) == record[f"decode.{name}"]
+    assert mutate.reached_by(root, "impl/decode.py", dec, 1) == []  # module level: no function, no record
+    zoo = mutate.kill_history()  # the zoo's planted bugs count as kills of their file
+    assert any(k[0] == "impl/decode.py" for k in zoo) and all(v > 0 for v in zoo.values())
+
+
+def test_jobs_run_side_by_side_each_in_its_own_snapshot(tiny_root, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    spans, lock = [], threading.Lock()
+
+    def audit(report, contracts, targets, *, budget, timeout, code_root, findings=None, cwd=None):
+        t0 = time.monotonic()
+        src = (Path(code_root) / "impl" / "tiny.py").read_text()
+        time.sleep(0.4)
+        assert (Path(code_root) / "impl" / "tiny.py").read_text() == src  # nobody else wrote into this copy
+        with lock:
+            spans.append((t0, time.monotonic(), str(code_root), src))
+        return mutate.AuditOutcome(0, "", [{"contract": "tiny-clamp", "target": "generic", "status": "pass",
+                                            "reason": ""}], "")
+
+    monkeypatch.setattr(mutate, "audit_until_fail", audit)
+    doc = mutate.run_session(4, seed=2, root=tiny_root, modules=["impl/tiny.py"], cap=30, equivalents={},
+                             cmap={"impl/tiny.py": ["tiny-clamp"]}, jobs=2, operators="cosmic-ray")
+    assert doc["judged"] == 4 and len(spans) == 4
+    assert len({s[2] for s in spans}) == 4 and len({s[3] for s in spans}) == 4  # 4 snapshots, 4 mutated sources
+    spans.sort()
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))  # two audits overlapped in time
+    assert not any(Path(s[2]).exists() for s in spans)  # every snapshot was removed
+
+
+def test_the_budget_ends_the_session_and_records_what_it_cut(tiny_root, tmp_path, monkeypatch):
+    def audit(report, contracts, targets, *, budget, timeout, code_root, findings=None, cwd=None):
+        mutate._STOP.wait(20)
+        return mutate.AuditOutcome(None, "", None, "interrupted")
+
+    monkeypatch.setattr(mutate, "audit_until_fail", audit)
+    doc = mutate.run_session(5, seed=2, root=tiny_root, modules=["impl/tiny.py"], cap=30, equivalents={},
+                             cmap={"impl/tiny.py": ["tiny-clamp"]}, jobs=2, operators="cosmic-ray", budget=1.0,
+                             report=tmp_path / "r")
+    on_disk = json.loads((tmp_path / "r" / "mutate.json").read_text())
+    assert doc["seconds"] < 15 and on_disk["complete"] is False and doc["not_started"] == 3
+    assert [r["status"] for r in on_disk["results"]] == ["error", "error"] and on_disk["score"] is None
+    assert all("budget" in r["detail"] for r in on_disk["results"])
+
+
+SIGTERM_DRIVER = '''\
+import sys, json, argparse
+from pathlib import Path
+from contracts.cli import mutate
+root, rep, script = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+calls = []
+def audit(report, contracts, targets, *, budget, timeout, code_root, findings=None, cwd=None):
+    if cwd is not None:  # the unmutated row a kill rests on: it passes
+        return mutate.AuditOutcome(0, "", [{"contract": "tiny-clamp", "target": "generic", "status": "pass",
+                                            "reason": ""}], "")
+    calls.append(1)
+    if len(calls) == 1:
+        return mutate.AuditOutcome(0, "", [{"contract": "tiny-clamp", "target": "generic", "status": "fail",
+                                            "reason": "x"}], "first-fail")
+    return mutate.watch([sys.executable, script, str(Path(rep) / ("child%d" % len(calls))), "pass"],
+                        env=dict(__import__("os").environ), cwd=code_root, report=Path(report), timeout=timeout)
+mutate.audit_until_fail = audit
+mutate.contract_map = lambda root: {"impl/tiny.py": ["tiny-clamp"]}
+import contracts.zoo.runner as zr
+zr.default_root = lambda: root
+args = argparse.Namespace(sample=6, seed=2, module=["impl/tiny.py"], cap=60.0, report=rep, equivalents=None,
+                          jobs=2, target=None, operators="cosmic-ray", budget=None, history=None, triage=None,
+                          no_progress=True)
+sys.exit(mutate.main_cli(args))
+'''
+
+
+def test_sigterm_leaves_a_valid_report_and_no_audit_behind(tiny_root, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "driver.py").write_text(SIGTERM_DRIVER)
+    (tmp_path / "audit.py").write_text(ROWS_THEN_SLEEP)
+    rep = tmp_path / "rep"
+    p = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tiny_root), str(rep),
+                          str(tmp_path / "audit.py")], cwd=zoo_runner.default_root())
+    deadline = time.monotonic() + 60
+    while len(list(rep.glob("child*/pid"))) < 2 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    pids = [int(f.read_text()) for f in rep.glob("child*/pid")]
+    assert len(pids) == 2, "the driver did not reach two running audits"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    time.sleep(0.2)
+    assert all(_gone(pid) for pid in pids)
+    doc = json.loads((rep / "mutate.json").read_text())
+    assert doc["complete"] is False and doc["judged"] == 1 and doc["results"][0]["status"] == "killed"
+    assert not [n for n in os.listdir(rep) if n.endswith(".tmp")]
+
+
+def test_triage_lists_survivors_with_their_diff_and_equivalence():
+    doc = {"results": [
+        {"id": "tiny-1", "status": "survived", "operator": "core/X", "module": "impl/tiny.py", "line": 2,
+         "before": "if x > hi:", "after": "if x >= hi:", "detail": ""},
+        {"id": "tiny-2", "status": "killed", "operator": "core/Y", "module": "impl/tiny.py", "line": 3,
+         "before": "a", "after": "b", "detail": ""},
+        {"id": "tiny-3", "status": "timeout", "operator": "triton/DropMask", "module": "impl/tiny.py", "line": 4,
+         "before": "c", "after": "d", "detail": "time cap of 9s ran out"}]}
+    lines = mutate.triage_lines(doc, {"tiny-1": {"why": "x == hi returns hi either way"}})
+    assert lines[0].startswith("survived tiny-1  core/X  impl/tiny.py:2  recorded equivalent: x == hi")
+    assert lines[1:3] == ["    - if x > hi:", "    + if x >= hi:"]
+    assert lines[3].startswith("timeout tiny-3  triton/DropMask  impl/tiny.py:4  not recorded equivalent")
+    assert "tiny-2" not in "\n".join(lines) and lines[-1] == "    (time cap of 9s ran out)"
+
+
+def test_a_kill_by_a_contract_that_fails_without_the_mutant_is_void(tiny_root, tmp_path, monkeypatch):
+    calls: list = []
+    judge_clamp = fake_audit(calls)
+
+    def audit(report, contracts, targets, *, budget, timeout, code_root, findings=None, cwd=None):
+        calls.append({"contracts": list(contracts), "baseline": cwd is not None})
+        if "always-fails" in contracts:  # broken whatever the code: its row fails first
+            return mutate.AuditOutcome(0, "", [{"contract": "always-fails", "target": "generic", "status": "fail",
+                                                "reason": "broken"}], "first-fail")
+        return judge_clamp(report, contracts, targets, budget=budget, timeout=timeout, code_root=code_root)
+
+    monkeypatch.setattr(mutate, "audit_until_fail", audit)
+    doc = mutate.run_session(6, seed=1, root=tiny_root, modules=["impl/tiny.py"], cap=30, equivalents={},
+                             cmap={"impl/tiny.py": ["always-fails", "tiny-clamp"]}, operators="cosmic-ray")
+    by_status = {r["status"] for r in doc["results"]}
+    assert by_status <= {"killed", "survived", "incompetent"} and "killed" in by_status
+    # without the baseline every one would be killed by always-fails' row
+    assert all(r["fired"] == ["tiny-clamp"] for r in doc["results"] if r["status"] == "killed")
+    assert all("left out, failing without any mutant: always-fails" in r["detail"] for r in doc["results"]
+               if r["status"] in ("killed", "survived"))
+    # each row a kill rested on was measured unmutated once: always-fails (then left out), tiny-clamp (passes)
+    assert sorted(c["contracts"][0] for c in calls if c.get("baseline")) == ["always-fails", "tiny-clamp"]
+    # the unmutated code passes tiny-clamp: a mutant's own run is what kills
+    assert mutate.Baseline(tiny_root, 30, None).fails("tiny-clamp", "generic") is False
+
+
+def test_the_gpu_script_parses_and_refuses_a_host_without_cuda(tmp_path):
+    """ci/mutate_gpu.sh: valid bash, and on a host without CUDA it refuses (unless SMV_MUTATE_ALLOW_CPU=1) before
+    any mutant runs, leaving at most three files (the dry run on CPU is the lead's and the README's)."""
+    import os
+    import subprocess
+
+    torch = pytest.importorskip("torch")
+    root = zoo_runner.default_root()
+    script = root / "ci" / "mutate_gpu.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA host runs the script for real")
+    env = {**os.environ, "SMV_MUTATE_NO_INSTALL": "1"}
+    env.pop("SMV_MUTATE_ALLOW_CPU", None)
+    p = subprocess.run(["bash", str(script), str(tmp_path / "out")], cwd=root, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "refused: no CUDA device with native Triton" in (tmp_path / "out" / "summary.txt").read_text()
+    assert len(os.listdir(tmp_path / "out")) <= 3

@@ -2,9 +2,11 @@
 
 cosmic-ray (a maintained mutation tool that rewrites source text, which ``@triton.jit`` kernels need: tools that
 wrap functions at run time break them) lists every mutation its operators can make in ``impl/``'s modules; a
-seeded sample of them is applied, one at a time, to a temporary copy of the suite's code folders, and the contracts
-that cover the mutated module run on it through the zoo's subprocess audit (``contracts.zoo.runner._audit``: ci
-profile, generated cases only, every target, a time cap per mutant).
+seeded sample of them is applied, one at a time, to a temporary copy of the suite's code folders (taken from one
+copy per session), and the contracts that cover the mutated module run on it through the zoo's subprocess audit
+(``contracts.zoo.runner.AuditRun``: ci profile, generated cases only, every target, each row to its first failing
+case, a time cap per mutant), stopped at the first failed row, the contracts most likely to kill first. A kill is
+checked once per row against the unmutated copy (:class:`Baseline`): a row that fails there too kills nothing.
 
 Verdicts per mutant: ``killed`` (a covering contract's row failed, or the run crashed), ``survived`` (every covering
 contract passed), ``equivalent`` (listed in ``contracts/cli/mutate_equivalent.toml`` with why: not run, not scored),
@@ -27,8 +29,10 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,11 +294,221 @@ def audit_budget(cap: float) -> float:
 
 # --- running one mutant -------------------------------------------------------------------------------------------
 
+#: how often a running audit's report is read for a failed row (the audit rewrites audit.json after every row)
+POLL_SECONDS = 0.5
+#: set by :func:`stop_all` (SIGTERM, the session's budget): no mutant starts and the running audits are killed;
+#: ``_STOP_WHY[0]`` says why (``budget``: a cut mutant is recorded as ``error``; anything else: not recorded)
+_STOP = threading.Event()
+_STOP_WHY = [""]
+_LIVE: "set[subprocess.Popen]" = set()
+_LIVE_LOCK = threading.Lock()
+
+
+@dataclass
+class AuditOutcome:
+    """What one mutant's audit subprocess left: its exit code (None when stopped here), the tail of its output, the
+    rows of its audit.json (None when it wrote none) and why it was stopped (``first-fail``: a row failed, so the
+    rows after it were not run; ``timeout``: the cap ran out; ``interrupted``: the session was stopped)."""
+    returncode: "int | None"
+    output: str
+    rows: "list | None"
+    stopped: str = ""
+
+
+def stop_all(why: str = "signal") -> None:
+    """Stop the session: no further mutant starts and every running audit's process group is killed."""
+    _STOP_WHY[0] = _STOP_WHY[0] or why
+    _STOP.set()
+    with _LIVE_LOCK:
+        for p in list(_LIVE):
+            _kill_group(p)
+
+
+def _kill_group(p: "subprocess.Popen") -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_rows(path: Path) -> "list | None":
+    try:
+        return json.loads(path.read_text())["results"]
+    except (OSError, ValueError, KeyError):  # not written yet (the audit writes it atomically after each row)
+        return None
+
+
+def watch(cmd: list, *, env: dict, cwd: Path, report: Path, timeout: float) -> AuditOutcome:
+    """Run ``cmd`` (an audit writing ``report/audit.json`` after every row) in its own process group and stop it
+    at the first failed row: a kill needs one failing row, and the rows after it cost a survivor's time."""
+    log = Path(cwd) / "audit-output.txt"
+    deadline, seen = time.monotonic() + timeout, 0.0
+    with open(log, "w") as out:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        with _LIVE_LOCK:
+            _LIVE.add(p)
+        stopped = ""
+        try:
+            while p.poll() is None:
+                if _STOP.is_set():
+                    stopped = "interrupted"
+                elif time.monotonic() > deadline:
+                    stopped = "timeout"
+                else:
+                    m = (report / "audit.json").stat().st_mtime if (report / "audit.json").exists() else 0.0
+                    if m != seen:
+                        seen = m
+                        rows = _read_rows(report / "audit.json") or []
+                        stopped = "first-fail" if any(r.get("status") == "fail" for r in rows) else ""
+                    if not stopped:
+                        time.sleep(POLL_SECONDS)
+                        continue
+                _kill_group(p)
+                p.wait()
+                break
+            if not stopped and _STOP.is_set() and p.returncode < 0:  # stop_all killed it between two polls
+                stopped = "interrupted"
+        finally:
+            if p.poll() is None:
+                _kill_group(p)
+            p.wait()
+            with _LIVE_LOCK:
+                _LIVE.discard(p)
+    text = log.read_text(errors="replace")
+    return AuditOutcome(None if stopped else p.returncode, text[-4000:], _read_rows(report / "audit.json"),
+                        stopped)
+
+
+def audit_until_fail(report: Path, contracts, targets, *, budget: float, timeout: float, code_root: Path,
+                     findings: "str | None", cwd: "Path | None" = None) -> AuditOutcome:
+    """The zoo's subprocess audit (``contracts.zoo.runner.AuditRun``: ci profile, generated cases, each row to its
+    first failing case) of ``contracts`` in the order given, on ``code_root``, stopped at the first failed row.
+    Triton's kernel cache is the snapshot's own (``TRITON_CACHE_DIR``), so a natively compiled kernel of one
+    mutant (or of the unmutated code) is never what another mutant runs."""
+    from contracts.zoo.runner import AuditRun
+
+    cwd = Path(cwd or code_root)
+    run = AuditRun(code_root=code_root, cwd=cwd, findings=findings)
+    env = run.env()
+    env["TRITON_CACHE_DIR"] = str(cwd / ".triton-cache")
+    return watch(run.command(report, contracts, targets, budget), env=env, cwd=cwd, report=report,
+                 timeout=timeout)
+
+
+def order_contracts(contracts, module: str, history: "dict | None", reached=()) -> list[str]:
+    """The covering contracts in the order their rows run: those measured running the mutated function
+    (``reached``: :func:`reached_by`) first, then those that killed most mutants of ``module``, then most mutants
+    anywhere (``history``: :func:`kill_history`), the rest as listed. With the audit stopped at the first failed
+    row, a kill costs the rows before it; every covering contract still runs on a survivor."""
+    h, reached = history or {}, set(reached)
+    return sorted(contracts, key=lambda c: (c not in reached, -h.get((module, c), 0), -h.get(("", c), 0)))
+
+
+def enclosing_function(source: str, line: int) -> "str | None":
+    """The module-level function or class whose text (decorators included) holds ``line``; None at module level."""
+    for n in ast.parse(source).body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = min([n.lineno] + [d.lineno for d in n.decorator_list])
+            if first <= line <= (n.end_lineno or n.lineno):
+                return n.name
+    return None
+
+
+def reached_by(root: Path, module: str, source: str, line: int) -> list[str]:
+    """The contracts ``tests/entry_points.json`` (the measured record of which contract ran which impl function,
+    tests/test_entry_points.py) saw running the function that holds ``line``; [] where there is no record."""
+    name = enclosing_function(source, line)
+    try:
+        record = json.loads((root / "tests" / "entry_points.json").read_text())["exercised"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return list(record.get(f"{Path(module).stem}.{name}", [])) if name else []
+
+
+def kill_history(reports=(), catalogs=None, results=(), zoo: bool = True) -> dict:
+    """``(module, contract)`` and ``("", contract)`` -> how many mutants that contract killed: the zoo catalogs'
+    planted bugs (``file`` -> ``expect``; ``zoo`` False leaves them out), earlier mutate.json reports' ``fired``,
+    and ``results`` (this session's)."""
+    from contracts.zoo.runner import load_catalogs
+
+    h: dict = {}
+
+    def add(module, fired):
+        for c in fired:
+            h[(module, c)] = h.get((module, c), 0) + 1
+            h[("", c)] = h.get(("", c), 0) + 1
+    for m in (load_catalogs(catalogs) if zoo else ()):
+        add(m.file, m.expect)
+    for path in reports:
+        for r in json.loads(Path(path).read_text()).get("results", []):
+            add(r.get("module", ""), r.get("fired") or [])
+    for r in results:
+        add(r.module, r.fired)
+    return h
+
+
+class Baseline:
+    """The unmutated code's verdict per (contract, target) row, measured once per session when a mutant's kill
+    rests on that row: a row that fails without any mutant kills nothing (a contract broken by a change in progress,
+    or a finding not yet recorded), so its contract is left out of every mutant's audit from then on."""
+
+    def __init__(self, root: Path, cap: float, findings: "str | None"):
+        self.root, self.cap, self.findings = root, cap, findings
+        self.rows: dict = {}
+        self.broken: dict = {}  # contract -> why it is left out
+        self._lock = threading.Lock()
+        self._pending: dict = {}
+
+    def fails(self, contract: str, target: str) -> bool:
+        key = (contract, target)
+        with self._lock:
+            ev, owner = self._pending.get(key), False
+            if key not in self.rows and ev is None:
+                ev, owner = self._pending.setdefault(key, threading.Event()), True
+        if owner:
+            status = "error"
+            try:
+                status = self._measure(contract, target)
+            finally:
+                with self._lock:
+                    self.rows[key] = status
+                ev.set()
+        elif ev is not None:
+            ev.wait()
+        return self.rows.get(key) == "fail"
+
+    def _measure(self, contract: str, target: str) -> str:
+        tmp = Path(tempfile.mkdtemp(prefix="smv-mutate-baseline-"))
+        try:
+            out = audit_until_fail(tmp / "report", [contract], [target], budget=audit_budget(self.cap),
+                                   timeout=self.cap, code_root=self.root, findings=self.findings, cwd=tmp)
+            rows = [r for r in out.rows or [] if (r["contract"], r["target"]) == (contract, target)]
+            return rows[0]["status"] if rows else ("interrupted" if out.stopped == "interrupted" else "error")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def void(self, rows: list) -> "list[str] | None":
+        """The contracts of ``rows`` (failed rows of one mutant) when every one of them fails without the mutant
+        too (they are left out from now on), [] when the kill stands, None when the session was stopped before the
+        unmutated rows were measured (no verdict)."""
+        failed = [(r["contract"], r["target"]) for r in rows if r["status"] == "fail"]
+        if not failed or any(not self.fails(c, t) for c, t in failed):
+            if any(self.rows.get(k) == "interrupted" for k in failed):
+                return None
+            return []
+        with self._lock:
+            for c, t in failed:
+                self.broken.setdefault(c, f"{c} fails on {t} without the mutant")
+        return sorted({c for c, _ in failed})
+
+
 def run_one(site: Site, source: str, mutated: str, contracts: list[str], *, root: Path, cap: float,
-            targets=None, findings: str | None = None, keep: bool = False) -> MutantResult:
-    """Audit ``contracts`` on a temporary copy of the code folders with ``site``'s module replaced by
-    ``mutated``."""
-    from contracts.zoo.runner import _audit, _copy_tree, _findings_file
+            targets=None, findings: str | None = None, keep: bool = False,
+            baseline: "Baseline | None" = None) -> MutantResult:
+    """Audit ``contracts`` (in that order) on a temporary copy of the code folders with ``site``'s module replaced by
+    ``mutated``, stopping at the first failed row; with ``baseline`` a kill resting only on rows that fail without
+    the mutant is void: those contracts are left out and the audit runs again."""
+    from contracts.zoo.runner import _copy_tree, _findings_file
     from impl.targets import TARGET_NAMES
 
     line, before, after = changed_lines(source, mutated)
@@ -315,33 +529,66 @@ def run_one(site: Site, source: str, mutated: str, contracts: list[str], *, root
     try:
         _copy_tree(root, tmp)
         (tmp / site.module).write_text(mutated)
-        try:
-            proc = _audit(tmp / "report", contracts, list(targets or TARGET_NAMES), budget=audit_budget(cap),
-                          timeout=cap, code_root=tmp, cwd=tmp, findings=findings)
-        except __import__("subprocess").TimeoutExpired:
-            res.status, res.detail = "timeout", f"time cap of {cap:.0f}s ran out"
+        return _judge_on(res, tmp, list(targets or TARGET_NAMES), cap, findings, baseline)
+    finally:
+        res.seconds = time.monotonic() - t0
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _judge_on(res: MutantResult, tmp: Path, targets: list, cap: float, findings, baseline) -> MutantResult:
+    """The audits of one mutant's snapshot ``tmp``: again without the contracts a void kill names, until the
+    verdict stands or no contract is left; ``cap`` is for all of them together."""
+    deadline = time.monotonic() + cap
+    for _ in range(len(res.contracts) + 1):
+        left_out = dict(baseline.broken) if baseline else {}
+        todo = [c for c in res.contracts if c not in left_out]
+        note = f" (left out, failing without any mutant: {', '.join(sorted(left_out))})" if left_out else ""
+        if not todo:
+            res.status, res.fired = "error", []
+            res.detail = f"every covering contract fails without the mutant{note}"
             return res
-        tail = " | ".join((proc.stderr or proc.stdout or "").strip().splitlines()[-3:])
-        if proc.returncode < 0:
-            res.status, res.fired = "killed", list(contracts)
-            res.detail = f"crash: the contract run died with signal {signal.Signals(-proc.returncode).name}"
+        shutil.rmtree(tmp / "report", ignore_errors=True)
+        left = max(1.0, deadline - time.monotonic())
+        out = audit_until_fail(tmp / "report", todo, targets, budget=audit_budget(left), timeout=left,
+                               code_root=tmp, findings=findings)
+        judge(res, out, cap, todo)
+        void = [] if res.status != "killed" or baseline is None or out.rows is None else baseline.void(out.rows)
+        if void is None:  # stopped while the unmutated rows ran: the kill is unconfirmed
+            return judge(res, AuditOutcome(None, "", None, "interrupted"), cap, todo)
+        if not void:
+            res.detail += note
             return res
-        audit = tmp / "report" / "audit.json"
-        if not audit.is_file():
-            # the mutated code does not import or the run died: a kill only when the traceback runs through it
-            if site.module in (proc.stderr or "") or any(s in tail for s in ("Segmentation", "core dumped")):
-                res.status, res.fired = "killed", list(contracts)
-                res.detail = f"crash: no audit report (exit {proc.returncode}): {tail[:300]}"
-            else:
-                res.detail = f"no audit report (exit {proc.returncode}): {tail[:300]}"
-            return res
-        rows = json.loads(audit.read_text())["results"]
-        res.fired = sorted({r["contract"] for r in rows if r["status"] == "fail"})
-        if res.fired:
-            first = next(r for r in rows if r["status"] == "fail")
-            res.status = "killed"
-            res.detail = f"{first['contract']} on {first['target']}: {first['reason'][:200]}"
-            return res
+    return res
+
+
+def judge(res: MutantResult, out: AuditOutcome, cap: float, ran=None) -> MutantResult:
+    """``res`` with the verdict ``out`` (the audit of the contracts ``ran``, default all of ``res.contracts``) gives;
+    ``interrupted`` (the session was stopped by a signal) is never recorded."""
+    ran = list(res.contracts if ran is None else ran)
+    rows, tail = out.rows or [], " | ".join(out.output.strip().splitlines()[-3:])
+    res.fired = sorted({r["contract"] for r in rows if r["status"] == "fail"})
+    if res.fired:
+        first = next(r for r in rows if r["status"] == "fail")
+        res.status = "killed"
+        res.detail = f"{first['contract']} on {first['target']}: {first['reason'][:200]}"
+    elif out.stopped == "interrupted" and _STOP_WHY[0] == "budget":
+        res.status, res.detail = "error", "not judged: the session's --budget ran out while it ran"
+    elif out.stopped == "interrupted":
+        res.status, res.detail = "interrupted", "the session was stopped while this mutant ran"
+    elif out.stopped == "timeout":
+        res.status, res.detail = "timeout", f"time cap of {cap:.0f}s ran out"
+    elif out.returncode is not None and out.returncode < 0:
+        res.status, res.fired = "killed", ran
+        res.detail = f"crash: the contract run died with signal {signal.Signals(-out.returncode).name}"
+    elif out.rows is None:
+        # the mutated code does not import or the run died: a kill only when the traceback runs through it
+        if res.module in out.output or any(s in tail for s in ("Segmentation", "core dumped")):
+            res.status, res.fired = "killed", ran
+            res.detail = f"crash: no audit report (exit {out.returncode}): {tail[:300]}"
+        else:
+            res.detail = f"no audit report (exit {out.returncode}): {tail[:300]}"
+    else:
         bad = [f"{r['contract']}/{r['target']}: {r['status']} ({r['reason'][:120]})" for r in rows
                if r["status"] in ("error", "incomplete")]
         if bad:
@@ -350,12 +597,8 @@ def run_one(site: Site, source: str, mutated: str, contracts: list[str], *, root
             res.status, res.detail = "error", "every covering row was skipped"
         else:
             res.status = "survived"
-            res.detail = f"{', '.join(contracts)} passed with the mutant applied"
-        return res
-    finally:
-        res.seconds = time.monotonic() - t0
-        if not keep:
-            shutil.rmtree(tmp, ignore_errors=True)
+            res.detail = f"{', '.join(ran)} passed with the mutant applied"
+    return res
 
 
 # --- the session --------------------------------------------------------------------------------------------------
@@ -397,81 +640,131 @@ def _commit(root: Path) -> str:
 def run_session(sample: int, *, seed: int = 0, root: "Path | None" = None, modules=None, cap: float = DEFAULT_CAP,
                 report: "str | Path | None" = None, equivalents=None, cmap=None, targets=None, jobs: int = 1,
                 progress=None, findings: str | None = None, commit: str | None = None,
-                operators: str = "all") -> dict:
+                operators: str = "all", budget: "float | None" = None, history=()) -> dict:
     """Sample ``sample`` mutants (``seed``) of the ``operators`` families over ``modules`` (default ``impl/*.py``)
-    and judge each; with ``report`` ``DIR/mutate.json`` is rewritten after every mutant, so a killed session keeps
-    what it judged. ``commit`` names the code's commit where ``root`` is an exported snapshot rather than a
-    checkout."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from contracts.engine.reports import write_json
+    and judge each, ``jobs`` at once; with ``report`` ``DIR/mutate.json`` is rewritten after every mutant, so a
+    killed session keeps what it judged. ``budget`` (seconds): the session's end; the audits still running then are
+    stopped (``error``: not judged) and the mutants not started stay out (``complete`` false). ``history``: earlier
+    mutate.json reports whose kills order the covering contracts (:func:`order_contracts`). ``commit`` names the
+    code's commit where ``root`` is an exported snapshot rather than a checkout."""
     from contracts.zoo.runner import default_root
 
+    _STOP.clear()
+    _STOP_WHY[0] = ""
     root = Path(root) if root else default_root()
     modules = list(modules) if modules else impl_modules(root)
     t0 = time.monotonic()
+    snap = Path(tempfile.mkdtemp(prefix="smv-mutate-session-"))
+    try:
+        return _session(sample, seed, root, snap, modules, cap, report, equivalents, cmap, targets, jobs, progress,
+                        findings, commit, operators, budget, history, t0)
+    finally:
+        shutil.rmtree(snap, ignore_errors=True)
+
+
+def _session(sample, seed, root, snap, modules, cap, report, equivalents, cmap, targets, jobs, progress, findings,
+             commit, operators, budget, history, t0) -> dict:
+    """:func:`run_session` on ``snap``, the session's one copy of the code folders: every mutant's copy and the
+    baseline come from it, so the code judged does not change under a session however long it runs."""
+    from contracts.zoo.runner import _copy_tree, _findings_file
+
+    _copy_tree(root, snap)
     fams = families_of(operators)
-    sites = enumerate_sites(root, modules, operators)
-    order = sample_order(sites, seed, fams)
+    sites = enumerate_sites(snap, modules, operators)
     equiv = load_equivalents(equivalents) if not isinstance(equivalents, dict) else equivalents
-    cmap = cmap if cmap is not None else contract_map(root)
-    sources = {m: (root / m).read_text() for m in modules}
+    cmap = cmap if cmap is not None else contract_map(snap)
+    sources = {m: (snap / m).read_text() for m in modules}
+    findings = findings if findings is not None else _findings_file()
+    baseline = Baseline(snap, mutant_cap(cap, 1), findings)
+    picked = pick(sites, sources, sample, seed, fams)
+    head = {"schema_version": MUTATE_SCHEMA_VERSION, "tool": _tool_version(fams), "operators": fams,
+            "seed": seed, "sample": sample,
+            "population": len(sites), "commit": commit or _commit(root), "cap": cap, "modules": modules,
+            "contract_map": {m: cmap.get(m, []) for m in modules}}
+    results: list[MutantResult | None] = [None] * len(picked)
+    base_history = kill_history(history)
+    lock = threading.Lock()
+    state = {"finished": 0, "skipped": 0}
+
+    def one(k: int) -> None:
+        site, mutated = picked[k]
+        line, before, after = changed_lines(sources[site.module], mutated)
+        mid = mutant_id(site.module, site.operator, before, after)
+        covering = cmap.get(site.module, [])
+        if _STOP.is_set():
+            with lock:
+                state["skipped"] += 1
+            return
+        if mid in equiv:
+            r = MutantResult(mid, site.module, site.operator, site.occurrence, line, before, after, "equivalent",
+                             covering, detail=equiv[mid]["why"])
+        else:
+            with lock:
+                h = kill_history(results=[x for x in results if x is not None], zoo=False)
+            h = {key: base_history.get(key, 0) + h.get(key, 0) for key in set(base_history) | set(h)}
+            reached = reached_by(root, site.module, sources[site.module], line)
+            r = run_one(site, sources[site.module], mutated, order_contracts(covering, site.module, h, reached),
+                        root=snap, cap=cap, targets=targets, findings=findings, baseline=baseline)
+            if r.status == "interrupted":
+                return
+        with lock:
+            results[k] = r
+            state["finished"] += 1
+            _write(report, head, results, fams, t0, False)
+            if progress:
+                progress(state["finished"], len(picked), r)
+
+    _write(report, head, results, fams, t0, False)
+    _run_all(one, len(picked), jobs, None if budget is None else budget - (time.monotonic() - t0))
+    complete = all(r is not None for r in results)
+    doc = _write(report, head, results, fams, t0, complete)
+    return {**doc, "not_started": state["skipped"]}
+
+
+def _run_all(one, n: int, jobs: int, budget: "float | None") -> None:
+    """``one(k)`` for k < n, ``jobs`` at once (threads: each waits on its audit subprocess); ``budget`` seconds on,
+    :func:`stop_all` ends the session."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    timer = threading.Timer(max(0.0, budget), stop_all, ("budget",)) if budget is not None else None
+    if timer:
+        timer.daemon = True
+        timer.start()
+    try:
+        if jobs <= 1:
+            for k in range(n):
+                one(k)
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(one, range(n)))
+    finally:
+        if timer:
+            timer.cancel()
+
+
+def pick(sites: list[Site], sources: dict, sample: int, seed: int, fams) -> list[tuple[Site, str]]:
+    """The first ``sample`` sites in :func:`sample_order` whose mutation changes the source, with that source."""
     picked: list[tuple[Site, str]] = []
-    for i in order:
+    for i in sample_order(sites, seed, fams):
         if len(picked) >= sample:
             break
         s = sites[i]
         mutated = mutated_source(sources[s.module], s)
         if mutated is not None and mutated != sources[s.module]:
             picked.append((s, mutated))
-    head = {"schema_version": MUTATE_SCHEMA_VERSION, "tool": _tool_version(fams), "operators": fams,
-            "seed": seed, "sample": sample,
-            "population": len(sites), "commit": commit or _commit(root), "cap": cap, "modules": modules,
-            "contract_map": {m: cmap.get(m, []) for m in modules}}
-    results: list[MutantResult | None] = [None] * len(picked)
+    return picked
 
-    def write(complete: bool):
-        if report is None:
-            return
-        done = [r for r in results if r is not None]
-        write_json(os.path.join(str(report), "mutate.json"),
-                   {**head, **summarize(done), "families": by_family(done, fams), "complete": complete,
-                    "judged": len(done),
-                    "seconds": round(time.monotonic() - t0, 2), "results": [r.as_json() for r in done]})
 
-    import threading
+def _write(report, head: dict, results: list, fams, t0: float, complete: bool) -> dict:
+    """The session's document so far; written atomically to ``report/mutate.json`` when ``report`` is given."""
+    from contracts.engine.reports import write_json
 
-    lock = threading.Lock()
-    finished = [0]
-
-    def one(k: int) -> None:
-        site, mutated = picked[k]
-        line, before, after = changed_lines(sources[site.module], mutated)
-        mid = mutant_id(site.module, site.operator, before, after)
-        if mid in equiv:
-            r = MutantResult(mid, site.module, site.operator, site.occurrence, line, before, after, "equivalent",
-                             cmap.get(site.module, []), detail=equiv[mid]["why"])
-        else:
-            r = run_one(site, sources[site.module], mutated, cmap.get(site.module, []), root=root, cap=cap,
-                        targets=targets, findings=findings)
-        with lock:
-            results[k] = r
-            finished[0] += 1
-            write(False)
-            if progress:
-                progress(finished[0], len(picked), r)
-
-    write(False)
-    if jobs <= 1:
-        for k in range(len(picked)):
-            one(k)
-    else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(one, range(len(picked))))
-    write(True)
     done = [r for r in results if r is not None]
-    return {**head, **summarize(done), "families": by_family(done, fams), "complete": True, "judged": len(done),
-            "seconds": round(time.monotonic() - t0, 2), "results": [r.as_json() for r in done]}
+    doc = {**head, **summarize(done), "families": by_family(done, fams), "complete": complete,
+           "judged": len(done), "seconds": round(time.monotonic() - t0, 2), "results": [r.as_json() for r in done]}
+    if report is not None:
+        write_json(os.path.join(str(report), "mutate.json"), doc)
+    return doc
 
 
 def _tool_version(fams=("cosmic-ray",)) -> str:
@@ -501,9 +794,32 @@ def progress_line(i: int, n: int, r: MutantResult) -> str:
             f"{r.seconds:.1f}s  {r.detail[:100]}")
 
 
+def triage_lines(doc: dict, equiv: dict) -> list[str]:
+    """Every mutant of a mutate.json document left for a reader (survived, timeout, error): its status, operator,
+    file:line, the diff, and whether ``equiv`` (the equivalents file) records it equivalent, with why."""
+    out = []
+    for r in doc.get("results", []):
+        if r["status"] not in ("survived", "timeout", "error"):
+            continue
+        e = equiv.get(r["id"])
+        out.append(f"{r['status']} {r['id']}  {r['operator']}  {r['module']}:{r['line']}  "
+                   + (f"recorded equivalent: {e['why'][:100]}" if e else "not recorded equivalent"))
+        out += [f"    - {x}" for x in r["before"].splitlines()] + [f"    + {x}" for x in r["after"].splitlines()]
+        if r["status"] != "survived":
+            out.append(f"    ({r['detail'][:160]})")
+    return out
+
+
 def main_cli(args) -> int:
     """The handler of ``smv mutate`` (exit 0 when nothing survived, 1 when a mutant survived, 2 for misuse)."""
-    def on_term(signum, _frame):  # the results so far are on disk already; let finally-blocks clean up
+    if getattr(args, "triage", None):
+        doc = json.loads(Path(args.triage).read_text())
+        lines = triage_lines(doc, load_equivalents(args.equivalents))
+        print("\n".join(lines) if lines else "nothing survived, timed out or errored")
+        return 0
+
+    def on_term(signum, _frame):  # the results so far are on disk already: stop the audits, let finally-blocks clean
+        stop_all()
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -514,17 +830,18 @@ def main_cli(args) -> int:
 
     doc = run_session(args.sample, seed=args.seed, modules=args.module, cap=args.cap, report=args.report,
                       equivalents=args.equivalents, jobs=args.jobs, progress=progress, targets=args.target,
-                      operators=getattr(args, "operators", "all"))
+                      operators=getattr(args, "operators", "all"), budget=getattr(args, "budget", None),
+                      history=getattr(args, "history", None) or ())
     print(f"mutation score {doc['score']}: {doc['killed']} killed, {doc['survived']} survived, "
           f"{doc['equivalent']} equivalent, {doc['timeout']} timeout, {doc['error']} error, "
           f"{doc['incompetent']} incompetent, {doc['uncovered']} uncovered of {doc['judged']} sampled "
-          f"(population {doc['population']}, seed {doc['seed']}, commit {doc['commit']}) in {doc['seconds']:.0f}s")
+          f"(population {doc['population']}, seed {doc['seed']}, commit {doc['commit']}) in {doc['seconds']:.0f}s"
+          + (f"; {doc['not_started']} not started within the budget" if doc.get("not_started") else ""))
     for f, c in doc["families"].items():
         print(f"  {f}: score {c['score']}, {c['killed']} killed, {c['survived']} survived, {c['equivalent']} "
               f"equivalent, {c['timeout']} timeout, {c['error']} error, {c['incompetent']} incompetent")
-    for r in doc["results"]:
-        if r["status"] == "survived":
-            print(f"  survived {r['id']}  {r['module']}:{r['line']}  {r['before'][:60]!r} -> {r['after'][:60]!r}")
+    for line in triage_lines(doc, load_equivalents(args.equivalents)):
+        print("  " + line)
     if args.report:
         print(f"report: {os.path.join(args.report, 'mutate.json')}")
     return 1 if doc["survived"] else 0

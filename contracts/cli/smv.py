@@ -874,6 +874,15 @@ def build_parser() -> argparse.ArgumentParser:
     mu.add_argument("--operators", choices=("all", "cosmic-ray", "triton"), default="all",
                     help="operator families: cosmic-ray's default set, ours for Triton code (masks, other=, strides, "
                          "block sizes, int64 widening, do_not_specialize), or all (default; sampled in turn)")
+    mu.add_argument("--budget", type=seconds, default=None,
+                    help="seconds for the whole session: the audits still running then are stopped (error, not judged) "
+                         "and no mutant starts after it (default: no limit)")
+    mu.add_argument("--history", action="append", metavar="FILE",
+                    help="an earlier mutate.json whose kills order the covering contracts (repeatable; the zoo's "
+                         "catalogs and this session's kills always count)")
+    mu.add_argument("--triage", metavar="FILE",
+                    help="run nothing: list FILE's (a mutate.json) survivors, timeouts and errors with operator, "
+                         "file:line, diff and whether the equivalents file records them")
     mu.set_defaults(func=lambda args: __import__("contracts.cli.mutate", fromlist=["main_cli"]).main_cli(args))
     z = sub.add_parser("zoo", help="plant each catalogued bug and prove its contracts catch it")
     z.add_argument("--catalog", action="append", help="TOML catalog (repeatable; default: the built-in ones)")
