@@ -68,11 +68,25 @@ def launches_refused():
                 cls.run = original
 
 
+def _tensors(inputs: dict):
+    """Every tensor the call is handed: the arguments, and the tensors an object argument holds (a builder's or
+    a graph's persistent buffers, one level down, dicts of tensors included) as ``name.attribute``."""
+    for name, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            yield name, v
+        elif hasattr(v, "__dict__") and not isinstance(v, type):
+            for attr, a in vars(v).items():
+                items = a.items() if isinstance(a, dict) else [("", a)]
+                for key, t in items:
+                    if isinstance(t, torch.Tensor):
+                        yield f"{name}.{attr}" + (f"[{key}]" if key else ""), t
+
+
 def _snapshot(inputs: dict) -> dict:
-    """A byte copy of the whole storage behind every tensor argument (a view's pool included)."""
+    """A byte copy of the whole storage behind every tensor the call is handed (a view's pool included)."""
     out = {}
-    for name, t in inputs.items():
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+    for name, t in _tensors(inputs):
+        if t.device.type != "meta":
             st = t.untyped_storage()
             out[name] = (t, torch.empty(0, dtype=torch.uint8, device=t.device).set_(st).cpu().clone())
     return out
@@ -84,11 +98,15 @@ def _changed(snap: dict) -> list[str]:
                                before)]
 
 
-def _call(fn, inputs: dict, target: Target):
-    """Call ``fn`` with launches refused: ``("launched", kernel)``, ``("raised", exc)`` or ``("returned", None)``."""
+def _call(fn, inputs: dict, target: Target, call=None):
+    """Call ``fn`` (through the entry's ``call(fn, inputs)`` where it has one: an argument packed in a dataclass)
+    with launches refused: ``("launched", kernel)``, ``("raised", exc)`` or ``("returned", None)``."""
     try:
         with launches_refused():
-            fn(**inputs, **_target_kw(fn, target))
+            if call is None:
+                fn(**inputs, **_target_kw(fn, target))
+            else:
+                call(fn, dict(inputs))
     except KernelLaunched as exc:
         return "launched", exc.kernel
     except Exception as exc:  # noqa: BLE001 - what was raised is the verdict
@@ -106,8 +124,13 @@ def _target_kw(fn, target: Target) -> dict:
 
 
 def _entry(target: Target, name: str):
-    family, func = name.split(".")
-    return getattr(getattr(bound(target), family), func)
+    """``family.function`` or ``family.Class.method`` of the current subject (a method is called with ``self``
+    among the keywords: the instance the entry's builder made)."""
+    family, *path = name.split(".")
+    fn = getattr(bound(target), family)
+    for part in path:
+        fn = getattr(fn, part)
+    return fn
 
 
 def _names(msg: str, names: tuple[str, ...]) -> bool:
@@ -123,9 +146,11 @@ def _cases(target: Target):
 def bad_input_refusal(case: BadInputCase, target: Target) -> list[Violation]:
     """An entry point handed one malformed argument - a fixed dimension one too small or one too large, a wrong
     dtype, a wrong device (``meta``), a non-contiguous view where contiguity is required, a slot / request / table
-    entry / position / indptr just outside its valid range on a token that uses it - raises ``ValueError`` or
+    entry / position / indptr just outside its valid range on a token that uses it, a count out of range (negative
+    ``num_reqs``), an output sharing one element with an input - raises ``ValueError`` or
     ``TypeError`` whose message names the argument (or, for a size or id that must agree with another argument,
-    that argument), before any Triton launch, and every tensor it was handed is byte-for-byte unchanged. The same
+    that argument), before any Triton launch, and every tensor it was handed (an object argument's too: a builder's
+    or a captured graph's buffers) is byte-for-byte unchanged. The same
     call before the breakage is accepted (it reaches its launch or returns), so a refusal is never of everything.
     Each case checks every argument x breakage of one entry point, starting from a valid call drawn by that entry's
     own generator (fuzz/bad_input.py). Source: DESIGN "Conventions" (bad input gets a clear error before any kernel
@@ -147,19 +172,20 @@ def bad_input_refusal(case: BadInputCase, target: Target) -> list[Violation]:
 
 def _refusal(case: BadInputCase, fn, inner, arg: str, breakage: str, target: Target, accepted: set) -> list:
     """One breakage: the valid call accepted (once per valid call), the broken one refused cleanly."""
-    build = fz.ENTRIES[case.entry].build
+    entry = fz.ENTRIES[case.entry]
+    call = entry.call
     dev = kernel_device()
     key = repr(inner)
     if key not in accepted:
-        kind, got = _call(fn, build(inner, dev, target), target)
+        kind, got = _call(fn, fz.build_call(entry, inner, dev, target), target, call)
         if kind == "raised":
             return [Violation(VALID_REFUSED, f"{case.entry} before breaking {arg}", "a launch or a return",
                               f"{type(got).__name__}: {got}")]
         accepted.add(key)
-    inputs = build(inner, dev, target)
+    inputs = fz.build_call(entry, inner, dev, target)
     what = fz.break_inputs(case.entry, arg, breakage, case.seed, inputs, inner)
     snap = _snapshot(inputs)
-    kind, got = _call(fn, inputs, target)
+    kind, got = _call(fn, inputs, target, call)
     where = f"{case.entry}: {what} ({breakage})"
     out: list[Violation] = []
     if kind == "launched":
@@ -170,8 +196,10 @@ def _refusal(case: BadInputCase, fn, inner, arg: str, breakage: str, target: Tar
         out.append(Violation(REFUSAL_WRONG_TYPE, where, "ValueError/TypeError", f"{type(got).__name__}: {got}"))
     else:
         # a size or an id that must agree with another argument may be reported against that one
+        spec = fz.ENTRIES[case.entry].args[arg]
         agrees = breakage.startswith("dim") or breakage in fz.ID_BREAKAGES
-        names = (arg,) + (fz.ENTRIES[case.entry].args[arg].partners if agrees else ())
+        overlap = (spec.overlaps,) if breakage in fz.OVERLAP_BREAKAGES else ()
+        names = (arg,) + (spec.partners if agrees else ()) + overlap
         if not _names(str(got), names):
             out.append(Violation(REFUSAL_UNNAMED, where, " or ".join(names), f"{type(got).__name__}: {got}"))
     changed = _changed(snap)

@@ -10,8 +10,16 @@ ids it holds that have a valid range (slots, requests, table entries), each brok
 them. Breakages (:data:`BREAKAGES`): a fixed dimension one too small (a narrowed view of the valid tensor, so its
 strides stay those of the valid one) or one too large, a wrong dtype, a wrong device (``meta``), a non-contiguous
 view where contiguity is required, an id one past its range (``range-high``) or one below it (``range-low``: below
-the skip value where only -1 skips, or negative where no entry may skip). The contract calls the broken case and
+the skip value where only -1 skips, or negative where no entry may skip), an output that shares exactly one element
+with an input (``overlap-tail``: its first element is the input's last; ``overlap-head``: its last is the input's
+first). A count or a size passed as a number (``num_reqs``, ``block_size``, ``kv_lora_rank``) takes ``dtype`` (a
+float or an int in its place) and range breakages (negative, zero, one past). The contract calls the broken case and
 expects a ``ValueError`` / ``TypeError`` naming the argument before any launch, every buffer untouched.
+
+An entry may be a method (``family.Class.method``): its builder puts the instance (a metadata builder after or
+before ``build``, a captured graph) among the keywords as ``self``, and the instance's tensors count among the
+buffers that must stay unchanged. An entry whose arguments come packed (``CommonMetadata``, ``DecodeWorkspace``)
+takes them flat, each broken alone, and its ``call`` packs them with the subject's own class.
 
 A case is one entry point's valid call; its check runs every breakage of every argument of that entry in turn
 (each on a fresh copy of the call, or on another valid call drawn from the case's seed where this one cannot carry
@@ -20,6 +28,7 @@ rows reach every entry point, and with it every argument x breakage pair.
 """
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
@@ -30,20 +39,28 @@ from hypothesis import strategies as st
 from fuzz import cache_writers as fcw
 from fuzz import cp_gather as fcg
 from fuzz import decode as fdec
+from fuzz import decode_reduce as fdr
+from fuzz import dsv4_step as fds
 from fuzz import epilogues as fep
 from fuzz import graph_buffers as fgb
+from fuzz import graph_capture as fgc
 from fuzz import indexer_logits as fil
 from fuzz import indexer_writer as fiw
 from fuzz import prefill as fpre
+from fuzz import prefill_assembly as fpa
 from fuzz import ragged as frg
 from fuzz import router as frt
+from fuzz import sparse_metadata as fsm
 from fuzz.cases import Case, _freeze
 from fuzz.dimensions import Dimension, Family, declare
 from fuzz.formats import Fp8Case, LayoutCase, Ue8m0Case, fp8_cases, layout_cases, ue8m0_cases
 
 DIM_BREAKAGES = tuple(f"dim{d}-{s}" for d in range(4) for s in ("small", "large"))
 RANGE_BREAKAGES = ("range-high", "range-low")
-BREAKAGES = DIM_BREAKAGES + ("dtype", "device", "noncontig") + RANGE_BREAKAGES
+#: an output that shares exactly one element with an input: its first element is the input's last (``tail``), or
+#: its last element is the input's first (``head``)
+OVERLAP_BREAKAGES = ("overlap-tail", "overlap-head")
+BREAKAGES = DIM_BREAKAGES + ("dtype", "device", "noncontig") + RANGE_BREAKAGES + OVERLAP_BREAKAGES
 #: breakages that make a well-typed call with corrupt ids (the rest misuse the signature)
 ID_BREAKAGES = frozenset(RANGE_BREAKAGES)
 
@@ -97,12 +114,15 @@ class Arg:
     partners: tuple[str, ...] = ()
     #: the valid calls that pass this argument at all (an optional tensor: a sink, an extra cache)
     needs: Callable[[Any], bool] | None = None
+    #: an output that must not partly overlap this input argument (an exact in-place call aside)
+    overlaps: str | None = None
 
     def breakages(self) -> tuple[str, ...]:
         out = [f"dim{d}-{s}" for d in self.dims for s in ("small", "large")]
         out += ["dtype"] if self.bad_dtype is not None else []
         out += ["device"] if self.device else []
         out += ["noncontig"] if self.contiguous else []
+        out += list(OVERLAP_BREAKAGES) if self.overlaps else []
         return tuple(out) + tuple(k for k in RANGE_BREAKAGES if k in self.ranges)
 
 
@@ -121,6 +141,12 @@ class Entry:
     plain: Callable[[], Any] | None = None
     #: the drawn cases that are valid calls (a generator may also draw calls the entry must refuse)
     valid: Callable[[Any], bool] | None = None
+    #: ``call(fn, inputs)`` where the entry takes some arguments packed (a dataclass of the subject's family);
+    #: None: ``fn(**inputs)``
+    call: Callable[[Any, dict], Any] | None = None
+    #: arguments every breakage shares (not copied): an object whose identity is its state (a captured graph,
+    #: whose replays must find the buffers it captured)
+    shared: tuple[str, ...] = ()
 
 
 # --- breaking a built call --------------------------------------------------------------------------------------
@@ -155,6 +181,13 @@ def break_inputs(entry: str, arg: str, kind: str, seed: int, inputs: dict, inner
         if where is None:
             raise LookupError(f"{entry}: no token of this call uses {arg}")
         return where
+    if not isinstance(t, torch.Tensor):  # a count or a size: its type
+        if kind != "dtype":
+            raise LookupError(f"{arg}: a {type(t).__name__} has no {kind}")
+        inputs[arg] = spec.bad_dtype(t)
+        return f"{arg} = {inputs[arg]!r} (a {type(inputs[arg]).__name__}, was {t!r})"
+    if kind in OVERLAP_BREAKAGES:
+        return _overlap(inputs, arg, spec.overlaps, kind)
     if kind.startswith("dim"):
         d, how = int(kind[3]), kind.split("-")[1]
         if how == "small":
@@ -175,6 +208,23 @@ def break_inputs(entry: str, arg: str, kind: str, seed: int, inputs: dict, inner
         raise LookupError(f"{arg}: a last dimension of {t.shape[-1] if t.dim() else 0} elements has no stride to break")
     inputs[arg] = _strided(t)
     return f"{arg} strides {list(t.stride())} -> {list(inputs[arg].stride())}"
+
+
+def _overlap(inputs: dict, arg: str, other: str, kind: str) -> str:
+    """``inputs[arg]`` and ``inputs[other]`` (same shape) as two views of one pool sharing exactly one element:
+    ``overlap-tail``: arg's first element is other's last; ``overlap-head``: arg's last element is other's first.
+    ``other`` keeps its values."""
+    src = inputs[other]
+    n = src.numel()
+    if n < 2:
+        raise LookupError(f"{other}: {n} element(s) leave no partial overlap")
+    pool = torch.zeros(2 * n - 1, dtype=src.dtype, device=src.device)
+    lo, hi = pool[:n].view(src.shape), pool[n - 1:].view(src.shape)
+    mine, theirs = (hi, lo) if kind == "overlap-tail" else (lo, hi)
+    theirs.copy_(src)
+    inputs[other], inputs[arg] = theirs, mine
+    first = "first" if kind == "overlap-tail" else "last"
+    return f"{arg}'s {first} element is {other}'s {'last' if first == 'first' else 'first'} ({n} elements each)"
 
 
 def inner_of(case: BadInputCase, arg: str, breakage: str, target=None):
@@ -472,10 +522,12 @@ def _build_prefill(c, device, target) -> dict:
             "attn_sink": inp.attn_sink, "out": inp.out, "topk_length": inp.topk_length, "indptr": inp.indptr}
 
 
+_GATHER_ARGS = ("k_cache", "k_fp8", "k_scale", "block_table", "cu_seqlen", "token_to_seq", "layout")
+
+
 def _build_gather(c, device, target) -> dict:
-    kw = fcg.build_gather_inputs(c, device)
-    kw.pop("pool")
-    return kw
+    kw = fcg.build_gather_inputs(c, device)  # also the pool and whole output buffers, which the call is not given
+    return {k: kw[k] for k in _GATHER_ARGS}
 
 
 def _cu_range(high: bool):
@@ -500,7 +552,7 @@ def _ragged_cases(target=None):
 
 def _build_rope(c, device, target) -> dict:
     x, cos_sin, positions = fep.rope_input(c, device)
-    return {"x": x, "cos_sin": cos_sin, "positions": positions}
+    return {"x": x, "cos_sin": cos_sin, "positions": positions, "out": torch.zeros_like(x)}
 
 
 def _position_range(high: bool):
@@ -543,6 +595,15 @@ def _codec_builds():
                                             torch.float64),
         "codec_kernels.ue8m0_decode_reader_triton": (Fp8Case, lambda t=None: fp8_cases({"ocp"}),
                                                      lambda c, d, t: {"codes": codes(c)}, "codes", torch.int8),
+        # the host codecs (impl.formats): the writers' and readers' reference bit patterns
+        "formats.fp8_decode": (Fp8Case, lambda t=None: fp8_cases({"ocp", "fnuz"}),
+                               lambda c, d, t: {"codes": codes(c), "flavour": c.flavour}, "codes", torch.int8),
+        "formats.fp8_encode": (Fp8Case, lambda t=None: fp8_cases({"ocp", "fnuz"}),
+                               lambda c, d, t: {"x": _fp8_values(c), "flavour": c.flavour}, "x", torch.int32),
+        "formats.ue8m0_decode": (Fp8Case, lambda t=None: fp8_cases({"ocp"}), lambda c, d, t: {"codes": codes(c)},
+                                 "codes", torch.int8),
+        "formats.ue8m0_decode_reader": (Fp8Case, lambda t=None: fp8_cases({"ocp"}),
+                                        lambda c, d, t: {"codes": codes(c)}, "codes", torch.int8),
         "codec_kernels.ue8m0_encode_triton": (Ue8m0Case, lambda t=None: ue8m0_cases(254),
                                               lambda c, d, t: {"scale": torch.tensor(c.scales, dtype=torch.float32),
                                                                "cap": c.cap}, "scale", torch.float64),
@@ -704,7 +765,7 @@ def _more_entries() -> list[Entry]:
                                   "range-low": _indptr_range("indptr", "indices", False)}),
             "attn_sink": Arg(bad_dtype=torch.bfloat16, needs=lambda c: c.sink != "none"),
             "out": Arg(dims=(0, 1), bad_dtype=torch.int32, partners=("q",)),
-        }),
+        }, valid=lambda c: not fpre.refusable(c)),  # layouts the prefill may refuse are no valid call to break
         Entry("cp_gather.cp_gather_indexer_k_quant_cache", fcg.CpGatherCase, lambda t=None: fcg.gather_cases(),
               _build_gather, {
                   "k_cache": Arg(dims=(2,), bad_dtype=torch.int8),
@@ -737,6 +798,7 @@ def _more_entries() -> list[Entry]:
             "cos_sin": Arg(dims=(1,), contiguous=True, bad_dtype=torch.float64),
             "positions": Arg(dims=(0,), contiguous=True, bad_dtype=torch.float32, partners=("x",),
                              ranges={"range-high": _position_range(True), "range-low": _position_range(False)}),
+            "out": Arg(dims=(0, 1, 2), contiguous=True, bad_dtype=torch.int32, partners=("x",), overlaps="x"),
         }),
         Entry("epilogues.mxfp8_quantize", fep.Mxfp8Case, lambda t=None: fep.mxfp8_cases(), _build_mxfp8, {
             "x": Arg(dims=(1,), contiguous=True, bad_dtype=torch.float16),
@@ -747,9 +809,534 @@ def _more_entries() -> list[Entry]:
         }),
     ]
     out += _logits_entries() + [_graph_entry()] + _indexer_format_entries()
+    out += [_metadata_entry(), _assembly_entry(), _reduce_entry(), _consumer_entry(), _prefill_launch_entry()]
+    out += [_fill_entry(), _epilogue_entry()] + _topk_entries() + _layer_entries() + _graph_entries()
     for name, (ctype, strat, build, arg, bad) in _codec_builds().items():
         out.append(Entry(name, ctype, strat, build, {arg: Arg(bad_dtype=bad, device=False)}))
+    return out + [_ue8m0_encode_entry()]
+
+
+def _ue8m0_encode_entry() -> Entry:
+    return Entry("formats.ue8m0_encode", Ue8m0Case, lambda t=None: ue8m0_cases(254), lambda c, d, t: {
+        "scale": torch.tensor(c.scales, dtype=torch.float32), "cap": c.cap}, {
+            "scale": Arg(bad_dtype=torch.int32, device=False, ranges={"range-low": _entry_at(
+                "scale", lambda c, i, r: r.randrange(i["scale"].numel()), lambda t, i, inp: 0.0, "scales are > 0")}),
+            # cap: 254.0 equals 254 and is taken as it (no type breakage): only values outside {254, 255}
+            "cap": Arg(device=False, ranges={"range-low": _set("cap", lambda v, i: 253),
+                                             "range-high": _set("cap", lambda v, i: 256)}),
+        })
+
+
+# --- metadata builders, prefill assembly, reduce, partition consumer, graph capture ------------------------------
+
+def _set(name: str, value_of: Callable[[Any, dict], Any], say: str = ""):
+    """A range breakage of a count or a size: ``inputs[name] = value_of(current, inputs)``."""
+    def fn(inputs, inner, rng):
+        was = inputs[name]
+        inputs[name] = value_of(was, inputs)
+        return f"{name} = {inputs[name]} (was {was}{say})"
+    return fn
+
+
+def _entry_at(name: str, index_of: Callable[[Any, dict, random.Random], int | None], value_of, say: str):
+    """A range breakage of one entry of a 1-D tensor: ``t[i] = value_of(t, i, inputs)`` at ``index_of``."""
+    def fn(inputs, inner, rng):
+        i = index_of(inner, inputs, rng)
+        if i is None:
+            return None
+        t = inputs[name].clone()
+        v = value_of(t, i, inputs)
+        t[i] = v
+        inputs[name] = t
+        return f"{name}[{i}] = {v} ({say})"
+    return fn
+
+
+#: the length a padded request past num_reqs carries (a scheduler's padding; the builder reads the first R only)
+PAD_SEQ_LEN = 77
+
+
+def _metadata_cases(target=None):
+    return fsm.metadata_case(min_steps=1, max_steps=2)
+
+
+def _build_metadata(c, device, target) -> dict:
+    """A fresh builder of the case's configuration and its last step's scheduler metadata, as keywords (the
+    ``CommonMetadata`` fields flat, so that each is broken alone; :func:`_call_metadata` packs them)."""
+    from impl.sparse_metadata import SparseMLAMetadataBuilder
+
+    cfg, step = c.config, c.steps[-1]
+    b = SparseMLAMetadataBuilder(cfg.max_tokens, cfg.num_heads, topk_tokens=cfg.topk, block_size=cfg.block_size,
+                                 target=target, kv_granularity=cfg.granularity, use_aiter=False, device=device)
+    starts = [0]
+    for q in step.q_lens:
+        starts.append(starts[-1] + q)
+    starts += [starts[-1]] * step.pad
+    seq = torch.tensor(list(step.seq_lens) + [PAD_SEQ_LEN] * step.pad, dtype=torch.int32)  # lengths no request has
+    qsl = torch.tensor(starts, dtype=torch.int32)
+    R = len(step.q_lens)
+    width = max(1, -(-max(step.seq_lens) // cfg.block_size))  # every position of every context has a block
+    return {"self": b, "query_start_loc": qsl.to(device), "query_start_loc_cpu": qsl, "seq_lens": seq.to(device),
+            "seq_lens_cpu": seq.clone() if step.host_lens else None, "num_reqs": R,
+            "num_actual_tokens": starts[R], "max_query_len": max(step.q_lens),
+            "block_table": torch.ones(R + step.pad, width, dtype=torch.int32, device=device)}
+
+
+def _call_metadata(fn, kw: dict):
+    import sys
+
+    builder = kw.pop("self")
+    return fn(builder, sys.modules[type(builder).__module__].CommonMetadata(**kw))
+
+
+def _last_req(inner, inputs, rng):
+    return rng.randrange(len(inner.steps[-1].q_lens))
+
+
+def _metadata_entry() -> Entry:
+    host = lambda c: c.steps[-1].host_lens  # noqa: E731 - seq_lens_cpu passed (the device copy is then not read)
+    counts = ("query_start_loc_cpu", "num_actual_tokens", "num_reqs", "max_query_len")
+    neg = lambda n: _set(n, lambda v, i: -1, "; a negative count")  # noqa: E731
+    return Entry("sparse_metadata.SparseMLAMetadataBuilder.build", fsm.MetadataCase, _metadata_cases, _build_metadata, {
+        "query_start_loc_cpu": Arg(bad_dtype=torch.float32, partners=counts, ranges={
+            "range-high": _entry_at("query_start_loc_cpu", lambda c, i, r: len(c.steps[-1].q_lens),
+                                    lambda t, i, inp: int(t[i]) + 1, "one past the last token"),
+            "range-low": _entry_at("query_start_loc_cpu", lambda c, i, r: 0, lambda t, i, inp: -1,
+                                   "offsets start at 0")}),
+        "query_start_loc": Arg(bad_dtype=torch.float32),
+        "seq_lens": Arg(bad_dtype=torch.float32, uses=lambda c: not host(c), ranges={
+            "range-low": _entry_at("seq_lens", _last_req, lambda t, i, inp: -1, "a negative length")}),
+        "seq_lens_cpu": Arg(bad_dtype=torch.float32, needs=host, ranges={
+            "range-low": _entry_at("seq_lens_cpu", _last_req, lambda t, i, inp: -1, "a negative length")}),
+        "num_reqs": Arg(bad_dtype=float, device=False, partners=counts, ranges={"range-low": neg("num_reqs")}),
+        "num_actual_tokens": Arg(bad_dtype=float, device=False, partners=counts, ranges={
+            "range-low": neg("num_actual_tokens"),
+            "range-high": _set("num_actual_tokens", lambda v, i: v + 1, "; the offsets end one short")}),
+        "max_query_len": Arg(bad_dtype=float, device=False, partners=counts, ranges={
+            "range-low": neg("max_query_len"),
+            "range-high": _set("max_query_len", lambda v, i: v + 1, "; one past the longest query")}),
+        "block_table": Arg(bad_dtype=torch.float32),
+    }, call=_call_metadata)
+
+
+def _builder_cases(target=None):
+    return fds.builder_cases()
+
+
+def _build_layer(c, device, target) -> dict:
+    pos, t2r, swa, table = fds.builder_inputs(c, device)
+    kw = {"compress_ratio": c.compress_ratio, "positions": pos, "token_to_req": t2r, "swa_block_table": swa,
+          "swa_block_size": fds.BUILDER_SIZES["swa_block_size"]}
+    if c.compress_ratio > 1:
+        kw.update(block_table=table.to(device), block_size=fds.BUILDER_SIZES["block_size"])
+    if c.compress_ratio == 128:
+        kw["max_model_len"] = fds.BUILDER_SIZES["max_model_len"]
+    return kw
+
+
+def _build_builder(c, device, target) -> dict:
+    from impl.dsv4_step import Dsv4MetadataBuilder
+
+    kw = _build_layer(c, device, target)
+    b = Dsv4MetadataBuilder(kw.pop("compress_ratio"), swa_block_size=kw.pop("swa_block_size"),
+                            block_size=kw.pop("block_size", None), max_model_len=kw.pop("max_model_len", None),
+                            target=target)
+    return {"self": b, **kw}
+
+
+def _req_of_token(high: bool):
+    def fn(inputs, inner, rng):
+        t2r = inputs["token_to_req"].clone()
+        i = rng.randrange(t2r.numel())
+        v = int(inputs["swa_block_table"].shape[0]) if high else -1
+        t2r[i] = v
+        inputs["token_to_req"] = t2r
+        return f"token_to_req[{i}] = {v} (swa_block_table has {inputs['swa_block_table'].shape[0]} rows)"
+    return fn
+
+
+def _layer_tensor_args() -> dict:
+    compressed = lambda c: c.compress_ratio > 1  # noqa: E731
+    return {
+        "positions": Arg(dims=(0,), bad_dtype=torch.int32, partners=("token_to_req",)),
+        "token_to_req": Arg(dims=(0,), bad_dtype=torch.float32, partners=("positions", "swa_block_table"),
+                            ranges={"range-high": _req_of_token(True), "range-low": _req_of_token(False)}),
+        "swa_block_table": Arg(bad_dtype=torch.float32),
+        "block_table": Arg(dims=(0,), bad_dtype=torch.float32, partners=("swa_block_table",), needs=compressed),
+    }
+
+
+def _layer_entries() -> list[Entry]:
+    compressed = lambda c: c.compress_ratio > 1  # noqa: E731
+    scalars = {
+        "compress_ratio": Arg(bad_dtype=float, device=False, ranges={
+            "range-high": _set("compress_ratio", lambda v, i: v + 1 if v > 1 else 2, "; no layer kind"),
+            "range-low": _set("compress_ratio", lambda v, i: -1, "; a negative ratio")}),
+        "swa_block_size": Arg(bad_dtype=float, device=False,
+                              ranges={"range-low": _set("swa_block_size", lambda v, i: 0)}),
+        "block_size": Arg(bad_dtype=float, device=False, needs=compressed, ranges={
+            "range-low": _set("block_size", lambda v, i: 0),
+            "range-high": _set("block_size", lambda v, i: v + 1, "; not a multiple of the ratio")}),
+        "max_model_len": Arg(bad_dtype=float, device=False, needs=lambda c: c.compress_ratio == 128,
+                             ranges={"range-low": _set("max_model_len", lambda v, i: 0)}),
+    }
+    out = [Entry("dsv4_step.build_layer_metadata", fds.BuilderCase, _builder_cases, _build_layer,
+                 {**_layer_tensor_args(), **scalars})]
+    for method in ("build", "build_for_cudagraph_capture"):
+        out.append(Entry(f"dsv4_step.Dsv4MetadataBuilder.{method}", fds.BuilderCase, _builder_cases, _build_builder,
+                         _layer_tensor_args()))
     return out
+
+
+def _assembly_cases(target=None):
+    return fpa.assembly_cases()
+
+
+def _build_assembly(c, device, target) -> dict:
+    ch = fpa.build_assembly_inputs(c, device).chunks[0]
+    return {"topk_indices": ch.topk_indices, "query_start_loc": ch.query_start_loc, "seq_lens": ch.seq_lens,
+            "gather_lens": ch.gather_lens, "compress_ratio": c.ratio, "M": ch.M, "N": ch.N, "topk": c.topk,
+            "window_size": c.window, **ch.image_kwargs(c)}
+
+
+def _chunk_req(inner, inputs, rng):
+    """A request of the first chunk with query tokens."""
+    qsl = inputs["query_start_loc"].tolist()
+    live = [r for r in range(len(qsl) - 1) if qsl[r + 1] > qsl[r]]
+    return rng.choice(live) if live else None
+
+
+def _slack_req(inner, inputs, rng):
+    """A request with query tokens whose gather one past its seq_len the workspace still holds (N + seq_len + 1
+    <= M), so that only the gather check stands between it and the launch; None when the chunk has none."""
+    qsl, seqs = inputs["query_start_loc"].tolist(), inputs["seq_lens"].tolist()
+    room = inputs["M"] - inputs["N"]
+    live = [r for r in range(len(qsl) - 1) if qsl[r + 1] > qsl[r] and seqs[r] + 1 <= room]
+    return rng.choice(live) if live else None
+
+
+def _assembly_plain() -> fpa.AssemblyCase:
+    """Two requests in a workspace with room: a gather past a seq_len passes the workspace check."""
+    return fpa.AssemblyCase(seed=3, ratio=4, topk=2, topk_extra=0, window=3, seq_lens=(9, 3), query_lens=(2, 2),
+                            replay_cut=(1000, 1000), max_model_len=16, max_num_batched_tokens=8, invalid_rate=0.0,
+                            int32_extremes=False, topk_dtype="int32", topk_3d=False, topk_layout="contiguous",
+                            qsl_base=0, workspace=(4, 16))
+
+
+def _qlen(inputs, r) -> int:
+    qsl = inputs["query_start_loc"]
+    return int(qsl[r + 1]) - int(qsl[r])
+
+
+def _assembly_entry() -> Entry:
+    images = lambda c: c.max_image_tokens > 0 or bool(c.image_spans)  # noqa: E731
+    visible = lambda n: Arg(dims=(0,), bad_dtype=torch.float32, partners=("topk_indices",), needs=images,  # noqa
+                            ranges={"range-low": _entry_at(n, lambda c, i, r: r.randrange(i[n].numel()) if
+                                                           i[n].numel() else None, lambda t, i, inp: -1,
+                                                           "a negative count")})
+    return Entry("prefill_assembly.combine_topk_swa_indices", fpa.AssemblyCase, _assembly_cases, _build_assembly, {
+        "topk_indices": Arg(dims=(0,), bad_dtype=torch.float32, partners=("query_start_loc",)),
+        "query_start_loc": Arg(dims=(0,), bad_dtype=torch.float32, partners=("seq_lens", "topk_indices"), ranges={
+            "range-high": _entry_at("query_start_loc", lambda c, i, r: i["query_start_loc"].numel() - 1,
+                                    lambda t, i, inp: int(t[i]) + 1, "one token past topk_indices' rows")}),
+        "seq_lens": Arg(dims=(0,), bad_dtype=torch.float32, partners=("query_start_loc", "gather_lens"), ranges={
+            "range-low": _entry_at("seq_lens", _chunk_req, lambda t, i, inp: _qlen(inp, i) - 1,
+                                   "one short of the request's query tokens")}),
+        "gather_lens": Arg(dims=(0,), bad_dtype=torch.float32, partners=("seq_lens",), ranges={
+            "range-high": _entry_at("gather_lens", _slack_req, lambda t, i, inp: int(inp["seq_lens"][i]) + 1,
+                                    "one past the request's seq_len"),
+            "range-low": _entry_at("gather_lens", _chunk_req, lambda t, i, inp: _qlen(inp, i) - 1,
+                                   "one short of the request's query tokens")}),
+        "M": Arg(bad_dtype=float, device=False, partners=("gather_lens", "N"), ranges={
+            "range-low": _set("M", lambda v, i: i["N"] + int(i["gather_lens"].max()) - 1,
+                              "; one short of N + the longest gather")}),
+        "left_visible": visible("left_visible"),
+        "right_visible": visible("right_visible"),
+    }, _assembly_plain)
+
+
+def _reduce_cases(target=None):
+    return fdr.reduce_cases().filter(lambda c: not any(fdr.refusable(c).values()))
+
+
+def _build_reduce(c, device, target) -> dict:
+    p = fdr.build_partials(c)
+    kw = {f"workspace.{k}": fdr.lay_out(p[k], c.ws_layout, device) for k in ("part_m", "part_l", "part_acc")}
+    kw["attn_sink"] = fdr.lay_out(p["sink"].float(), c.sink_layout, device) if p["sink"] is not None else None
+    out = torch.full((c.batch, c.heads, fdr.HEAD_DIM), float("nan"), dtype=torch.bfloat16)
+    return {**kw, "out": fdr.lay_out(out, c.out_layout, device), "adaptive": c.adaptive}
+
+
+def _call_reduce(fn, kw: dict):
+    import sys
+
+    ws = sys.modules[fn.__module__].DecodeWorkspace(*(kw.pop(f"workspace.{k}") for k in ("part_m", "part_l",
+                                                                                          "part_acc")))
+    return fn(ws, **kw)
+
+
+def _reduce_entry() -> Entry:
+    parts = ("workspace.part_m", "workspace.part_l", "workspace.part_acc")
+    part = lambda n, dims: Arg(dims=dims, contiguous=True, bad_dtype=torch.float16,  # noqa: E731
+                               partners=tuple(p for p in parts if p != n))
+    return Entry("decode.decode_reduce", fdr.ReduceCase, _reduce_cases, _build_reduce, {
+        "workspace.part_m": part("workspace.part_m", (0, 1, 2)),
+        "workspace.part_l": part("workspace.part_l", (0, 1, 2)),
+        "workspace.part_acc": part("workspace.part_acc", (0, 1, 2, 3)),
+        "attn_sink": Arg(contiguous=True, bad_dtype=torch.bfloat16, needs=lambda c: c.sink != "none"),
+        "out": Arg(dims=(0, 1, 2), contiguous=True, bad_dtype=torch.float32, partners=parts),
+    }, call=_call_reduce)
+
+
+def _graph_cases(target=None):
+    return fgc.graph_replay_cases(target, max_batch=2, max_heads=2, max_row=3)  # small: the replay captures once
+
+
+def _build_capture(c, device, target) -> dict:
+    inp = fgc.build_graph_case(c, target, device)
+    cap = fgc.build_step(c, c.capture, 0, inp, device)
+    kw = {"q": cap.q, "main_cache": inp.main.view, "main_indices": cap.main_indices,
+          "main_indptr": cap.main_indptr, "max_per_row_main": c.max_main, "compress_ratio": c.compress_ratio,
+          "attn_sink": inp.attn_sink, "softmax_scale": inp.softmax_scale, "cu_count": c.cu_count,
+          "mode": "emulate"}
+    if inp.extra is not None:
+        kw.update(extra_cache=inp.extra.view, extra_indices=cap.extra_indices, extra_indptr=cap.extra_indptr,
+                  max_per_row_extra=c.max_extra)
+    return kw
+
+
+_GRAPHS: dict = {}
+
+
+def _build_replay(c, device, target) -> dict:
+    """A graph captured at the case's capture step (once per case, device and target: the capture runs the
+    decode) and the case's first replay step as keywords, ``self`` the graph."""
+    from impl.graph_capture import DecodeGraph
+
+    key = (repr(c), str(device), getattr(target, "name", target))
+    if key not in _GRAPHS:
+        kw = _build_capture(c, device, target)
+        _GRAPHS[key] = (DecodeGraph.capture(**kw, target=target), fgc.build_graph_case(c, target, device))
+    g, inp = _GRAPHS[key]
+    step = fgc.build_step(c, (c.replays or (c.capture,))[0], 1, inp, device)
+    kw = {"self": g, "q": step.q, "main_indices": step.main_indices, "main_indptr": step.main_indptr}
+    if step.extra_indices is not None:
+        kw.update(extra_indices=step.extra_indices, extra_indptr=step.extra_indptr)
+    return kw
+
+
+def _ragged_pair(prefix: str, needs=None) -> dict:
+    return {f"{prefix}_indices": Arg(bad_dtype=torch.int64, needs=needs),
+            f"{prefix}_indptr": Arg(dims=(0,), bad_dtype=torch.int64, partners=("q",), needs=needs, ranges={
+                "range-high": _indptr_range(f"{prefix}_indptr", f"{prefix}_indices", True),
+                "range-low": _indptr_range(f"{prefix}_indptr", f"{prefix}_indices", False)})}
+
+
+def _graph_entries() -> list[Entry]:
+    extra = lambda c: c.max_extra is not None  # noqa: E731
+    cache = lambda needs=None: Arg(dims=(2,), bad_dtype=torch.int8, needs=needs)  # noqa: E731
+    return [
+        Entry("graph_capture.DecodeGraph.capture", fgc.GraphCase, _graph_cases, _build_capture, {
+            "q": Arg(dims=(2,), bad_dtype=torch.float32),
+            "main_cache": cache(), **_ragged_pair("main"),
+            "extra_cache": cache(extra), **_ragged_pair("extra", extra),
+            "attn_sink": Arg(contiguous=True, bad_dtype=torch.bfloat16, needs=lambda c: c.sink != "none"),
+        }),
+        # a replay of fewer rows than captured is legal (the rest run empty): q's row count is free below it
+        # a compressed layer's graph carries every argument (the extra segment too): one capture per row
+        Entry("graph_capture.DecodeGraph.replay", fgc.GraphCase,
+              lambda t=None: _graph_cases(t).filter(lambda c: c.max_extra is not None), _build_replay, {
+            "q": Arg(dims=(1, 2), bad_dtype=torch.float32),
+            **_ragged_pair("main"), **_ragged_pair("extra", extra),
+        }, shared=("self",)),
+    ]
+
+
+def _build_consumer(c, device, target) -> dict:
+    """The partition the builder computes for the case's last step, consumed over random rows: q padded to the
+    builder's heads, a bf16 kv pool, flat slot ids (-1 holes among them) and an output of NaN. Only the step's
+    first request is built (the consumer runs its items on the host, one by one: a small partition keeps it cheap)."""
+    last = c.steps[-1]
+    c = c.replace(steps=(last.replace(q_lens=last.q_lens[:1], seq_lens=last.seq_lens[:1], pad=0),))
+    kw = _build_metadata(c, device, target)
+    b = kw.pop("self")
+    md = _call_metadata(type(b).build, {"self": b, **kw})
+    g = torch.Generator().manual_seed(c.steps[-1].seed)
+    T, H, slots = md.num_tokens, md.num_heads, 9
+    ids = torch.randint(-1, slots, (max(1, T * b.topk_tokens),), generator=g, dtype=torch.int32)
+    return {"q": torch.randn(T, H, 576, generator=g).to(torch.bfloat16).to(device),
+            "kv_cache": torch.randn(slots, 576, generator=g).to(torch.bfloat16).to(device),
+            "kv_indices": ids.to(device), "partition": {k: v.clone() for k, v in b.partition.items()},
+            "softmax_scale": 0.07, "kv_lora_rank": 512,
+            "out": torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device=device)}
+
+
+def _read_slot_high(inputs, inner, rng):
+    """A slot id one past kv_cache's rows at an entry a work item reads."""
+    p = inputs["partition"]
+    n = int(p["work_meta"][0])
+    read = sorted({i for _, b, e, _ in p["work_info"][:n].tolist() for i in range(b, e)})
+    if not read:
+        return None
+    i = rng.choice(read)
+    ids = inputs["kv_indices"].clone()
+    ids[i] = inputs["kv_cache"].shape[0]
+    inputs["kv_indices"] = ids
+    return f"kv_indices[{i}] = {int(ids[i])} (kv_cache has {inputs['kv_cache'].shape[0]} rows; an item reads it)"
+
+
+def _consumer_entry() -> Entry:
+    return Entry("work_partition.sparse_decode_from_partition", fsm.MetadataCase, _metadata_cases, _build_consumer, {
+        # q's device is the call's: moving q alone is reported against the others
+        "q": Arg(dims=(2,), bad_dtype=torch.int32, device=False, partners=("kv_cache", "out")),
+        "kv_cache": Arg(dims=(1,), bad_dtype=torch.int8, partners=("q",)),
+        "kv_indices": Arg(bad_dtype=torch.float32, ranges={"range-high": _read_slot_high}),
+        "out": Arg(dims=(0, 1, 2), bad_dtype=torch.float32, partners=("q", "kv_lora_rank")),
+        "kv_lora_rank": Arg(bad_dtype=float, device=False, ranges={
+            "range-high": _set("kv_lora_rank", lambda v, i: int(i["q"].shape[2]) + 1, "; wider than q"),
+            "range-low": _set("kv_lora_rank", lambda v, i: 0)}),
+    })
+
+
+def _build_prefill_launch(c, device, target) -> dict:
+    """The launcher's arguments as ``sparse_attn_prefill`` hands them over (kv [skv, d], dense rows [sq, k], the
+    sink cut to the heads, out allocated)."""
+    from impl.prefill import DEFAULT_ROPE_DIM
+
+    inp = fpre.build_prefill_inputs(c, device)
+    kv2 = inp.kv[:, 0, :] if inp.kv.dim() == 3 else inp.kv
+    idx = inp.indices[:, 0, :] if inp.indptr is None and inp.indices.dim() == 3 else inp.indices
+    h = int(inp.q.shape[1])
+    return {"q": inp.q, "kv2": kv2, "indices": idx, "indptr": inp.indptr, "softmax_scale": inp.softmax_scale,
+            "attn_sink": inp.attn_sink[:h] if inp.attn_sink is not None else None,
+            "out": inp.out if inp.out is not None else torch.empty_like(inp.q), "rope_head_dim": DEFAULT_ROPE_DIM,
+            "topk_length": inp.topk_length}
+
+
+def _prefill_launch_entry() -> Entry:
+    ragged = lambda c: c.mode == "ragged"  # noqa: E731
+    return Entry("prefill.sparse_attn_prefill_triton", fpre.PrefillCase, lambda t=None: fpre.prefill_cases(),
+                 _build_prefill_launch, {
+                     "q": Arg(dims=(0, 2), bad_dtype=torch.float32,
+                              partners=("kv2", "indices", "indptr", "topk_length", "out")),
+                     "kv2": Arg(dims=(1,), bad_dtype=torch.float32, partners=("q",)),
+                     "indices": Arg(bad_dtype=torch.float32),
+                     "indptr": Arg(dims=(0,), contiguous=True, bad_dtype=torch.int64, partners=("q",),
+                                   needs=ragged),
+                     "topk_length": Arg(dims=(0,), bad_dtype=torch.float32, partners=("q",),
+                                        needs=lambda c: c.mode == "dense" and c.topk_given),
+                     "attn_sink": Arg(contiguous=True, bad_dtype=torch.bfloat16, needs=lambda c: c.sink != "none"),
+                     "out": Arg(dims=(0, 1), bad_dtype=torch.int32, partners=("q",)),
+                     "rope_head_dim": Arg(bad_dtype=float, device=False, ranges={
+                         "range-high": _set("rope_head_dim", lambda v, i: int(i["q"].shape[2]), "; all of d"),
+                         "range-low": _set("rope_head_dim", lambda v, i: -1)}),
+                 }, valid=lambda c: not fpre.refusable(c))  # layouts the prefill may refuse: no valid call
+
+
+def _build_fill(c, device, target) -> dict:
+    """A builder after ``build`` of the case's last step, its metadata, and top-k rows of request-local positions
+    inside each token's context (-1 past its sparse length)."""
+    kw = _build_metadata(c, device, target)
+    b = kw["self"]
+    md = _call_metadata(type(b).build, dict(kw))
+    rng = random.Random(c.steps[-1].seed)
+    K, rows = b.topk_tokens, []
+    for ctx in md.context_positions.tolist():
+        n = min(K, ctx + 1) if ctx >= 0 else 0
+        rows.append(rng.sample(range(ctx + 1), n) + [-1] * (K - n))
+    return {"self": b, "metadata": md, "topk_indices": torch.tensor(rows, dtype=torch.int32, device=device)}
+
+
+def _fill_position(high: bool):
+    """A top-k entry one past the token's context (high) or below the hole marker -1 (low)."""
+    def fn(inputs, inner, rng):
+        rows = inputs["topk_indices"].clone()
+        ctx = inputs["metadata"].context_positions
+        t = rng.randrange(rows.shape[0])
+        v = max(int(ctx[t]) + 1, 0) if high else -2
+        rows[t, 0] = v
+        inputs["topk_indices"] = rows
+        return f"topk_indices[{t}, 0] = {v} (token {t}'s context ends at position {int(ctx[t])})"
+    return fn
+
+
+def _fill_entry() -> Entry:
+    return Entry("sparse_metadata.SparseMLAMetadataBuilder.fill_global_indices", fsm.MetadataCase, _metadata_cases,
+                 _build_fill, {
+                     # rows past the step's tokens are legal (a persistent top-k buffer): dimension 0 is free above
+                     "topk_indices": Arg(dims=(1,), bad_dtype=torch.float32, ranges={
+                         "range-high": _fill_position(True), "range-low": _fill_position(False)}),
+                 })
+
+
+def _topk_decode_cases(target=None):
+    return fil.decode_cases()
+
+
+def _topk_prefill_cases(target=None):
+    return fil.prefill_cases()
+
+
+def _logits(c, rows: int, width: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(c.seed)
+    x = torch.randn(rows, width, generator=g)
+    x[torch.rand(rows, width, generator=g) < 0.2] = float("-inf")  # not candidates
+    return x.to(device)
+
+
+def _build_topk(c, device, target) -> dict:
+    rows = len(c.context_lens) if c.per_row else c.batch * c.next_n
+    return {"logits": _logits(c, rows, c.max_model_len, device), "k": c.topk,
+            "out": torch.full((rows, c.topk), -7, dtype=torch.int32, device=device)}
+
+
+def _build_topk_prefill(c, device, target) -> dict:
+    T = len(c.row_starts)
+    return {"logits": _logits(c, T, c.keys, device), "k": c.topk,
+            "ks": torch.tensor(c.row_starts, dtype=torch.int32, device=device),
+            "ke": torch.tensor(c.row_ends, dtype=torch.int32, device=device),
+            "out": torch.full((T, c.topk), -7, dtype=torch.int32, device=device)}
+
+
+def _topk_entries() -> list[Entry]:
+    common = {
+        "logits": Arg(bad_dtype=torch.float16),
+        "out": Arg(dims=(0, 1), bad_dtype=torch.int64, partners=("logits", "k")),
+        "k": Arg(bad_dtype=float, device=False, ranges={"range-low": _set("k", lambda v, i: 0)}),
+    }
+    bound = lambda n, high: _entry_at(n, lambda c, i, r: r.randrange(i[n].numel()),  # noqa: E731
+                                      (lambda t, i, inp: int(inp["logits"].shape[1]) + 1) if high else
+                                      (lambda t, i, inp: -1), "columns of logits: [0, width]")
+    return [
+        Entry("indexer_logits.topk_indices", fil.IndexerLogitsCase, _topk_decode_cases, _build_topk, common),
+        Entry("indexer_logits.topk_indices_prefill", fil.IndexerLogitsCase, _topk_prefill_cases,
+              _build_topk_prefill, {
+                  **common,
+                  "ks": Arg(dims=(0,), bad_dtype=torch.float32, partners=("logits",),
+                            ranges={"range-low": bound("ks", False)}),
+                  "ke": Arg(dims=(0,), bad_dtype=torch.float32, partners=("logits",),
+                            ranges={"range-high": bound("ke", True)}),
+              }),
+    ]
+
+
+def _build_epilogue(c, device, target) -> dict:
+    x, cos_sin, positions = fep.rope_input(c, device)
+    return {"out": x, "cos_sin": cos_sin, "positions": positions, "mxfp8": c.width % 32 == 0,
+            "rotated": torch.zeros_like(x)}
+
+
+def _epilogue_entry() -> Entry:
+    return Entry("dsv4_step.step_epilogue", fep.RopeCase, lambda t=None: fep.rope_cases(), _build_epilogue, {
+        "out": Arg(dims=(0,), contiguous=True, bad_dtype=torch.float16, partners=("positions",)),
+        "cos_sin": Arg(dims=(1,), contiguous=True, bad_dtype=torch.float64),
+        # a padding token's position -1 is legal here (rotated at 0 and discarded): only the high end is bounded
+        "positions": Arg(dims=(0,), bad_dtype=torch.float32, partners=("out", "x"),
+                         ranges={"range-high": _position_range(True)}),
+        "rotated": Arg(dims=(0, 1, 2), contiguous=True, bad_dtype=torch.int32, partners=("out", "x"),
+                       overlaps="out"),
+        "mxfp8": Arg(bad_dtype=int, device=False),
+    })
 
 
 def _swa_cases(target=None):
@@ -826,10 +1413,33 @@ def carries(entry: Entry, inner, arg: str, breakage: str, target, seed: int = 0)
     if breakage in ID_BREAKAGES and spec.uses is not None and not spec.uses(inner):
         return False
     try:
-        break_inputs(entry.name, arg, breakage, seed, entry.build(inner, "cpu", target), inner)
+        # a shallow copy is enough: a breakage replaces an argument (a clone, a view, a new tensor) and never
+        # writes into the one it replaces
+        break_inputs(entry.name, arg, breakage, seed, dict(_built(entry, inner, "cpu", target)), inner)
     except LookupError:
         return False
     return True
+
+
+_BUILT: dict = {}
+
+
+def build_call(entry: Entry, inner, device, target) -> dict:
+    """``entry.build(inner, device, target)``, built once per valid call and handed out as a deep copy (views
+    keep sharing their pools; an object argument's buffers are copied with it): every breakage starts from a
+    fresh copy of the same call."""
+    built = _built(entry, inner, device, target)
+    return copy.deepcopy(built, {id(built[n]): built[n] for n in entry.shared if n in built})
+
+
+def _built(entry: Entry, inner, device, target) -> dict:
+    """The one build of a valid call (read only: breakages replace arguments, never write into them)."""
+    key = (entry.name, repr(inner), str(device), getattr(target, "name", target))
+    if key not in _BUILT:
+        if len(_BUILT) >= 64:
+            _BUILT.clear()
+        _BUILT[key] = entry.build(inner, device, target)
+    return _BUILT[key]
 
 
 #: seeded draws tried for a valid call that carries a breakage, before the entry's plain call

@@ -56,7 +56,7 @@ import torch
 from impl.epilogues import inverse_rope_gptj, mxfp8_quantize
 from impl.prefill_assembly import indexer_k_layout_for_ratio
 from impl.targets import Target, get_target
-from impl.validation import require_tensor
+from impl.validation import require_kernel_device, require_tensor
 
 #: ``compress_ratios[layer]`` of the three layer kinds (0 and 1 are both SWA-only; vLLM uses max(1, ratio))
 LAYER_KINDS = {1: "swaonly", 4: "c4a", 128: "c128a"}
@@ -68,7 +68,7 @@ def layer_kind(compress_ratio: int) -> str:
     """"swaonly", "c4a" or "c128a" for ``compress_ratios[layer]`` (0 and 1 are SWA-only)."""
     if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
         raise TypeError(f"compress_ratio: expected an int, got {type(compress_ratio).__name__}")
-    kind = LAYER_KINDS.get(max(1, compress_ratio))
+    kind = LAYER_KINDS.get(max(1, compress_ratio)) if compress_ratio >= 0 else None
     if kind is None:
         raise ValueError(f"compress_ratio: expected 0, 1, 4 or 128, got {compress_ratio}")
     return kind
@@ -227,6 +227,16 @@ def step_epilogue(out: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Ten
     ``(rotated, codes, scales)`` (``codes`` / ``scales`` None without ``mxfp8``)."""
     if not isinstance(mxfp8, bool):
         raise TypeError(f"mxfp8: expected a bool, got {type(mxfp8).__name__}")
+    # checked here under this function's names (inverse_rope_gptj calls them x and out)
+    for name, t in (("out", out), ("rotated", rotated)):
+        if t is not None:
+            require_tensor(name, t, (torch.float32, torch.bfloat16), dim=3)
+            require_kernel_device(name, t)
+            if t.stride(2) != 1:
+                raise ValueError(f"{name}: expected a unit stride on the last dimension, got {list(t.stride())}")
+    if rotated is not None and rotated.shape != out.shape:
+        raise ValueError(f"rotated: expected the shape of out {list(out.shape)}, got {list(rotated.shape)}")
+    require_tensor("positions", positions, (torch.int32, torch.int64), dim=1, device=out.device)
     # a padding token (position -1) attended to nothing: its row is rotated at position 0 and discarded
     rot = inverse_rope_gptj(out, cos_sin, positions.clamp(min=0), out=rotated)
     if not mxfp8:

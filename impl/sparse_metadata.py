@@ -277,9 +277,9 @@ class SparseMLAMetadataBuilder:
             seq_cpu = seq_cpu[:R]
         return R, T, max_q, starts, seq_cpu
 
-    def _validate_seq_lens(self, seq_lens: np.ndarray, q_lens: np.ndarray) -> None:
+    def _validate_seq_lens(self, seq_lens: np.ndarray, q_lens: np.ndarray, name: str = "seq_lens") -> None:
         if (seq_lens < 0).any():
-            raise ValueError(f"seq_lens: expected non-negative lengths, got {seq_lens.tolist()}")
+            raise ValueError(f"{name}: expected non-negative lengths, got {seq_lens.tolist()}")
         short = (seq_lens > 0) & (seq_lens < q_lens)
         if short.any():
             r = int(np.nonzero(short)[0][0])
@@ -315,9 +315,10 @@ class SparseMLAMetadataBuilder:
         Bad input raises before anything is written (buffers and cache stay as they were)."""
         R, T, max_q, starts, seq_lens_host = self._validate(common)
         q_lens = np.diff(starts)
+        given = seq_lens_host is not None  # seq_lens_cpu passed: the lengths checked are that argument's
         if seq_lens_host is None:
             seq_lens_host = self._copy_seq_lens_to_host(common.seq_lens, R)
-        self._validate_seq_lens(seq_lens_host, q_lens)
+        self._validate_seq_lens(seq_lens_host, q_lens, "seq_lens_cpu" if given else "seq_lens")
         self.counters.builds += 1
 
         sparse_lens = self.sparse_lengths(q_lens, seq_lens_host)

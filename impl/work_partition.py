@@ -41,6 +41,8 @@ import math
 import numpy as np
 import torch
 
+from impl.validation import require_tensor
+
 WORK_INFO_FIELDS = 4  # token, kv_begin, kv_end, partial
 #: AITER is called with ``kv_granularity=16`` upstream (SPEC section 6); the same default here.
 DEFAULT_KV_GRANULARITY = 16
@@ -150,6 +152,45 @@ def write_work_partition(buffers: dict[str, torch.Tensor], live: dict[str, np.nd
     return new_lengths
 
 
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+_PARTITION_KEYS = ("work_meta", "work_info", "work_indptr", "reduce_indptr", "reduce_final_map", "reduce_partial_map")
+
+
+def _check_consumer(q, kv_cache, kv_indices, partition, softmax_scale, kv_lora_rank, out):
+    """The consumer's argument checks (before anything is written): shapes, dtypes, devices, and every slot id an
+    item of the partition reads within ``kv_cache`` (holes, < 0, are masked). Returns the items (host lists), the
+    partial count and the reduce count."""
+    require_tensor("q", q, _FLOATS, dim=3)
+    require_tensor("kv_cache", kv_cache, _FLOATS, dim=2, device=q.device)
+    if kv_cache.shape[1] != q.shape[2]:
+        raise ValueError(f"kv_cache: expected rows of q's width {q.shape[2]}, got shape {list(kv_cache.shape)}")
+    if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, int) or not 1 <= kv_lora_rank <= q.shape[2]:
+        raise ValueError(f"kv_lora_rank: expected an int in [1, {q.shape[2]}], got {kv_lora_rank!r}")
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale: expected a float, got {type(softmax_scale).__name__}")
+    require_tensor("kv_indices", kv_indices, (torch.int32, torch.int64), dim=1, device=q.device)
+    if not isinstance(partition, dict) or any(k not in partition for k in _PARTITION_KEYS):
+        raise TypeError(f"partition: expected a dict with {', '.join(_PARTITION_KEYS)}")
+    T, H = int(q.shape[0]), int(q.shape[1])
+    if out is not None:
+        require_tensor("out", out, (q.dtype,), dim=3, device=q.device)
+        if tuple(out.shape) != (T, H, kv_lora_rank):
+            raise ValueError(f"out: expected shape {[T, H, kv_lora_rank]}, got {list(out.shape)}")
+    meta = partition["work_meta"].cpu()
+    n_items, n_partials, n_reduce = (int(x) for x in meta[:3])
+    info = partition["work_info"][:n_items].cpu().tolist()
+    ids = kv_indices.to("cpu", torch.int64)
+    for t, b, e, _ in info:
+        if e > ids.numel():
+            raise ValueError(f"kv_indices: an item reads entries [{b}, {e}) of {ids.numel()}")
+        bad = (ids[b:e] >= kv_cache.shape[0]).nonzero().flatten()
+        if len(bad):
+            i = b + int(bad[0])
+            raise ValueError(f"kv_indices: entry {i} (read for token {t}) is slot {int(ids[i])}, past kv_cache's "
+                             f"{kv_cache.shape[0]} rows")
+    return info, n_partials, n_reduce
+
+
 def sparse_decode_from_partition(q: torch.Tensor, kv_cache: torch.Tensor, kv_indices: torch.Tensor,
                                  partition: dict[str, torch.Tensor], softmax_scale: float,
                                  kv_lora_rank: int = 512, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -163,15 +204,11 @@ def sparse_decode_from_partition(q: torch.Tensor, kv_cache: torch.Tensor, kv_ind
     ``kv_indices``; it is trusted, not checked, so a stale one produces wrong output. Tokens no item covers keep
     whatever ``out`` held (NaN when ``out`` is allocated here).
     """
-    if q.dim() != 3 or kv_cache.dim() != 2 or q.shape[-1] != kv_cache.shape[-1]:
-        raise ValueError(f"q/kv_cache: expected [T, H, D] and [slots, D], got {list(q.shape)} and "
-                         f"{list(kv_cache.shape)}")
+    info, n_partials, n_reduce = _check_consumer(q, kv_cache, kv_indices, partition, softmax_scale, kv_lora_rank,
+                                                 out)
     T, H, _ = q.shape
     if out is None:
         out = torch.full((T, H, kv_lora_rank), float("nan"), dtype=q.dtype, device=q.device)
-    meta = partition["work_meta"].cpu()
-    n_items, n_partials, n_reduce = (int(x) for x in meta[:3])
-    info = partition["work_info"][:n_items].cpu().tolist()
     # Partials are poisoned so that a reduce reading a slot no item wrote yields NaN.
     part_o = torch.full((max(n_partials, 1), H, kv_lora_rank), float("nan"), dtype=torch.float32, device=q.device)
     part_lse = torch.full((max(n_partials, 1), H), float("nan"), dtype=torch.float32, device=q.device)

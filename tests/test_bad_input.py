@@ -144,3 +144,58 @@ def test_vllm_rows_are_skipped_with_a_reason():
 def test_reach_classes():
     assert domains.reach_class(_case("decode.sparse_attn_decode", "q", "dtype")) == "caller-contract"
     assert domains.reach_class(_case("decode.sparse_attn_decode", "main_indptr", "range-high")) == "adversarial"
+
+
+def test_overlap_breakages_share_exactly_one_element():
+    c = _case("epilogues.inverse_rope_gptj", "out", "overlap-tail")
+    inner = fz.inner_of(c, "out", "overlap-tail", T942)
+    for kind in fz.OVERLAP_BREAKAGES:
+        inputs = fz.build_call(fz.ENTRIES[c.entry], inner, "cpu", T942)
+        x_before = inputs["x"].clone()
+        fz.break_inputs(c.entry, "out", kind, 0, inputs, inner)
+        x, out = inputs["x"], inputs["out"]
+        assert torch.equal(x, x_before)  # x keeps its values
+        n, e = x.numel(), x.element_size()
+        assert x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+        first, last = (out, x) if kind == "overlap-tail" else (x, out)
+        assert first.storage_offset() - last.storage_offset() == n - 1 and e == out.element_size()
+    assert cb.bad_input_refusal(c.replace(breakage=None), T942) == []
+
+
+def test_scalar_breakages_and_method_entries():
+    # a count set negative (the surviving mutant of the brief let num_reqs = -1 through) and a float in place of it
+    c = _case("sparse_metadata.SparseMLAMetadataBuilder.build", "num_reqs")
+    assert [b for _, b in c.breakages()] == ["dtype", "range-low"]
+    inner = fz.inner_of(c, "num_reqs", "range-low", T942)
+    inputs = fz.build_call(fz.ENTRIES[c.entry], inner, "cpu", T942)
+    fz.break_inputs(c.entry, "num_reqs", "range-low", 0, inputs, inner)
+    assert inputs["num_reqs"] == -1
+    assert cb.bad_input_refusal(c, T942) == []
+    from impl.sparse_metadata import SparseMLAMetadataBuilder
+
+    assert cb._entry(T942, c.entry) is SparseMLAMetadataBuilder.build
+
+
+def test_a_write_into_an_object_arguments_buffer_is_a_violation(monkeypatch):
+    # the builder's persistent buffers are among what the call is handed: a refused build that wrote them is caught
+    c = _case("sparse_metadata.SparseMLAMetadataBuilder.build", "num_reqs", "range-low")
+    calls = []
+
+    def writes_then_refuses(builder, common):
+        calls.append(1)
+        if len(calls) > 1:
+            builder.req_id_per_token[0] += 1
+            raise ValueError("num_reqs: no")
+
+    _fake_entry(monkeypatch, writes_then_refuses)
+    got = cb.bad_input_refusal(c, T942)
+    assert [v.message for v in got] == [cb.REFUSAL_WROTE] and "self.req_id_per_token" in got[0].got
+
+
+def test_build_call_copies_all_but_shared_arguments():
+    for name in ("graph_capture.DecodeGraph.replay", "sparse_metadata.SparseMLAMetadataBuilder.build"):
+        e = fz.ENTRIES[name]
+        inner = fz.valid_draw(e, 0, T942)
+        a, b = fz.build_call(e, inner, "cpu", T942), fz.build_call(e, inner, "cpu", T942)
+        assert (a["self"] is b["self"]) == ("self" in e.shared)
+        assert all(a[k] is not b[k] for k, v in a.items() if isinstance(v, torch.Tensor))
