@@ -49,23 +49,35 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 #: (name, DecodeVariant fields) per row family, most telling first (a run cut by its budget keeps those). "default"
-#: is the family's ``DEFAULT_VARIANTS`` entry, "bits" the same with the hardware fp8 conversion off.
+#: is the family's ``DEFAULT_VARIANTS`` entry (gfx942 / gfx950: a ``SizeRule``, the build it picks per batch),
+#: "narrow" its 16-head build forced at every batch, "bits" the default with the hardware fp8 conversion off. The
+#: ``h32`` / ``+stages`` / ``+w4`` rows are issue 31 item 3's sweep for the wide side of the rule (gfx942 at batch
+#: 512 was only at parity with SDPA: 759.9 vs 765.7 us).
 VARIANTS = {
     "gfx950": [
         ("default", {}),
+        ("narrow", dict(rope16=True, extra_tile=32)),
         ("single-read", dict(rope16=True, block_h=64, num_warps=8, extra_tile=32)),
+        ("single-read+stages1", dict(rope16=True, block_h=64, num_warps=8, extra_tile=32, num_stages=1)),
+        ("h32+w8", dict(rope16=True, block_h=32, num_warps=8, extra_tile=32)),
+        ("h32+w4", dict(rope16=True, block_h=32, num_warps=4, extra_tile=32)),
+        ("h32+w8+stages1", dict(rope16=True, block_h=32, num_warps=8, extra_tile=32, num_stages=1)),
         ("single-read+w16", dict(rope16=True, block_h=64, num_warps=16, extra_tile=32)),
         ("x32+stages1", dict(rope16=True, extra_tile=32, num_stages=1)),
         ("x64", dict(rope16=True, extra_tile=64)),
-        ("h32+w8", dict(rope16=True, block_h=32, num_warps=8, extra_tile=32)),
         ("bits", {}),
     ],
     "gfx942": [
         ("default", {}),
+        ("narrow", dict(rope16=True, num_stages=1)),
         ("single-read", dict(rope16=True, block_h=64, num_warps=8)),
+        ("single-read+stages1", dict(rope16=True, block_h=64, num_warps=8, num_stages=1)),
+        ("single-read+stages3", dict(rope16=True, block_h=64, num_warps=8, num_stages=3)),
+        ("h32+w8", dict(rope16=True, block_h=32, num_warps=8)),
+        ("h32+w8+stages1", dict(rope16=True, block_h=32, num_warps=8, num_stages=1)),
+        ("h32+w4+stages1", dict(rope16=True, block_h=32, num_warps=4, num_stages=1)),
         ("single-read+w16", dict(rope16=True, block_h=64, num_warps=16)),
         ("stages-default", dict(rope16=True)),
-        ("h32+w8", dict(rope16=True, block_h=32, num_warps=8)),
         ("bits", {}),
     ],
     "generic": [

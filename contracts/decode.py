@@ -210,7 +210,7 @@ def _run_decode(dec, case: fz.DecodeCase, target: Target, inp, plan) -> torch.Te
             dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
                                    inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
                                    softmax_scale=inp.softmax_scale, target=target, trust_extra_nan_free=case.trust,
-                                   plan=plan, workspace=ws, out=out)
+                                   cu_count=case.cu_count, plan=plan, workspace=ws, out=out)
         except (ValueError, TypeError) as e:
             raise _Refused(e, {"out": out_base, "workspace.part_m": ws.part_m, "workspace.part_l": ws.part_l,
                                "workspace.part_acc": ws.part_acc}) from e

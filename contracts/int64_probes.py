@@ -230,8 +230,8 @@ def _decode_far_end(seed: int, bs: int, target: Target) -> list[Violation]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             dec.sparse_attn_decode(q.to(dev), view, mi.to(dev), mp.to(dev), view, ei.to(dev), ep.to(dev),
-                                   attn_sink=sink.to(dev), softmax_scale=0.09, target=target, plan=plan, workspace=ws,
-                                   out=out)
+                                   attn_sink=sink.to(dev), softmax_scale=0.09, target=target, cu_count=2, plan=plan,
+                                   workspace=ws, out=out)
         got = out.cpu().clone()
         small = view[view.shape[0] - FAR_BLOCKS:].cpu().clone()
     finally:

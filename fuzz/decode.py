@@ -440,6 +440,29 @@ EXTRA_TILE = {"gfx950": 64, "gfx942": 32, "generic": 16}
 EXTRA_LEN_CLASSES = ("swa-only", "0", "1", "t-1", "t", "t+1")
 INVALID_CLASSES = ("none", "in-pool", "int32")
 PLANS = ("selector", "pinned", "adaptive")
+#: which build impl.decode's size rule launches for a case (its CU count, batch, split count and heads): upstream's
+#: 16-head blocks ("narrow") or the single-read build ("wide"); a family without a rule always runs "narrow"
+BUILDS = ("narrow", "wide")
+
+
+def _case_numels(case: "DecodeCase") -> tuple[int, int]:
+    """The index lists' sizes build_decode_inputs makes (junk before the first row and after the last included)."""
+    junk = case.indptr_offset + case.tail_junk
+    return junk + sum(case.main_lens), (0 if case.extra_lens is None else junk + sum(case.extra_lens))
+
+
+def _build_class(case: "DecodeCase", target: Target) -> str:
+    """The build the family's current default launches for ``case`` (impl.decode's ``SizeRule``; a family whose
+    variant is fixed runs that one)."""
+    from impl import decode as dec
+
+    rule = dec.current_variant(target.decode_family)
+    if not isinstance(rule, dec.SizeRule):
+        return "wide" if (rule.block_h or dec.BLOCK_H) > dec.BLOCK_H else "narrow"
+    s = case.num_splits
+    if s is None:
+        s = dec.plan_decode(target, case.batch, case.heads, *_case_numels(case), cu_count=case.cu_count).num_splits
+    return "wide" if rule.pick(case.batch, s, case.heads, case.cu_count) == rule.wide else "narrow"
 
 
 def _extra_len(cls: str, tile: int) -> int:
@@ -515,6 +538,7 @@ def classify_decode(case: DecodeCase, target: Target) -> dict:
         "poison": case.poison,
         "sink": case.sink,
         "main_bs": "swa-64" if case.main_bs == SWA_BLOCK else _bs_class(case.main_bs),
+        "build": _build_class(case, target),
     }
 
 
@@ -566,6 +590,13 @@ def force_decode(case: DecodeCase, combo: dict, target: Target) -> DecodeCase:
     for k in ("main_lens", "extra_lens"):
         if f[k] is not None:
             f[k] = tuple(f[k])
+    if "build" in combo:  # the CU count moves the case to either side of the size rule (impl.decode.SizeRule)
+        if combo["build"] == "wide":
+            f["cu_count"] = 1  # any launch fills half of one CU
+        elif target.split_selector is not None:
+            if f["num_splits"] is None:  # a selector's S grows with the CU count: the narrow side pins S
+                f["num_splits"] = 1
+            f["cu_count"] = max(f["cu_count"], 2 * f["batch"] * f["num_splits"] * -(-f["heads"] // 64) + 1)
     return DecodeCase(**f)
 
 
@@ -578,6 +609,12 @@ def _decode_allowed(c: dict, target: Target) -> bool:
         return False
     if c.get("sink") == "none" and c.get("sink_layout", "contiguous") != "contiguous":
         return False  # no sink, no sink layout
+    if c.get("plan") == "adaptive" and "strided" in (c.get("index_layout"), c.get("sink_layout")):
+        return False  # a refusable layout would refuse the row before the adaptive kernels it is there to run
+    if c.get("build") == "wide" and target.split_selector is None:
+        return False  # the generic kernel has no size rule
+    if c.get("build") == "narrow" and c.get("plan") == "selector" and target.split_selector is not None:
+        return False  # a selector fills the device at any CU count (the narrow side pins S)
     return True
 
 
@@ -610,14 +647,17 @@ def _declare_decode():
          Dimension("sink_layout", SINK_LAYOUTS, "the sink packed, a slice of a NaN buffer, or strided (refusable)"),
          Dimension("out_layout", OUT_LAYOUTS, "out packed, rows padded to 576 lanes, or heads-major"),
          Dimension("logits", LOGIT_REGIMES, "absolute regime: as drawn, every live logit near -110 (below fp32 "
-                                            "exp underflow), exact ties everywhere, q all signed zeros")),
+                                            "exp underflow), exact ties everywhere, q all signed zeros"),
+         Dimension("build", BUILDS, "the build impl.decode's size rule launches: 16-head blocks or single-read")),
         (("extra_len", "plan"), ("extra_len", "invalid"), ("trust", "poison"), ("trust", "extra_len"),
          # layouts against what picks the code that reads them: the kernel family and split plan reads q and
          # writes out (directly or through the reduce); the block-size class and block stride pick the aligned
          # or byte-wise cache loads; invalid entries are what the index reads mask; the regimes meet the sink
          # (dominating or vanishing against them; a tied regime ties every split boundary whatever the plan)
          ("plan", "q_layout"), ("plan", "out_layout"), ("invalid", "index_layout"),
-         ("main_bs", "cache_layout"), ("sink", "sink_layout"), ("sink", "logits")),
+         ("main_bs", "cache_layout"), ("sink", "sink_layout"), ("sink", "logits"),
+         # both builds under every plan the rule allows (the wide one holds more heads than a case has)
+         ("build", "plan")),
         classify_decode, force_decode, _decode_allowed, decode_family_examples), "decode-oracle-agreement")
 
 

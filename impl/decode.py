@@ -36,8 +36,9 @@ accumulation fp32; every dot goes through ``impl.triton_helpers.dot``.
 
 Every K/V tile is built by ``_kv_tile`` (wide loads at plain masked offsets, one scale per 64-lane group). How
 each family's kernel is built otherwise (16-bit RoPE reads, heads per program, gfx950's extra tile width, warps
-and pipeline stages) is a ``DecodeVariant`` (``DEFAULT_VARIANTS``, ``decode_variant``); the defaults keep the
-structure SPEC 2 restates from upstream.
+and pipeline stages) is a ``DecodeVariant`` (``DEFAULT_VARIANTS``, ``decode_variant``); the generic default keeps
+the structure SPEC 2 restates from upstream, and gfx942's and gfx950's pick per launch by its size (``SizeRule``):
+upstream's 16-head blocks where few programs run, the single-read build where its programs fill the device.
 
 Every launch goes through ``_launch``, which reports it to an optional launch observer (``set_launch_observer``,
 ``launch_observer``): kernel, grid, argument pointers/layouts, scalars and meta-parameters. Graph capture uses it
@@ -62,7 +63,7 @@ from impl import splits as _splits
 from impl.runtime import kernel_device, native_without_gpu_hint
 from impl.targets import Target, effective_cu_count, get_target
 from impl.triton_helpers import dot, fp8_decode, hw_fp8_decode, ue8m0_decode_reader
-from impl.validation import dtype_name as _name_dtype, require_tensor, require_valid_indptr
+from impl.validation import dtype_name as _name_dtype, require_kernel_device, require_tensor, require_valid_indptr
 
 FLT_MAX = 3.4028234663852886e38
 LOG2E = 1.4426950408889634
@@ -628,15 +629,44 @@ class DecodeVariant:
                 raise ValueError(f"{nm}: expected None or a positive int, got {v!r}")
 
 
-#: the variant each family launches with, measured side by side with upstream's kernels on an H200 (Triton 3.6,
+@dataclass(frozen=True)
+class SizeRule:
+    """A family's default build chosen per launch by the launch's size (issue 31 item 3): ``wide`` (a ``block_h``
+    build that reads each KV row once for several 16-head blocks) where its programs fill the device, ``narrow``
+    (upstream's 16-head blocks) where they would leave it idle. The wide build's programs are
+    ``batch * S * ceil(h / wide.block_h)``; it runs when that is at least ``fill`` times the CU count the launch
+    plans with (``cu_count`` where the caller gives one, else the target's). Sizes only: no sync, and a frozen plan
+    (graph capture) always launches the same build. Both builds compute the same values; the wide one's dots are
+    M = block_h rows wide (``DecodeVariant``'s note on ``block_h``: one dot's accumulation order, inside the error
+    model)."""
+
+    narrow: DecodeVariant
+    wide: DecodeVariant
+    fill: float = 0.5
+
+    def __post_init__(self):
+        if not isinstance(self.narrow, DecodeVariant) or not isinstance(self.wide, DecodeVariant):
+            raise TypeError("SizeRule: narrow and wide must be DecodeVariant values")
+        if (self.wide.block_h or BLOCK_H) <= (self.narrow.block_h or BLOCK_H):
+            raise ValueError("SizeRule: the wide build must hold more heads per program than the narrow one")
+        if isinstance(self.fill, bool) or not isinstance(self.fill, (int, float)) or not self.fill > 0:
+            raise ValueError(f"SizeRule: fill must be a positive number, got {self.fill!r}")
+
+    def pick(self, batch: int, num_splits: int, num_heads: int, cu_count: int) -> DecodeVariant:
+        """The build a launch of this size runs."""
+        progs = batch * num_splits * -(-num_heads // self.wide.block_h)
+        return self.wide if progs >= self.fill * cu_count else self.narrow
+
+
+#: the narrow builds, measured side by side with upstream's kernels on an H200 (Triton 3.6,
 #: benchmarks/decode_variants.py, CUDA-graph medians at batch 1 / 64 / 512, 64 heads, 128 + 512 tokens; ours vs
 #: upstream's, benchmarks/DECODE_PERF.md has the table): generic 138 / 198 / 1654 us vs 242 / 514 / 4190, gfx942
 #: 17.0 / 145 / 1211 vs 23.8 / 204 / 1730, gfx950 19.2 / 137 / 1046 vs 23.6 / 191 / 1413. gfx950's extra_tile=32
 #: walks the extra segment in the 32-token online-softmax steps upstream's kernel takes (it loads 64 tokens and
 #: runs two 32-token steps), so its step boundaries are upstream's.
-DEFAULT_VARIANTS = {"generic": DecodeVariant(rope16=True, num_stages=1),
-                    "gfx942": DecodeVariant(rope16=True, num_stages=1),
-                    "gfx950": DecodeVariant(rope16=True, extra_tile=32)}
+NARROW_VARIANTS = {"generic": DecodeVariant(rope16=True, num_stages=1),
+                   "gfx942": DecodeVariant(rope16=True, num_stages=1),
+                   "gfx950": DecodeVariant(rope16=True, extra_tile=32)}
 #: the opt-in single-read build per family (issue 15 item 4): one program per (query, split) holds all 64 heads,
 #: so every KV row is read once, not once per 16-head block (``decode_variant(f, SINGLE_READ_VARIANTS[f])`` or
 #: ``SMV_DECODE_VARIANT``). gfx950 needs the 32-token extra step to fit shared memory (246 KB at 64 tokens).
@@ -644,6 +674,14 @@ SINGLE_READ_VARIANTS = {
     "generic": DecodeVariant(rope16=True, block_h=64, num_warps=8, num_stages=1),
     "gfx942": DecodeVariant(rope16=True, block_h=64, num_warps=8),
     "gfx950": DecodeVariant(rope16=True, block_h=64, num_warps=8, extra_tile=32)}
+#: what each family launches with by default: generic stays upstream's single-kernel design; gfx942 and gfx950 pick
+#: their build by the launch's size (``SizeRule``). On the H200 (benchmarks/DECODE_PERF.md) the single-read build
+#: beat the 16-head one where its programs fill the device (gfx950 batch 64, S = 2: 96 vs 137 us; batch 512: 661 /
+#: 760 vs 1042 / 1217 us) and lost where they do not (batch 1: 28 / 31 vs 19 / 17 us; gfx942 batch 64, S = 1,
+#: 64 programs: 169 vs 145 us); fill 0.5 of the target's CU count (256 / 304) separates those points.
+DEFAULT_VARIANTS = {"generic": NARROW_VARIANTS["generic"],
+                    "gfx942": SizeRule(NARROW_VARIANTS["gfx942"], SINGLE_READ_VARIANTS["gfx942"]),
+                    "gfx950": SizeRule(NARROW_VARIANTS["gfx950"], SINGLE_READ_VARIANTS["gfx950"])}
 #: ``SMV_DECODE_VARIANT``: per-family overrides read at import, e.g.
 #: ``gfx950:rope16,block_h=64,num_warps=8,extra_tile=32;gfx942:num_warps=8`` (audits and benchmarks of a variant)
 VARIANT_ENV = "SMV_DECODE_VARIANT"
@@ -682,25 +720,25 @@ def parse_variants(spec: str) -> dict:
 _variants = {**DEFAULT_VARIANTS, **parse_variants(os.environ.get(VARIANT_ENV, ""))}
 
 
-def set_decode_variant(family: str, variant: "DecodeVariant | None") -> "DecodeVariant":
-    """Launch ``family`` with ``variant`` from now on (None: back to ``DEFAULT_VARIANTS``, not to what
-    ``SMV_DECODE_VARIANT`` gave); returns the previous."""
+def set_decode_variant(family: str, variant: "DecodeVariant | SizeRule | None") -> "DecodeVariant | SizeRule":
+    """Launch ``family`` with ``variant`` from now on (a ``SizeRule``: the build it picks per launch; None: back to
+    ``DEFAULT_VARIANTS``, not to what ``SMV_DECODE_VARIANT`` gave); returns the previous."""
     if family not in DEFAULT_VARIANTS:
         raise ValueError(f"family: expected one of {sorted(DEFAULT_VARIANTS)}, got {family!r}")
-    if variant is not None and not isinstance(variant, DecodeVariant):
-        raise TypeError(f"variant: expected a DecodeVariant or None, got {type(variant).__name__}")
+    if variant is not None and not isinstance(variant, (DecodeVariant, SizeRule)):
+        raise TypeError(f"variant: expected a DecodeVariant, a SizeRule or None, got {type(variant).__name__}")
     previous = _variants[family]
     _variants[family] = DEFAULT_VARIANTS[family] if variant is None else variant
     return previous
 
 
-def current_variant(family: str) -> DecodeVariant:
-    """The variant ``family`` launches with now."""
+def current_variant(family: str) -> "DecodeVariant | SizeRule":
+    """The variant (or size rule) ``family`` launches with now."""
     return _variants[family]
 
 
 @contextmanager
-def decode_variant(family: str, variant: "DecodeVariant | None"):
+def decode_variant(family: str, variant: "DecodeVariant | SizeRule | None"):
     """``with decode_variant("gfx950", DecodeVariant(block_h=64)): ...`` for the block, then the previous one."""
     previous = set_decode_variant(family, variant)
     try:
@@ -711,6 +749,17 @@ def decode_variant(family: str, variant: "DecodeVariant | None"):
 
 def _rows_2byte_aligned(*caches) -> bool:
     return all(int(c.stride(0)) % 2 == 0 and int(c.data_ptr()) % 2 == 0 for c in caches)
+
+
+def _launch_variant(plan: "DecodePlan", batch: int, num_heads: int, t: "Target", cu_count) -> DecodeVariant:
+    """The build this launch runs: the family's variant, or the one its ``SizeRule`` picks for this size (with the
+    caller's ``cu_count`` where it gave a valid one, else the target's CU count, as ``plan_decode`` counts)."""
+    v = _variants[plan.family]
+    if not isinstance(v, SizeRule):
+        return v
+    cu = cu_count if isinstance(cu_count, int) and not isinstance(cu_count, bool) and cu_count >= 1 \
+        else effective_cu_count(t)
+    return v.pick(batch, plan.num_splits, num_heads, cu)
 
 
 def _variant_meta(v: DecodeVariant, family: str, num_warps: int, caches) -> dict:
@@ -904,7 +953,7 @@ def sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: 
     is_fnuz_extra = t.extra_cache_is_fnuz
     # the one place the fp8 path is chosen: the Target gives the flavour, the device whether it converts it
     hw_fp8 = dict(HW_FP8_MAIN=hw_fp8_decode(is_fnuz_main), HW_FP8_EXTRA=hw_fp8_decode(is_fnuz_extra))
-    variant = _variants[plan.family]
+    variant = _launch_variant(plan, batch, num_heads, t, cu_count)
     # heads per program: the plan's head blocks are BLOCK_H wide (the split selector counts them); a block_h
     # variant covers them with fewer, wider programs (64: every KV row read once for all heads of a query)
     bh = variant.block_h or BLOCK_H
@@ -968,6 +1017,7 @@ def decode_reduce(workspace: DecodeWorkspace, *, attn_sink: torch.Tensor | None 
         raise ValueError("workspace.part_m: expected a [b, S, h] tensor")
     batch, S, num_heads = (int(x) for x in pm.shape)
     device = pm.device
+    require_kernel_device("workspace.part_m", pm)
     for nm, ten, shape in (("part_m", workspace.part_m, (batch, S, num_heads)),
                            ("part_l", workspace.part_l, (batch, S, num_heads)),
                            ("part_acc", workspace.part_acc, (batch, S, num_heads, formats.DSV4_HEAD_DIM))):

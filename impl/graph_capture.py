@@ -304,8 +304,9 @@ class DecodeGraph:
         sparse_attn_decode(self.q_buffer, self.main_cache, self._main_view, self._main_indptr_view,
                            self.extra_cache, self._extra_view, self._extra_indptr_view, attn_sink=self.attn_sink,
                            softmax_scale=self.softmax_scale, target=self.target,
-                           trust_extra_nan_free=self.dispatch.trust_extra_nan_free, plan=plan,
-                           workspace=self.workspace, out=self.out, check_indptr=False)
+                           trust_extra_nan_free=self.dispatch.trust_extra_nan_free,
+                           cu_count=getattr(self, "cu_count", None), plan=plan, workspace=self.workspace, out=self.out,
+                           check_indptr=False)
 
     def _pad_indptr(self, indptr: torch.Tensor, rows: int) -> torch.Tensor:
         """A replay with fewer rows than captured: the missing rows are empty (indptr repeats its last entry)."""

@@ -49,6 +49,9 @@ Sources: vllm-project/vllm ``vllm/v1/attention/ops/rocm_aiter_mla_sparse.py`` (`
 from __future__ import annotations
 
 import math
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -113,13 +116,31 @@ def _fp8_operand(codes, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr):
 
 
 @triton.jit
+def _fp8_raw_operand(codes, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr, FP8_DOT: tl.constexpr):
+    """uint8 e4m3 codes -> the dot operand: with FP8_DOT (and HW_FP8) the codes as the device's fp8 type, fed to
+    the MMA as they are (upstream's paged kernel does this); otherwise :func:`_fp8_operand`."""
+    if FP8_DOT and HW_FP8:
+        if IS_FNUZ:
+            return codes.to(tl.float8e4b8, bitcast=True)
+        else:
+            return codes.to(tl.float8e4nv, bitcast=True)
+    else:
+        return _fp8_operand(codes, IS_FNUZ, HW_FP8)
+
+
+@triton.jit
 def _key_logits(k_codes, scale, q_op, w, h_ok, BLOCK_ROWS: tl.constexpr, H_PAD: tl.constexpr,
-                IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr):
+                IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr, FP8_DOT: tl.constexpr = False):
     """scale[s] * sum_h w[h] * relu(k[s] . q[h]) for a [BLOCK_ROWS, 128] tile of key codes; padded heads contribute
     exactly 0 (masked after the product, so a NaN key cannot leak through a zero pad weight); the key scale
-    multiplies the head sum once, after the relu (a scale of either sign gives the formula's value)."""
-    k = _fp8_operand(k_codes, IS_FNUZ, HW_FP8)
-    s = dot(k, tl.trans(q_op), tl.zeros((BLOCK_ROWS, H_PAD), dtype=tl.float32))
+    multiplies the head sum once, after the relu (a scale of either sign gives the formula's value). FP8_DOT:
+    ``q_op`` is fp8 too and the MMA takes fp8 operands (products exact in fp32; each MMA instruction's partial sum
+    is the device's, added to the fp32 accumulator after every instruction)."""
+    k = _fp8_raw_operand(k_codes, IS_FNUZ, HW_FP8, FP8_DOT)
+    if FP8_DOT and HW_FP8:  # every MMA's partial sum promoted to the fp32 accumulator (no imprecise accumulation)
+        s = tl.dot(k, tl.trans(q_op), tl.zeros((BLOCK_ROWS, H_PAD), dtype=tl.float32), max_num_imprecise_acc=0)
+    else:
+        s = dot(k, tl.trans(q_op), tl.zeros((BLOCK_ROWS, H_PAD), dtype=tl.float32))
     s = tl.where(s < 0, 0.0, s)  # relu that keeps NaN
     p = s * w[None, :]
     p = tl.where(h_ok[None, :], p, 0.0)
@@ -128,12 +149,47 @@ def _key_logits(k_codes, scale, q_op, w, h_ok, BLOCK_ROWS: tl.constexpr, H_PAD: 
 
 @triton.jit
 def _load_q_heads(q_row, stride_qh, NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, IS_FNUZ: tl.constexpr,
-                  HW_FP8: tl.constexpr):
+                  HW_FP8: tl.constexpr, FP8_DOT: tl.constexpr = False):
     h = tl.arange(0, H_PAD)
     d = tl.arange(0, 128)
     h_ok = h < NUM_HEADS
     codes = tl.load(q_row + h[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0)
-    return _fp8_operand(codes, IS_FNUZ, HW_FP8), h_ok
+    return _fp8_raw_operand(codes, IS_FNUZ, HW_FP8, FP8_DOT), h_ok
+
+
+@triton.jit
+def _paged_tile(cache_ptr, stride_cache_blk, block_size, bt_row, t0, pos, live, visible, BLOCK: tl.constexpr,
+                SHUFFLE: tl.constexpr, PAGE_TILE: tl.constexpr, SCALE32: tl.constexpr):
+    """The key codes [BLOCK, 128] and fp32 scales [BLOCK] of the tile starting at position ``t0`` (``live``: the
+    visible positions; nothing else is read). PAGE_TILE: the tile lies in one page (the host checked block_size %
+    BLOCK == 0), one table entry and one 64-bit block base; else a table entry and a block base per position.
+    SCALE32: the scale as one fp32 word (the host checked 4-byte alignment); else four bytes assembled."""
+    d = tl.arange(0, 128)
+    if PAGE_TILE:
+        page = tl.load(bt_row + t0 // block_size, mask=t0 < visible, other=0).to(tl.int64)
+        p = t0 % block_size + tl.arange(0, BLOCK)
+    else:
+        page = tl.load(bt_row + pos // block_size, mask=live, other=0).to(tl.int64)
+        p = pos % block_size
+    if SHUFFLE:
+        off = ((p // 16) * 2048 + (p % 16) * 16)[:, None] + ((d // 16) * 256 + d % 16)[None, :]
+    else:
+        off = p[:, None] * 128 + d[None, :]
+    block = cache_ptr + page * stride_cache_blk
+    if PAGE_TILE:
+        codes = tl.load(block + off, mask=live[:, None], other=0)
+    else:
+        codes = tl.load(block[:, None] + off, mask=live[:, None], other=0)
+    sp = block + block_size * 128 + p * 4
+    if SCALE32:
+        scale = tl.load(sp.to(tl.pointer_type(tl.float32)), mask=live, other=0.0)
+    else:
+        sbits = tl.load(sp, mask=live, other=0).to(tl.int32)
+        sbits = sbits | (tl.load(sp + 1, mask=live, other=0).to(tl.int32) << 8)
+        sbits = sbits | (tl.load(sp + 2, mask=live, other=0).to(tl.int32) << 16)
+        sbits = sbits | (tl.load(sp + 3, mask=live, other=0).to(tl.int32) << 24)
+        scale = sbits.to(tl.float32, bitcast=True)
+    return codes, scale
 
 
 # do_not_specialize: block_size only splits a position into page (n // bs) and in-page row (n % bs), and bs*128 is a
@@ -149,7 +205,8 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
                              NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, NEXT_N: tl.constexpr,
                              BLOCK: tl.constexpr, TILES: tl.constexpr, CTX_PER_ROW: tl.constexpr,
                              SHUFFLE: tl.constexpr, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr,
-                             NUM_STAGES: tl.constexpr):
+                             NUM_STAGES: tl.constexpr, PAGE_TILE: tl.constexpr = False,
+                             SCALE32: tl.constexpr = False, FP8_DOT: tl.constexpr = False):
     """Grid ``(B * next_n, cdiv(max_model_len, BLOCK * TILES))``: program (row, chunk) writes columns
     [chunk*TILES*BLOCK, (chunk+1)*TILES*BLOCK) of output row ``row`` = b * next_n + j, one BLOCK-wide tile of keys
     against all heads at a time (q is decoded once per program and reused by its TILES tiles).
@@ -160,7 +217,11 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
     4-byte aligned); page = block_table[b, n // block_size], p = n % block_size.
     Invariant (checked on the host): every visible position's table column exists and names a block of the pool, and
     the visible length is at most max_model_len. Only visible positions are loaded (a masked lane reads nothing), so
-    bytes past the visible length are never touched; every column is stored, -inf where not visible."""
+    bytes past the visible length are never touched; every column is stored, -inf where not visible.
+
+    Build options (``LogitsVariant``; none changes a value): PAGE_TILE (host: block_size % BLOCK == 0) reads one
+    table entry per tile, a tile then lying in one page; SCALE32 (host: the pool 4-byte aligned) loads each scale as
+    one fp32 word instead of four bytes; FP8_DOT feeds the fp8 codes to the MMA where the device converts them."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row // NEXT_N
@@ -177,29 +238,17 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
             tl.store(out_row + pos, tl.full((BLOCK,), float("-inf"), tl.float32), mask=pos < max_model_len)
     else:
         q_op, h_ok = _load_q_heads(q_ptr + b.to(tl.int64) * stride_qb + j * stride_qn, stride_qh,
-                                   NUM_HEADS, H_PAD, IS_FNUZ, HW_FP8)
+                                   NUM_HEADS, H_PAD, IS_FNUZ, HW_FP8, FP8_DOT)
         w = tl.load(w_ptr + row.to(tl.int64) * stride_w + tl.arange(0, H_PAD), mask=h_ok, other=0.0)
-        d = tl.arange(0, 128)
+        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
         for t in tl.range(0, TILES, num_stages=NUM_STAGES):
-            pos = first + t * BLOCK + tl.arange(0, BLOCK)
+            t0 = first + t * BLOCK
+            pos = t0 + tl.arange(0, BLOCK)
             in_row = pos < max_model_len
             live = pos < visible
-            page = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + pos // block_size, mask=live,
-                           other=0).to(tl.int64)
-            p = pos % block_size
-            if SHUFFLE:
-                off = ((p // 16) * 2048 + (p % 16) * 16)[:, None] + ((d // 16) * 256 + d % 16)[None, :]
-            else:
-                off = p[:, None] * 128 + d[None, :]
-            block = cache_ptr + page * stride_cache_blk
-            codes = tl.load(block[:, None] + off, mask=live[:, None], other=0)
-            sp = block + block_size * 128 + p * 4
-            sbits = tl.load(sp, mask=live, other=0).to(tl.int32)
-            sbits = sbits | (tl.load(sp + 1, mask=live, other=0).to(tl.int32) << 8)
-            sbits = sbits | (tl.load(sp + 2, mask=live, other=0).to(tl.int32) << 16)
-            sbits = sbits | (tl.load(sp + 3, mask=live, other=0).to(tl.int32) << 24)
-            scale = sbits.to(tl.float32, bitcast=True)
-            logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ, HW_FP8)
+            codes, scale = _paged_tile(cache_ptr, stride_cache_blk, block_size, bt_row, t0, pos, live, visible,
+                                       BLOCK, SHUFFLE, PAGE_TILE, SCALE32)
+            logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ, HW_FP8, FP8_DOT)
             tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
 
 
@@ -237,6 +286,107 @@ def _mqa_logits_kernel(q_ptr, stride_qt, stride_qh,
         scale = tl.load(ks_scale_ptr + pos.to(tl.int64) * stride_kscale, mask=live, other=0.0)
         logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ, HW_FP8)
         tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Build variants of the paged kernel (issue 31 item 4; benchmarks/logits_variants.py times them)
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LogitsVariant:
+    """How ``fp8_paged_mqa_logits``'s kernel is built, never what it computes (benchmarks/DECODE_PERF.md, issue 31
+    item 4, says why each exists).
+
+    - ``block``: positions per tile (16, 32, 64 = the default, 128; capped by max_model_len as before).
+    - ``tiles``: tiles per program (q decoded once per program); None = ``TILES_PER_PROGRAM``.
+    - ``fill``: shrink ``tiles`` (halving) until the grid has at least ``fill`` x the target's CU count programs,
+      as upstream's split count fills the device on few rows; 0 = off.
+    - ``page_tile``: one block-table entry per tile (used only where block_size % block == 0, else per lane).
+    - ``scale32``: each key scale loaded as one fp32 word (used only where the pool's base and block stride are
+      4-byte aligned, else four bytes).
+    - ``fp8_dot``: the fp8 codes straight into the MMA where the device converts the flavour (upstream's way); the
+      products stay exact, the MMA's fp32 accumulation is the device's (the contract's bound judges it natively;
+      under the interpreter there is no hardware conversion, so the build is the default's).
+    - ``num_warps`` / ``num_stages``: launch options (None: 4 warps, 2 stages in the tile loop)."""
+
+    block: int = BLOCK_KV
+    tiles: int | None = None
+    fill: float = 0.0
+    page_tile: bool = False
+    scale32: bool = False
+    fp8_dot: bool = False
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self):
+        if self.block not in (16, 32, 64, 128):
+            raise ValueError(f"block: expected 16, 32, 64 or 128, got {self.block!r}")
+        for nm in ("tiles", "num_warps", "num_stages"):
+            v = getattr(self, nm)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{nm}: expected None or a positive int, got {v!r}")
+        if isinstance(self.fill, bool) or not isinstance(self.fill, (int, float)) or self.fill < 0:
+            raise ValueError(f"fill: expected a number >= 0, got {self.fill!r}")
+
+
+#: the build ``fp8_paged_mqa_logits`` launches with (the kernel as it was measured 2.2x slower than upstream's at
+#: batch 64 / 8192 context); candidates in benchmarks/logits_variants.py, switched here only after measuring
+DEFAULT_LOGITS_VARIANT = LogitsVariant()
+#: ``SMV_LOGITS_VARIANT``: an override read at import, e.g. ``page_tile,scale32,block=64,tiles=4,num_warps=8``
+LOGITS_VARIANT_ENV = "SMV_LOGITS_VARIANT"
+
+
+def _parse_logits_variant(spec: str) -> "LogitsVariant | None":
+    """``flag,key=value,...`` -> LogitsVariant (a bare flag means True); empty -> None."""
+    import dataclasses
+
+    spec = spec.strip()
+    if not spec:
+        return None
+    fields = {f.name for f in dataclasses.fields(LogitsVariant)}
+    kw = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        key, eq, val = (x.strip() for x in item.partition("="))
+        if key not in fields:
+            raise ValueError(f"{LOGITS_VARIANT_ENV}: unknown field {key!r} (expected one of {sorted(fields)})")
+        if key in ("page_tile", "scale32", "fp8_dot"):
+            kw[key] = (not eq) or val in ("1", "true", "True")
+        elif key == "fill":
+            kw[key] = float(val)
+        else:
+            kw[key] = None if val in ("", "none", "None") else int(val)
+    return LogitsVariant(**kw)
+
+
+_logits_variant = _parse_logits_variant(os.environ.get(LOGITS_VARIANT_ENV, "")) or DEFAULT_LOGITS_VARIANT
+
+
+@contextmanager
+def logits_variant(variant: "LogitsVariant | None"):
+    """``with logits_variant(LogitsVariant(page_tile=True)): ...``: the paged kernel's build for the block (None:
+    the default), then the previous one."""
+    global _logits_variant
+    if variant is not None and not isinstance(variant, LogitsVariant):
+        raise TypeError(f"variant: expected a LogitsVariant or None, got {type(variant).__name__}")
+    previous = _logits_variant
+    _logits_variant = DEFAULT_LOGITS_VARIANT if variant is None else variant
+    try:
+        yield _logits_variant
+    finally:
+        _logits_variant = previous
+
+
+def _paged_launch(v: LogitsVariant, rows: int, max_model_len: int, block_size: int, cache, tgt: Target):
+    """(grid, constexprs and launch options) of the paged kernel under build ``v``."""
+    block = min(v.block, max(16, _next_pow2(max_model_len)))
+    tiles = max(1, min(v.tiles or TILES_PER_PROGRAM, triton.cdiv(max_model_len, block)))
+    while v.fill and tiles > 1 and rows * triton.cdiv(max_model_len, block * tiles) < v.fill * tgt.cu_count:
+        tiles //= 2
+    meta = dict(BLOCK=block, TILES=tiles, NUM_STAGES=v.num_stages or 2, num_warps=v.num_warps or 4,
+                PAGE_TILE=v.page_tile and block_size % block == 0,
+                SCALE32=v.scale32 and cache.data_ptr() % 4 == 0 and cache.stride(0) % 4 == 0,
+                FP8_DOT=v.fp8_dot)
+    return (rows, triton.cdiv(max_model_len, block * tiles)), meta
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -441,9 +591,7 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_m
     if rows == 0:
         return out
     per_row = context_lens.dim() == 2
-    block = min(BLOCK_KV, max(16, _next_pow2(max_model_len)))
-    tiles = max(1, min(TILES_PER_PROGRAM, triton.cdiv(max_model_len, block)))
-    grid = (rows, triton.cdiv(max_model_len, block * tiles))
+    grid, meta = _paged_launch(_logits_variant, rows, max_model_len, lay.block_size, cache, tgt)
     _paged_mqa_logits_kernel[grid](
         q8, q8.stride(0), q8.stride(1), q8.stride(2),
         cache, cache.stride(0), lay.block_size,
@@ -451,9 +599,8 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_m
         context_lens, context_lens.stride(0), context_lens.stride(1) if per_row else 0,
         block_tables, block_tables.stride(0),
         out, out.stride(0), max_model_len,
-        NUM_HEADS=H, H_PAD=_heads_pad(H), NEXT_N=next_n, BLOCK=block, TILES=tiles, CTX_PER_ROW=per_row,
-        SHUFFLE=lay.layout == "shuffle", IS_FNUZ=tgt.main_cache_is_fnuz, HW_FP8=_hw_fp8(tgt),
-        NUM_STAGES=2, num_warps=4,
+        NUM_HEADS=H, H_PAD=_heads_pad(H), NEXT_N=next_n, CTX_PER_ROW=per_row,
+        SHUFFLE=lay.layout == "shuffle", IS_FNUZ=tgt.main_cache_is_fnuz, HW_FP8=_hw_fp8(tgt), **meta,
     )
     return out
 

@@ -931,3 +931,170 @@ def test_profile_decode_summarizes_an_ncu_raw_export(tmp_path):
     assert ours.startswith("_sparse_decode_gfx942_partial_kernel") and " 144.5 " in ours and " 86.0 " in ours
     assert ours.index("lg_throttle 7.8") < ours.index("long_scoreboard 1.5") < ours.index("wait 0.2")
     assert " 204.0 " in up and "lg_throttle" not in up  # a zero stall is not listed
+
+
+# --- issue 31 items 3 and 4: the size rule, the logits builds, and the GPU script that measures them ---------------
+
+def test_decode_variants_times_the_size_rules_two_builds():
+    """decode_variants.py's "narrow" and "single-read" rows are the two builds impl.decode's size rule picks
+    between, so the table sets the default beside both."""
+    from impl import decode as D
+
+    dv = _load_decode_variants()
+    for family in ("gfx942", "gfx950"):
+        rule = D.DEFAULT_VARIANTS[family]
+        assert isinstance(rule, D.SizeRule)
+        vs = dict(dv.VARIANTS[family])
+        assert D.DecodeVariant(**vs["narrow"]) == rule.narrow == D.NARROW_VARIANTS[family]
+        assert D.DecodeVariant(**vs["single-read"]) == rule.wide
+    assert D.DEFAULT_VARIANTS["generic"] == D.NARROW_VARIANTS["generic"]  # generic keeps upstream's design
+
+
+def test_size_rule_picks_by_the_launch_size_and_the_launch_runs_that_build():
+    """The H200 points the rule was set from (64 heads; the targets' CU counts 304 / 256): 16-head blocks at batch 1
+    and on gfx942 at batch 64 (S = 1), the single-read build at batch 512 and on gfx950 at batch 64 (S = 2). A
+    launch runs what the rule picks for the CU count it is given, and both builds give the same values."""
+    from fuzz import decode as fz
+    from impl import decode as D
+    from impl.targets import get_target
+
+    g942, g950 = D.DEFAULT_VARIANTS["gfx942"], D.DEFAULT_VARIANTS["gfx950"]
+    for rule, batch, s, wide in ((g942, 1, 16, False), (g942, 64, 1, False), (g942, 512, 1, True),
+                                 (g950, 1, 32, False), (g950, 64, 2, True), (g950, 512, 1, True)):
+        cu = get_target("gfx942" if rule is g942 else "gfx950").cu_count
+        assert rule.pick(batch, s, 64, cu) == (rule.wide if wide else rule.narrow), (batch, s)
+    with pytest.raises(ValueError):
+        D.SizeRule(D.NARROW_VARIANTS["gfx942"], D.NARROW_VARIANTS["gfx942"])
+    with pytest.raises(ValueError):
+        D.SizeRule(g942.narrow, g942.wide, fill=0)
+    with pytest.raises(TypeError):
+        D.SizeRule(g942.narrow, "wide")
+    case = fz.DecodeCase(seed=7, batch=1, heads=3, main_bs=4, extra_bs=8, main_lens=(9,), extra_lens=(40,),
+                         invalid_rate=0.0, indptr_offset=0, tail_junk=1, scale=0.11, sink="mixed", poison="none",
+                         padded=True, q_transposed=False, cu_count=1)
+    t = get_target("gfx950")
+    inp = fz.build_decode_inputs(case, t)
+    plan = D.plan_decode(t, 1, 3, inp.main_indices.numel(), inp.extra_indices.numel(), cu_count=1)
+    outs, blocks = {}, {}
+    for cu in (1, 2 * plan.num_splits + 1):  # fills half of one CU / leaves more than half of the CUs idle
+        seen = []
+        with D.launch_observer(lambda r: seen.append(dict(r.meta))):
+            outs[cu] = D.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr,
+                                            inp.extra_cache, inp.extra_indices, inp.extra_indptr,
+                                            attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale, target=t,
+                                            cu_count=cu, plan=plan).cpu()
+        blocks[cu] = seen[0]["BLOCK_H_"]
+        assert fz._build_class(case.replace(num_splits=plan.num_splits, cu_count=cu), t) == \
+            ("wide" if blocks[cu] == 64 else "narrow")
+    assert blocks == {1: 64, 2 * plan.num_splits + 1: 16}
+    a, b = outs[1].float(), outs[2 * plan.num_splits + 1].float()
+    assert torch_equal_nan(a, b) and float((a - b).abs().nan_to_num().max()) <= 2 ** -6 * float(a.abs().max())
+
+
+def torch_equal_nan(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a.isnan(), b.isnan()))
+
+
+def _load_logits_variants():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("logits_variants", ROOT / "benchmarks" / "logits_variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_logits_builds_compute_the_defaults_bits_and_parse_from_the_environment():
+    """Every LogitsVariant the benchmark times is a valid build; under the interpreter each gives the default's
+    bits on NORMAL and SHUFFLE caches whether or not its page_tile guard lets it in (block sizes that do and do not
+    divide the tile; the guards themselves below); the override parses and restores."""
+    import torch
+
+    from fuzz.indexer_logits import IndexerLogitsCase, build_decode_inputs
+    from impl import indexer_logits as il
+    from impl.targets import get_target
+
+    lv = _load_logits_variants()
+    assert lv.VARIANTS[0] == ("default", {}) and len({n for n, _ in lv.VARIANTS}) == len(lv.VARIANTS)
+    builds = [il.LogitsVariant(**f) for _, f in lv.VARIANTS] + [il.LogitsVariant(block=16, page_tile=True,
+                                                                                 scale32=True, tiles=2)]
+    # one of each program the interpreter runs (warps, stages and fp8_dot do not change it here)
+    builds = list({(v.block, v.tiles, v.fill, v.page_tile, v.scale32): v for v in builds}.values())
+    for layout, bs in (("shuffle", 16), ("normal", 32)):
+        case = IndexerLogitsCase(seed=1, mode="decode", heads=5, topk=4, next_n=2, block_size=bs, layout=layout,
+                                 context_lens=(70, 3), max_model_len=80, extra_columns=1)
+        inp = build_decode_inputs(case, "ocp")
+
+        def call():
+            return il.fp8_paged_mqa_logits(inp.q, inp.cache, inp.weights, inp.context_lens, inp.block_table,
+                                           case.max_model_len, layout=case.layout, target="gfx950")
+        ref = call().view(torch.int32).clone()
+        for v in builds:
+            with il.logits_variant(v) as active:
+                assert active == v
+                assert torch.equal(call().view(torch.int32), ref), (layout, bs, v)
+        assert il._logits_variant == il.DEFAULT_LOGITS_VARIANT
+    t = get_target("gfx950")
+    odd = torch.empty(2 * 64 * 132 + 2, dtype=torch.uint8)[2:].view(2, 64, 132)  # 2-byte aligned only
+    _, meta = il._paged_launch(il.LogitsVariant(page_tile=True, scale32=True), 1, 128, 64, odd, t)
+    assert meta["PAGE_TILE"] is True and meta["SCALE32"] is False
+    _, meta = il._paged_launch(il.LogitsVariant(page_tile=True, block=128), 1, 256, 64, odd, t)
+    assert meta["PAGE_TILE"] is False  # a 128-position tile spans two 64-token pages
+    grid, meta = il._paged_launch(il.LogitsVariant(fill=1.0), 4, 8192, 64, odd, t)
+    assert grid[0] * grid[1] >= t.cu_count and meta["TILES"] < il.TILES_PER_PROGRAM
+    assert il._parse_logits_variant("page_tile,scale32=1,block=32,tiles=4,fill=0.5,num_warps=8") == \
+        il.LogitsVariant(block=32, tiles=4, fill=0.5, page_tile=True, scale32=True, num_warps=8)
+    assert il._parse_logits_variant(" ") is None
+    for bad in ("nonsense", "block=48", "tiles=0", "fill=-1"):
+        with pytest.raises(ValueError):
+            il._parse_logits_variant(bad)
+    with pytest.raises(TypeError):
+        with il.logits_variant("page_tile"):
+            pass
+
+
+def test_logits_variants_dry_run_checks_every_build_against_the_oracle(tmp_path, capsys):
+    lv = _load_logits_variants()
+    out = tmp_path / "lv.json"
+    rc = lv.main(["--dry-run", "--variants", "page+s32,page+s32+fill,page+s32+b128", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["impl"] for r in rows] == ["default", "page+s32", "page+s32+fill", "page+s32+b128"]
+    assert all(r["oracle"]["ok"] and r["oracle"]["worst_err_over_tol"] <= 1.0 for r in rows)
+    assert all(r["bit_identical_to_default"] for r in rows[1:])
+    assert rows[2]["launch"]["grid"][1] > rows[1]["launch"]["grid"][1]  # fill: more, shorter programs
+    assert "logits_variants: 4 rows" in text
+
+
+def test_logits_check_fails_a_wrong_logit_and_a_lost_mask():
+    """The script's check can fail: one logit moved past the contract's bound, or a masked column not -inf."""
+    import torch
+
+    lv = _load_logits_variants()
+    ref = {"logits": torch.tensor([[1.0, 2.0, float("-inf")]], dtype=torch.float64),
+           "tol": torch.tensor([[1e-6, 1e-6, 0.0]], dtype=torch.float64),
+           "visible": torch.tensor([[True, True, False]])}
+    good = torch.tensor([[1.0, 2.0, float("-inf")]])
+    assert lv.check(ref, good)["ok"]
+    assert not lv.check(ref, torch.tensor([[1.0, 2.001, float("-inf")]]))["ok"]
+    assert not lv.check(ref, torch.tensor([[1.0, 2.0, 0.0]]))["ok"]
+    assert not lv.check(ref, torch.tensor([[1.0, float("nan"), float("-inf")]]))["ok"]
+
+
+def test_defaults_h200_script_is_valid_bash_names_existing_rows_and_writes_three_files():
+    text = (ROOT / "benchmarks" / "defaults_h200.sh").read_text()
+    assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "defaults_h200.sh")]).returncode == 0
+    dv = _load_decode_variants()
+    line = next(x for x in text.splitlines() if x.startswith("dv_variants="))
+    names = line.split("=", 1)[1].strip('"').split(",")
+    for n in names:
+        assert any(n in dict(dv.VARIANTS[f]) for f in ("gfx942", "gfx950")), n
+    for f in ("gfx942", "gfx950"):
+        assert {"default", "narrow", "single-read"} <= set(names) & set(dict(dv.VARIANTS[f]))
+    import re
+
+    written = set(re.findall(r'"\$out/([\w.]+)"', text))
+    assert written == {"summary.txt", "log.txt", "defaults.json"}

@@ -47,6 +47,9 @@ ALLOWED_UNEXERCISED: dict[str, str] = {
                               "computes runs it, and the contracts judge a variant through SMV_DECODE_VARIANT",
     "decode.decode_variant": "benchmark configuration, see decode.current_variant; tests/test_decode.py runs it",
     "decode.set_decode_variant": "benchmark configuration, see decode.current_variant; tests/test_decode.py runs it",
+    "indexer_logits.logits_variant": "benchmark configuration (which LogitsVariant the paged logits kernel is built "
+                                     "with), never what it computes; tests/test_bench.py runs it and the "
+                                     "contracts judge a variant through SMV_LOGITS_VARIANT",
     "graph_capture.describe_launch_diff": "words GraphReplayError's message; runs only when a replay's launch differs "
                                           "from the capture's, which correct code never does",
     "runtime.configure_triton_mode": "runs once at `import impl` (impl/__init__.py), before any contract, and every "

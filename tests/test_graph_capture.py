@@ -73,7 +73,9 @@ def test_observer_records_every_launch_and_changes_nothing():
     assert a["num_splits"] == plan.num_splits and a["num_heads"] == 2
     assert a["qk_scale2"] == pytest.approx(0.11 * dec.LOG2E, rel=0, abs=0)
     meta = dict(records[0].meta)
-    assert meta["ADAPTIVE"] is False and meta["num_warps"] == 4 and meta["HAS_EXTRA"] is True
+    build = dec._launch_variant(plan, 3, 2, t, 4)  # the default's size rule: the build for 4 CUs
+    assert meta["ADAPTIVE"] is False and meta["num_warps"] == (build.num_warps or 4) and meta["HAS_EXTRA"] is True
+    assert meta["BLOCK_H_"] == (build.block_h or dec.BLOCK_H)
     assert dict(records[1].args)["num_splits"] == plan.num_splits
 
 
