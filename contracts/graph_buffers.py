@@ -23,11 +23,12 @@ _NOT_A_VERDICT = (SubjectSkip, SubjectError)
 
 # --- ragged-view-capacity ---------------------------------------------------------------------------------------
 
-def _pool_buffer(length: int, offset: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _pool_buffer(length: int, offset: int, device, layout: str = "contiguous") -> tuple[torch.Tensor, torch.Tensor]:
     """A persistent buffer that is a view at ``offset`` into a larger pool (so base pointer != pool pointer), all
-    of the pool holding the sentinel."""
-    pool = torch.full((length + offset + 2,), SENTINEL, dtype=torch.int32, device=device)
-    return pool, pool[offset:offset + length]
+    of the pool holding the sentinel; ``layout`` "strided": every other entry of the pool from ``offset`` on."""
+    step = 2 if layout == "strided" else 1
+    pool = torch.full((step * length + offset + 2,), SENTINEL, dtype=torch.int32, device=device)
+    return pool, pool[offset:offset + step * length:step]
 
 
 def _graph_buffer_cases(target: Target):
@@ -50,17 +51,19 @@ def _check_rejected(case: GraphBufferCase, target: Target, inp: fz.GraphBufferIn
     out: list[Violation] = []
     num_rows, max_per_row = case.num_rows, case.max_per_row
     defect = case.defect
-    source = inp.source.to(device)
+    source = fz.lay_out_source(inp.source, case.source_layout, device)
     if defect == "int64-source":
         source = source.to(torch.int64)
         want_arg, want_types = "ragged_indices", (TypeError,)
+    elif defect is None:  # a strided persistent buffer (buffer_layout): the first one checked is named
+        defect, want_arg, want_types = "strided-buffer", "indices_buffer", (ValueError,)
     else:
         want_arg = ref_gb.rejected_argument(num_rows, max_per_row, inp.source.tolist(), inp.indptr,
                                             inp.indices_len, inp.indptr_len)
         want_types = (ValueError,)
-    ipool, ibuf = _pool_buffer(inp.indices_len, case.pool_offset, device)
-    ppool, pbuf = _pool_buffer(inp.indptr_len, case.pool_offset, device)
-    indptr = torch.tensor(inp.indptr, dtype=torch.int32, device=device)
+    ipool, ibuf = _pool_buffer(inp.indices_len, case.pool_offset, device, case.buffer_layout)
+    ppool, pbuf = _pool_buffer(inp.indptr_len, case.pool_offset, device, case.buffer_layout)
+    indptr = fz.lay_out_source(torch.tensor(inp.indptr, dtype=torch.int32), case.source_layout, device)
     copy = bound(target).graph_buffers.copy_ragged_to_graph_buffers
     try:
         res = copy(source, indptr, ibuf, pbuf, num_rows, max_per_row, target=target)
@@ -101,16 +104,19 @@ def ragged_view_capacity(case: GraphBufferCase, target: Target) -> list[Violatio
     on gfx942 and generic, ``max(source.numel(), 1)`` on gfx950, where the source may be wider than the NNZ. Nothing
     outside the copied entries changes. Bad inputs (buffers too small, a source wider than the capacity, NNZ beyond
     the source, rows longer than ``max_per_row``, a non-int32 source) are rejected, naming the argument, before
-    anything is written. Source: SPEC 2; seed 004 (gfx950 narrows the view; gfx942 must not); DESIGN.md.
+    anything is written. Layouts (issue 30): the sources come packed, as a slice of a larger buffer or strided
+    (the copy must give what the packed sources give); persistent buffers that are strided views of their pools
+    must be refused naming ``indices_buffer`` (the first checked), the pools untouched. Source: SPEC 2; seed 004
+    (gfx950 narrows the view; gfx942 must not); DESIGN.md.
     """
     device = kernel_device()
     inp = fz.graph_buffer_inputs(case)
-    if case.defect is not None:
+    if case.defect is not None or case.buffer_layout != "contiguous":
         return _check_rejected(case, target, inp, device)
     out: list[Violation] = []
     num_rows, max_per_row = case.num_rows, case.max_per_row
-    source = inp.source.to(device)
-    indptr = torch.tensor(inp.indptr, dtype=torch.int32, device=device)
+    source = fz.lay_out_source(inp.source, case.source_layout, device)
+    indptr = fz.lay_out_source(torch.tensor(inp.indptr, dtype=torch.int32), case.source_layout, device)
     ipool, ibuf = _pool_buffer(inp.indices_len, case.pool_offset, device)
     ppool, pbuf = _pool_buffer(inp.indptr_len, case.pool_offset, device)
     ibase, pbase = ibuf.data_ptr(), pbuf.data_ptr()

@@ -78,7 +78,8 @@ def _run(dec, inp, case: fm.MetamorphicCase, target: Target, plan, partials: dic
         warnings.simplefilter("ignore", RuntimeWarning)
         dec.sparse_attn_decode(inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache,
                                inp.extra_indices, inp.extra_indptr, attn_sink=inp.attn_sink,
-                               softmax_scale=inp.softmax_scale, target=target, plan=plan, workspace=ws, out=out)
+                               softmax_scale=inp.softmax_scale, target=target, cu_count=case.decode.cu_count,
+                               plan=plan, workspace=ws, out=out)
     if partials is not None:
         partials[key] = tuple(x.cpu().clone() for x in (ws.part_m, ws.part_l, ws.part_acc))
     return out.cpu().clone()
@@ -113,6 +114,10 @@ def decode_paths_agree(case: fm.MetamorphicCase, target: Target) -> list[Violati
     ``decode-oracle-agreement`` does). A path the subject does not have (upstream has no generic
     kernel under gfx942's flavours) is left out and named in the row's reason; the others are still compared.
     Inputs: tails of every split and tile length, per-split maxima orders of magnitude apart (fuzz.metamorphic).
+    Layout invariance (issue 30, ``view_layout`` "views"): the S-split path runs on every input re-laid as a view
+    of a larger poisoned buffer (q rows padded, cache blocks padded one block into a pool, index, indptr and sink
+    slices), the values the same, and must agree with the packed paths as any path does (bit for bit with the
+    adaptive path where a row is active on all S splits).
     Single-pass vs two-stage compressor and graph replay vs eager are checked by ``writer-oracle-exact`` and
     ``graph-replay-agreement``. Source: issue 13 item 5; SPEC section 2 (split-K partials and their reduce;
     adaptive splits' host rule)."""
@@ -126,28 +131,35 @@ def decode_paths_agree(case: fm.MetamorphicCase, target: Target) -> list[Violati
     v: list[Violation] = []
     missing = None
     partials: dict = {}
+    views = fm.relaid_inputs(inp) if case.view_layout == "views" else None
     for label, t, plan in decode_paths(case, target, dec):
+        on_views = views is not None and label == f"{case.num_splits} splits"
         try:
-            got = _run(dec, inp, case, t, plan, partials, label)
+            got = _run(dec, views if on_views else inp, case, t, plan, partials, label)
         except SubjectUnavailable as exc:  # a path the subject does not have: no verdict about it
             record_note(f"path {label!r} not run: {exc.reason(current().label)}")
             missing = exc
             continue
+        shown = label + (VIEWS_SUFFIX if on_views else "")
         judged = got.clone()  # a row zeroed where the oracle is NaN: named once, then left out of its lanes
-        v += zeroed_nan_rows(nan_row_zeroed(label), judged, ref.out)
-        v += oracle_violations(f"decode path {label} vs float64 oracle", judged, ref, plan.num_splits)
-        outs.append((label, got, decode_tolerance(ref, plan.num_splits)))
-    for i, (la, a, ta) in enumerate(outs):
-        for lb, b, tb in outs[i + 1:]:
+        v += zeroed_nan_rows(nan_row_zeroed(shown), judged, ref.out)
+        v += oracle_violations(f"decode path {shown} vs float64 oracle", judged, ref, plan.num_splits)
+        outs.append((label, got, decode_tolerance(ref, plan.num_splits), shown))
+    for i, (_, a, ta, la) in enumerate(outs):
+        for _, b, tb, lb in outs[i + 1:]:
             # where the oracle is NaN its tolerance is too: two paths must then agree exactly
             tol = ta + tb
             tol = torch.where(torch.isnan(tol), torch.zeros_like(tol), tol)
             v += attention_violations(f"decode path {lb} vs path {la}", b.clone(), a.to(torch.float64), tol)
     if len(outs) < 2 and missing is not None:
         raise missing  # nothing left to compare
-    if any(lbl == _adaptive_label(case) for lbl, _, _ in outs):
-        v += _adaptive_bitwise(case, target, dec, inp, {lbl: o for lbl, o, _ in outs}, partials)
+    if any(lbl == _adaptive_label(case) for lbl, _, _, _ in outs):
+        v += _adaptive_bitwise(case, target, dec, inp, {lbl: o for lbl, o, _, _ in outs}, partials)
     return v
+
+
+#: the S-split path's label suffix where it ran on the inputs re-laid as views (fuzz.metamorphic.relaid_inputs)
+VIEWS_SUFFIX = " (inputs as views of larger buffers)"
 
 
 ADAPTIVE_BITS = "adaptive splits differ bit for bit from the fixed plan with the row's active split count"

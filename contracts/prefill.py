@@ -117,13 +117,77 @@ def prefill_oracle_agreement(case: fz.PrefillCase, target: Target) -> list[Viola
     store, interpreter truncation for bf16) plus, for fp16 on either side, the underflow floor 2^-25 (1 + sum_j
     |v_j|); no fraction of lanes may fail; the margin is the worst
     error-to-tolerance ratio. Sources: SPEC 3 (Triton fallback), seed 003, upstream's prefill ragged-kernel test.
+
+    Layouts (issue 30): q, kv, the indices (and indptr), topk_length, the sink and out each come packed or as a
+    slice, padded, strided, transposed or heads-major view of a poisoned buffer (fuzz.prefill's ``*_LAYOUTS``), the
+    values the same, so the oracle's answer is the same. A layout the entry may refuse (a strided ragged index list,
+    a strided sink: fuzz.prefill.MAY_REFUSE) is computed the same or refused with a ValueError/TypeError naming the
+    argument, out's buffer still all NaN and every input unchanged; refusing any other layout is a violation. A
+    mismatch of a case whose packed twin passes is reported as the layouts that alone make it differ
+    (LAYOUT_DIFFERS). Absolute regimes (fuzz.prefill.LOGIT_REGIMES): every live logit near -110 (below fp32 exp's
+    underflow), exact ties everywhere, q all signed zeros, each against every sink kind (a large sink dominating,
+    -inf vanishing).
     """
+    got = _agreement_once(case, target)
+    if got and fz.non_packed(case) and not any(v.message.startswith("prefill refused") for v in got):
+        return layout_violations(case, target) or got
+    return got
+
+
+def _agreement_once(case: fz.PrefillCase, target: Target) -> list[Violation]:
     inp = fz.build_prefill_inputs(case)
     before = _snapshot(inp)
-    _run_entry(inp, target)
+    try:
+        _run_entry(inp, target)
+    except (ValueError, TypeError) as e:
+        return refusal_violations(case, e, inp) + _unchanged(before, inp)
     got = inp.out.detach().cpu().clone()
     out = _unchanged(before, inp)
     out += _compare_with_oracle(got, inp, f"prefill output vs float64 oracle (d={case.d}, {case.mode})")
+    return out
+
+
+#: a prefill that computes differently when an input is laid out other than packed (finding signatures match it)
+LAYOUT_DIFFERS = "prefill output with a non-packed layout differs from the same inputs packed"
+
+
+def layout_violations(case: fz.PrefillCase, target: Target) -> list[Violation]:
+    """Where ``case`` packed passes: a violation naming the first non-packed layout (in fuzz.prefill.PACKED's
+    order) that alone (the others packed) makes the result differ, with that run's first violation; [] where no
+    single layout does or the packed case fails too. One layout is named, not every one: a subject that ignores
+    several strides shows the next once the first is fixed, and each further run costs a kernel launch per case
+    the shrinker tries."""
+    for dim, value in fz.non_packed(case).items():
+        alone = _agreement_once(fz.packed_except(case, {dim: value}), target)
+        if alone:
+            if _agreement_once(fz.packed_except(case, {}), target):
+                return []
+            return [Violation(f"{LAYOUT_DIFFERS}: {dim}={value}", alone[0].where, alone[0].expected,
+                              f"{alone[0].got} ({alone[0].message})")]
+    return []
+
+
+#: a refusal must be of a layout the entry may refuse, name the argument and write nothing
+REFUSED_ACCEPTED_LAYOUT = "prefill refused a layout it must accept"
+REFUSAL_UNNAMED = "prefill refused a layout without naming the argument"
+REFUSAL_WROTE = "prefill refused a layout but wrote its output first"
+
+
+def refusal_violations(case: fz.PrefillCase, err: Exception, inp: fz.PrefillInputs) -> list[Violation]:
+    """A prefill that raised: fine only for a layout it may refuse (fuzz.prefill.refusable), naming one of that
+    layout's arguments, with out's whole buffer still NaN (the inputs are compared by the caller)."""
+    args = fz.refusable(case)
+    where = f"layouts {fz.non_packed(case)}"
+    if not args:
+        return [Violation(REFUSED_ACCEPTED_LAYOUT, where, "a result", f"{type(err).__name__}: {err}")]
+    names = [n for a in args.values() for n in a.split("/")]
+    out = []
+    if not any(n in str(err) for n in names):
+        out.append(Violation(REFUSAL_UNNAMED, where, f"a message naming one of {names}", str(err)))
+    written = ~torch.isnan(inp.out_buffer.detach().cpu().float())
+    if bool(written.any()):
+        out.append(Violation(REFUSAL_WROTE, f"{where}; out", "every element still NaN",
+                             f"{int(written.sum())} elements written"))
     return out
 
 

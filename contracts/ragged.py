@@ -278,7 +278,28 @@ def ragged_helpers_oracle(case: RaggedCase, target: Target) -> list[Violation]:
     crossing block boundaries, int32 and int64 inputs. A helper that raises on such an input is a violation naming
     the exception (on the vllm subject the adapter raises OutOfBoundsRead instead of launching a kernel that would
     load outside a tensor it was given). Messages name the cause of a difference (the kind of entry where it
-    shows)."""
+    shows).
+
+    Layouts (issue 30): every input but the block table (``table`` has its own) comes packed, as a slice of a
+    larger buffer, strided or column-major (fuzz.ragged.INPUT_LAYOUTS), the values the same; a difference that the
+    same inputs packed do not show is reported as the layout's (LAYOUT_DIFFERS), once, beside those they show."""
+    got = _oracle_once(case, target)
+    if not got or case.input_layout == "contiguous":
+        return got
+    packed = {(v.message, v.where) for v in _oracle_once(case.replace(input_layout="contiguous"), target)}
+    same = [v for v in got if (v.message, v.where) in packed]
+    new = [v for v in got if (v.message, v.where) not in packed]
+    if new:
+        same.append(Violation(f"{LAYOUT_DIFFERS}: input_layout={case.input_layout}", new[0].where,
+                              new[0].expected, f"{new[0].got} ({new[0].message})"))
+    return same
+
+
+#: a helper that computes differently when its inputs are laid out other than packed (finding signatures match it)
+LAYOUT_DIFFERS = "ragged helper output with a non-packed layout differs from the same inputs packed"
+
+
+def _oracle_once(case: RaggedCase, target: Target) -> list[Violation]:
     with single_threaded():
         device = kernel_device()
         family = bound(target).ragged

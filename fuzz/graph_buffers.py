@@ -18,6 +18,13 @@ INT32_MAX = 2 ** 31 - 1
 GraphBufferDefect = Literal["indices-buffer-short", "indptr-buffer-short", "source-too-wide", "nnz-beyond-source",
                             "row-too-long", "indptr-nonzero-start", "int64-source"]
 GRAPH_BUFFER_DEFECTS: tuple[str, ...] = typing.get_args(GraphBufferDefect)
+#: memory layouts of the ragged sources (issue 30; the values the same): ragged_indices and ragged_indptr packed, a
+#: slice of a larger buffer (offset base), or every other element of one (what no view reaches holds -7)
+SOURCE_LAYOUTS = ("contiguous", "slice", "strided")
+#: the persistent buffers packed (at their placement) or every other element of a pool: a buffer a captured graph
+#: reads as packed must be refused, naming it, before anything is written
+BUFFER_LAYOUTS = ("contiguous", "strided")
+SOURCE_FILL = -7
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,7 @@ class GraphBufferCase(Case):
     and ``pool_offset`` entries into their pools, and at most one ``defect``; tensors come from ``seed``."""
 
     KIND = "ragged-view-capacity"
+    ADDED_FIELDS = ('source_layout', 'buffer_layout')
     seed: int
     num_rows: int
     max_per_row: int
@@ -36,6 +44,8 @@ class GraphBufferCase(Case):
     indptr_slack: int = 0
     pool_offset: int = 0
     defect: GraphBufferDefect | None = None
+    source_layout: str = "contiguous"
+    buffer_layout: str = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -48,6 +58,9 @@ class GraphBufferCase(Case):
         if any(n < 0 or n > self.max_per_row for n in self.lens):
             raise ValueError(f"lens: every row length must lie in [0, max_per_row = {self.max_per_row}], "
                              f"got {list(self.lens)}")
+        if self.source_layout not in SOURCE_LAYOUTS or self.buffer_layout not in BUFFER_LAYOUTS:
+            raise ValueError(f"source_layout/buffer_layout: expected one of {SOURCE_LAYOUTS} / {BUFFER_LAYOUTS}, got "
+                             f"{self.source_layout!r} / {self.buffer_layout!r}")
 
 
 @st.composite
@@ -70,7 +83,19 @@ def graph_buffer_cases(draw, defects: bool = True):
                            lens=tuple(lens), source_extra=source_extra,
                            indices_slack=draw(st.sampled_from([0, 0, 1, 7])),
                            indptr_slack=draw(st.sampled_from([0, 0, 2])), pool_offset=draw(st.sampled_from([0, 3])),
-                           defect=defect)
+                           defect=defect, source_layout=draw(st.sampled_from(SOURCE_LAYOUTS)),
+                           buffer_layout=draw(st.sampled_from(BUFFER_LAYOUTS + ("contiguous",) * 3)))
+
+
+def lay_out_source(t: torch.Tensor, layout: str, device) -> torch.Tensor:
+    """1-D ``t`` on ``device`` as ``layout`` (:data:`SOURCE_LAYOUTS`), what no view reaches :data:`SOURCE_FILL`."""
+    n = t.numel()
+    if layout == "contiguous":
+        return t.to(device)
+    buf = torch.full((2 * n + 5,), SOURCE_FILL, dtype=t.dtype)
+    view = slice(3, 3 + n) if layout == "slice" else slice(0, 2 * n, 2)
+    buf[view] = t
+    return buf.to(device)[view]
 
 
 @dataclass(frozen=True)
@@ -114,6 +139,8 @@ def graph_buffer_inputs(case: GraphBufferCase) -> GraphBufferInputs:
         indices_len = capacity - 1
     if defect == "indptr-buffer-short":
         indptr_len = num_rows
+    if case.buffer_layout == "strided":  # two entries at least: a one-entry stride-2 view is contiguous
+        indices_len, indptr_len = max(indices_len, 2), max(indptr_len, 2)
     return GraphBufferInputs(source, indptr, indices_len, indptr_len)
 
 
@@ -146,6 +173,8 @@ def classify_graph_buffer(case: GraphBufferCase, target=None) -> dict:
         "placement": "offset" if case.pool_offset else ("slack" if case.indices_slack or case.indptr_slack
                                                         else "tight"),
         "defect": case.defect or "none",
+        "source_layout": case.source_layout,
+        "buffer_layout": case.buffer_layout,
     }
 
 
@@ -181,7 +210,9 @@ def force_graph_buffer(case: GraphBufferCase, combo: dict, target=None) -> Graph
     if "defect" in combo:
         defect = None if combo["defect"] == "none" else combo["defect"]
     return GraphBufferCase(seed=s, num_rows=rows, max_per_row=width, lens=tuple(lens), source_extra=extra,
-                           indices_slack=islack, indptr_slack=pslack, pool_offset=off, defect=defect)
+                           indices_slack=islack, indptr_slack=pslack, pool_offset=off, defect=defect,
+                           source_layout=combo.get("source_layout", case.source_layout),
+                           buffer_layout=combo.get("buffer_layout", case.buffer_layout))
 
 
 def _graph_buffer_allowed(c: dict, target=None) -> bool:
@@ -201,6 +232,11 @@ def _graph_buffer_allowed(c: dict, target=None) -> bool:
         return False  # a bad input is rejected before the buffers' placement matters: valid cases take those rows
     if d == "row-too-long" and rows == "0":
         return False
+    if d not in (None, "none") and c.get("buffer_layout") == "strided":
+        return False  # one bad input at a time: a strided buffer is its own refusal
+    if c.get("source_layout", "contiguous") != "contiguous" and (
+            d not in (None, "none") or c.get("buffer_layout") == "strided"):
+        return False  # a laid-out source is judged by a copy that runs (a refused one reads nothing)
     if d == "nnz-beyond-source" and (fill == "none" or empty):
         return False
     return True
@@ -222,8 +258,15 @@ def _declare_graph_buffers():
          Dimension("source", SOURCE_CLASSES, "the source's width: the NNZ, between, the whole capacity (gfx950's "
                    "view follows it)"),
          Dimension("placement", PLACEMENTS, "persistent buffers exactly sized, with slack, at an offset in a pool"),
-         Dimension("defect", ("none",) + GRAPH_BUFFER_DEFECTS, "each bad input the copy must reject")),
-        (("rows", "width", "fill", "source"), ("placement", "source")),
+         Dimension("defect", ("none",) + GRAPH_BUFFER_DEFECTS, "each bad input the copy must reject"),
+         Dimension("source_layout", SOURCE_LAYOUTS, "ragged_indices and ragged_indptr packed, a slice of a larger "
+                                                    "buffer, or strided (issue 30)"),
+         Dimension("buffer_layout", BUFFER_LAYOUTS, "the persistent buffers packed, or strided views of their pools "
+                                                    "(refused)")),
+        (("rows", "width", "fill", "source"), ("placement", "source"),
+         # the source's layout against its width class (the copy's extent); a strided buffer against the placement
+         # it is cut from
+         ("source", "source_layout"), ("placement", "buffer_layout")),
         classify_graph_buffer, force_graph_buffer, _graph_buffer_allowed, graph_buffer_family_examples),
         "ragged-view-capacity")
 

@@ -26,6 +26,7 @@ from impl.targets import Target
 #: the kernels' token tiles (impl/decode.py): generic BLOCK_K 16, gfx942 BLOCK_K 32, gfx950 extra tiles 64
 TILES = (16, 32)
 MAX_SPLITS = 5
+VIEW_LAYOUTS = ("packed", "views")
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,15 @@ class MetamorphicCase(Case):
     split count S of the multi-split paths; ``spikes``: per-split distinct maxima (see the module docstring)."""
 
     KIND = "metamorphic-decode"
+    ADDED_FIELDS = ('view_layout',)
     decode: fz.DecodeCase
     num_splits: int
     one_wave: int = 1
     spikes: bool = True
+    #: "views": the S-split path runs on every input re-laid as a view of a larger poisoned buffer (q rows padded
+    #: to 576 lanes, both caches' blocks padded one block into a pool, indices, indptr and sink slices), the values
+    #: the same: a layout-invariance relation between that path and the packed ones (issue 30)
+    view_layout: str = "packed"
 
     def __post_init__(self):
         super().__post_init__()
@@ -45,6 +51,8 @@ class MetamorphicCase(Case):
             raise ValueError(f"num_splits: expected >= 2 (the other path has 1), got {self.num_splits}")
         if not 1 <= self.one_wave <= self.num_splits:
             raise ValueError(f"one_wave: expected 1..{self.num_splits}, got {self.one_wave}")
+        if self.view_layout not in VIEW_LAYOUTS:
+            raise ValueError(f"view_layout: expected one of {VIEW_LAYOUTS}, got {self.view_layout!r}")
 
 
 def _remainder_length(s: int) -> st.SearchStrategy:
@@ -86,7 +94,8 @@ def metamorphic_cases(target: Target) -> st.SearchStrategy:
             poison=draw(st.sampled_from(["none", "none", "nan", "inf"])), padded=draw(st.booleans()),
             q_transposed=draw(st.booleans()), cu_count=draw(st.integers(1, 8)), int32_extremes=False,
             num_splits=s if is_950 else None, adaptive=fz.AdaptiveSplits(one_wave) if is_950 else None)
-        return MetamorphicCase(decode=dec, num_splits=s, one_wave=one_wave, spikes=draw(st.integers(0, 3)) < 3)
+        return MetamorphicCase(decode=dec, num_splits=s, one_wave=one_wave, spikes=draw(st.integers(0, 3)) < 3,
+                               view_layout=draw(st.sampled_from(VIEW_LAYOUTS)))
 
     return build()
 
@@ -131,6 +140,40 @@ def build_metamorphic_inputs(case: MetamorphicCase, target: Target) -> fz.Decode
     return inp
 
 
+def _view_of(t: torch.Tensor | None, fill, lanes_pad: int = 0):
+    """(buffer, view): ``t``'s values in a view 3 elements (1-D) or one block (3-D cache) into a buffer of
+    ``fill``; a 3-D q's rows padded by ``lanes_pad`` lanes."""
+    if t is None:
+        return None, None
+    if t.dim() == 1:
+        buf = torch.full((t.numel() + 5,), fill, dtype=t.dtype, device=t.device)
+        buf[3:3 + t.numel()] = t
+        return buf, buf[3:3 + t.numel()]
+    if lanes_pad:
+        buf = torch.full((*t.shape[:-1], t.shape[-1] + lanes_pad), fill, dtype=t.dtype, device=t.device)
+        buf[..., :t.shape[-1]] = t
+        return buf, buf[..., :t.shape[-1]]
+    nb, bs, w = t.shape  # a cache: blocks padded by 64 bytes, one poisoned block before the first
+    blk = bs * w + 64
+    buf = torch.full(((nb + 1) * blk,), fill, dtype=t.dtype, device=t.device)
+    view = buf.as_strided((nb, bs, w), (blk, w, 1), blk)
+    view.copy_(t)
+    return buf, view
+
+
+def relaid_inputs(inp: fz.DecodeInputs) -> fz.DecodeInputs:
+    """``inp`` with every tensor a view of a larger poisoned buffer (``view_layout`` "views"), the values the
+    same: q rows padded to 576 lanes (NaN), caches with padded blocks one 0xFF block into a pool, indices (-1),
+    indptr (0) and sink (NaN) slices."""
+    import math
+
+    bufs, views = zip(*(_view_of(t, f, pad) for t, f, pad in (
+        (inp.q, math.nan, 64), (inp.main_cache, 0xFF, 0), (inp.main_indices, -1, 0), (inp.main_indptr, 0, 0),
+        (inp.extra_cache, 0xFF, 0), (inp.extra_indices, -1, 0), (inp.extra_indptr, 0, 0),
+        (inp.attn_sink, math.nan, 0))))
+    return fz.DecodeInputs(*views, inp.softmax_scale, (inp.pools, bufs))
+
+
 # --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
 
 #: row 1's SWA length against the split count S: fewer entries than splits (some splits hold nothing: l = 0 and
@@ -165,7 +208,7 @@ def classify_metamorphic(case: MetamorphicCase, target: Target) -> dict:
     d = case.decode
     return {"extra": "swa-only" if d.extra_lens is None else "present",
             "tail": _tail_class(d.main_lens[1], case.num_splits), "spikes": case.spikes,
-            "active": _active_class(case, target), "poison": d.poison}
+            "active": _active_class(case, target), "poison": d.poison, "view_layout": case.view_layout}
 
 
 def force_metamorphic(case: MetamorphicCase, combo: dict, target: Target) -> MetamorphicCase:
@@ -200,7 +243,8 @@ def force_metamorphic(case: MetamorphicCase, combo: dict, target: Target) -> Met
         extra[0] = 7 * s - 1
     dec = dataclasses.replace(d, main_lens=tuple(main), extra_lens=None if extra is None else tuple(extra),
                               poison=combo.get("poison", d.poison))
-    return dataclasses.replace(case, decode=dec, spikes=combo.get("spikes", case.spikes))
+    return dataclasses.replace(case, decode=dec, spikes=combo.get("spikes", case.spikes),
+                               view_layout=combo.get("view_layout", case.view_layout))
 
 
 def _metamorphic_allowed(c: dict, target: Target) -> bool:
@@ -237,7 +281,9 @@ def _declare_metamorphic():
          Dimension("tail", TAIL_CLASSES, "row 1's SWA length against S: empty splits, a shorter last, equal counts"),
          Dimension("spikes", (False, True), "per-split maxima orders of magnitude apart"),
          Dimension("active", ACTIVE_CLASSES, "row 0's adaptive active split count (gfx950)"),
-         Dimension("poison", ("none", "nan", "inf"), "NaN / inf in referenced rows")),
+         Dimension("poison", ("none", "nan", "inf"), "NaN / inf in referenced rows"),
+         Dimension("view_layout", VIEW_LAYOUTS, "the S-split path on packed inputs, or on every input re-laid as "
+                                                "a view of a larger poisoned buffer (layout invariance)")),
         # one interacting pair: an extra segment on a row active on fewer splits than S (gfx950: A = 4 of 5), else
         # an extra slice taken by S instead of A shows nowhere; it fits the 3 rows of each value once (a case runs
         # every path of the target, 3-6 decodes, 2-6 s each here); other pairs are left to the random cases after

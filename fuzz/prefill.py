@@ -41,8 +41,10 @@ HEAD_DIMS: tuple[int, ...] = typing.get_args(HeadDim)
 SCALES = (0.02, 0.0625, 0.11, 0.3)
 #: the order matters: Hypothesis starts and shrinks towards the first
 SINK_KINDS = ("ordinary", "mixed", "-inf", "large", "none")
-QLayout = Literal["contiguous", "heads_major", "strided"]
-KVLayout = Literal["2d", "3d", "padded_rows", "strided_lanes"]
+#: q packed, heads-major, lanes at stride 2, or the rows of a larger q (production's q[query_start:query_end])
+QLayout = Literal["contiguous", "heads_major", "strided", "row_slice"]
+#: kv 2-D, [skv, 1, d], rows padded, lanes at stride 2, or padded rows three rows into a NaN pool
+KVLayout = Literal["2d", "3d", "padded_rows", "strided_lanes", "pool_slice"]
 Q_LAYOUTS: tuple[str, ...] = typing.get_args(QLayout)
 KV_LAYOUTS: tuple[str, ...] = typing.get_args(KVLayout)
 DTypeName = Literal["bfloat16", "float16"]
@@ -57,6 +59,25 @@ LONG_WIDTH = 40
 THREE_TILES = 2 * 16 + 1
 #: one more than BLOCK_H = 16 (SPEC 3's grid (sq, ceil(h / 16))): a second head block with one live head
 WIDE_HEADS = 17
+#: memory layouts of the index inputs (issue 30; the values the same in each, what no view reaches a dead-row slot
+#: or 0): packed; "slice" (an offset into a larger table with extra columns: dense row stride > k); "strided" (dense:
+#: columns at stride 2; ragged: entries at stride 2); "transposed" (dense only: column-major)
+INDEX_LAYOUTS = ("contiguous", "slice", "strided", "transposed")
+#: topk_length packed, a slice of a larger buffer, or every other element of one (fill: INT32_MAX, a length past k)
+TOPK_LAYOUTS = ("contiguous", "slice", "strided")
+#: the sink packed, a slice of a NaN buffer, or every other element of one
+SINK_LAYOUTS = ("contiguous", "slice", "strided")
+#: out packed, rows padded (OUT_PAD lanes more), or heads-major ([h, sq, w] memory)
+OUT_LAYOUTS = ("contiguous", "padded", "heads-major")
+#: absolute regimes of the logits (issue 30 item 3): as drawn; every live logit near -110 (below fp32 exp's
+#: underflow near -104: only a max-shifted softmax survives it); every live kv row the same (exact ties); q all
+#: signed zeros (every logit a zero, ties at 0)
+LOGIT_REGIMES = ("ordinary", "underflow", "tied", "signed-zero")
+UNDERFLOW_LOGIT = -110.0
+UNDERFLOW_K = 4.0
+#: layouts an entry point may refuse (with a ValueError/TypeError naming the argument, before any launch): a
+#: strided ragged index list (its kernel walks it at stride 1) and a strided sink (read at sink + head)
+MAY_REFUSE = {"index_layout": ("strided",), "sink_layout": ("strided",)}
 
 
 # --- attention cases --------------------------------------------------------------------------------------------
@@ -85,6 +106,7 @@ class PrefillCase(Case):
     output)."""
 
     KIND = "prefill"
+    ADDED_FIELDS = ('index_layout', 'topk_layout', 'sink_layout', 'out_layout', 'logits')
     seed: int
     sq: int
     heads: int
@@ -109,9 +131,22 @@ class PrefillCase(Case):
     magnitude: float = 1.0
     dtype: DTypeName = "bfloat16"
     out_dtype: OutDTypeName | None = None
+    index_layout: str = "contiguous"
+    topk_layout: str = "contiguous"
+    sink_layout: str = "contiguous"
+    #: None: ``out_padded`` says (cases saved before out_layout)
+    out_layout: str | None = None
+    logits: str = "ordinary"
 
     def __post_init__(self):
         super().__post_init__()
+        for name, allowed in (("index_layout", INDEX_LAYOUTS), ("topk_layout", TOPK_LAYOUTS),
+                              ("sink_layout", SINK_LAYOUTS), ("out_layout", OUT_LAYOUTS + (None,)),
+                              ("logits", LOGIT_REGIMES), ("q_layout", Q_LAYOUTS), ("kv_layout", KV_LAYOUTS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")
+        if self.mode == "ragged" and self.index_layout == "transposed":
+            raise ValueError("index_layout: ragged indices are 1-D, they have no transposed layout")
         for name in ("sq", "heads", "skv"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
@@ -131,10 +166,12 @@ class PrefillCase(Case):
 
 
 def prefill_cases(*, max_sq: int = 6, max_heads: int = 3, max_width: int = 12, max_skv: int = 20,
-                  long_width: int = LONG_WIDTH, wide_heads: int = WIDE_HEADS):
+                  long_width: int = LONG_WIDTH, wide_heads: int = WIDE_HEADS, layouts: bool = True):
     """Mostly one tile and one head block; about one case in three has rows up to ``long_width`` entries (most of
     them THREE_TILES or more, some any length) over up to 2 * long_width kv rows, and about one in
-    five has ``wide_heads`` heads. Each costs the interpreter a few programs more, not a bigger shape everywhere."""
+    five has ``wide_heads`` heads. Each costs the interpreter a few programs more, not a bigger shape everywhere.
+    ``layouts``: also draw the index, topk_length, sink and out layouts and the absolute logit regimes (the routing
+    families, about what is routed, keep them packed and ordinary)."""
     @st.composite
     def build(draw):
         sq = draw(_rotated(1, max_sq, 3))
@@ -161,7 +198,7 @@ def prefill_cases(*, max_sq: int = 6, max_heads: int = 3, max_width: int = 12, m
         topk_quirks = draw(st.booleans())
         if mode == "dense" and topk_given and topk_quirks and width:
             lens[0] = width  # a full first row, given a length past k (clamped to k): a read past k shows
-        return PrefillCase(
+        case = PrefillCase(
             seed=seed, sq=sq, heads=heads, d=d, dtype=dtype, skv=skv, mode=mode, width=width, lens=lens,
             topk_given=topk_given, topk_quirks=topk_quirks,
             dense_3d=draw(st.booleans()),
@@ -178,8 +215,18 @@ def prefill_cases(*, max_sq: int = 6, max_heads: int = 3, max_width: int = 12, m
             magnitude=draw(st.sampled_from([1.0, 1.0, 4.0])),
             out_dtype=draw(st.sampled_from([None, None, None, "float32", "float16", "bfloat16"])),
         )
+        return case.replace(**_draw_layouts(draw, mode)) if layouts else case
 
     return build()
+
+
+def _draw_layouts(draw, mode: str) -> dict:
+    """The issue-30 fields, drawn after every older one (the older fields' derandomized draws stay as they were)."""
+    out_layout = draw(st.sampled_from(OUT_LAYOUTS))
+    return dict(index_layout=draw(st.sampled_from(INDEX_LAYOUTS if mode == "dense" else INDEX_LAYOUTS[:3])),
+                topk_layout=draw(st.sampled_from(TOPK_LAYOUTS)), sink_layout=draw(st.sampled_from(SINK_LAYOUTS)),
+                out_layout=out_layout, out_padded=out_layout == "padded",
+                logits=draw(st.sampled_from(LOGIT_REGIMES)))
 
 
 @dataclass
@@ -238,6 +285,10 @@ def build_prefill_inputs(case: PrefillCase, device: str | None = None) -> Prefil
         buf = torch.full((rows_total, d + 24), math.nan, dtype=dt)
         buf[:, :d] = data
         kv = buf[:skv, :d]
+    elif layout == "pool_slice":  # padded rows, KV_POOL_BEFORE NaN rows into the pool
+        buf = torch.full((KV_POOL_BEFORE + rows_total, d + 24), math.nan, dtype=dt)
+        buf[KV_POOL_BEFORE:, :d] = data
+        kv = buf[KV_POOL_BEFORE:KV_POOL_BEFORE + skv, :d]
     else:  # strided_lanes: last-dim stride 2, the lanes in between NaN
         buf = torch.full((rows_total, 2 * d), math.nan, dtype=dt)
         buf[:, ::2] = data
@@ -250,9 +301,14 @@ def build_prefill_inputs(case: PrefillCase, device: str | None = None) -> Prefil
     elif ql == "strided":
         q_base = (torch.randn(sq, h, 2 * d, generator=gen) * mag).to(dt)
         q = q_base[..., ::2]
+    elif ql == "row_slice":  # rows 2.. of a larger q, the rows around NaN
+        q_base = torch.full((sq + 3, h, d), math.nan, dtype=dt)
+        q_base[2:2 + sq] = (torch.randn(sq, h, d, generator=gen) * mag).to(dt)
+        q = q_base[2:2 + sq]
     else:
         q_base = (torch.randn(sq, h, d, generator=gen) * mag).to(dt)
         q = q_base
+    _apply_regime(case, q, kv, live_rows)
     # entries
     invalid = [-1, -2, skv, skv + 1]
     if case.int32_extremes:
@@ -304,8 +360,9 @@ def build_prefill_inputs(case: PrefillCase, device: str | None = None) -> Prefil
                 dense.append(row + tail)
         idx = torch.tensor(dense, dtype=torch.int64).reshape(sq, width)
         idx = idx.to(torch.int32) if _coin(gen, 0.5) else idx
+        idx_base, idx = lay_out_dense(idx, case.index_layout, dead_rows[0])
         if case.dense_3d:
-            idx = idx.reshape(sq, 1, width)
+            idx = idx.unsqueeze(1)
     else:
         off = case.indptr_offset
         ragged = [dead() for _ in range(off)]
@@ -314,30 +371,106 @@ def build_prefill_inputs(case: PrefillCase, device: str | None = None) -> Prefil
             ragged += row
             indptr_list.append(len(ragged))
         ragged += [dead() for _ in range(case.tail_junk)]
-        idx = torch.tensor(ragged, dtype=torch.int32)
-        indptr_t = torch.tensor(indptr_list, dtype=torch.int32)
+        idx = lay_out_1d(torch.tensor(ragged, dtype=torch.int32), case.index_layout, dead_rows[0])
+        idx_base = idx if idx._base is None else idx._base
+        indptr_t = lay_out_1d(torch.tensor(indptr_list, dtype=torch.int32), case.index_layout, 0)
+    if topk_t is not None:
+        topk_t = lay_out_1d(topk_t, case.topk_layout, INT32_MAX)
     # sink, padded past h
     sink = make_sink(case.sink, h + _randint(gen, 0, 2), gen) if case.sink != "none" else None
-    # out: NaN-poisoned, optionally inside a wider NaN buffer
-    w = d if case.out_width == "full" else nope
-    pad = OUT_PAD if case.out_padded else 0
-    out_buf = torch.full((sq, h, w + pad), math.nan, dtype=_DTYPES[case.out_dtype] if case.out_dtype else dt)
-    out = out_buf[..., :w]
-
-    def dev(t):
-        return None if t is None else t.to(device)
-
+    if sink is not None:
+        sink = lay_out_1d(sink, case.sink_layout, math.nan)
+    # out: NaN-poisoned, a view of a NaN buffer (padded rows or heads-major memory)
+    out_buf, out = _make_out(case, sq, h, d if case.out_width == "full" else nope,
+                             _DTYPES[case.out_dtype] if case.out_dtype else dt)
     if device != "cpu":
-        buf_d = buf.to(device)
-        kv = buf_d.as_strided(kv.shape, kv.stride(), kv.storage_offset())
-        buf = buf_d
-        ob = out_buf.to(device)
-        out = ob.as_strided(out.shape, out.stride(), out.storage_offset())
-        out_buf = ob
-        qb = q_base.to(device)
-        q = qb.as_strided(q.shape, q.stride(), q.storage_offset())
-    return PrefillInputs(q, kv, buf, dev(idx), dev(topk_t), dev(indptr_t), dev(sink), case.scale, out,
+        buf, kv = _on(buf, kv, device)
+        out_buf, out = _on(out_buf, out, device)
+        q = _on(q_base, q, device)[1]
+        idx = _on(idx_base, idx, device)[1]
+        topk_t, indptr_t, sink = (None if t is None else _on(t._base if t._base is not None else t, t, device)[1]
+                                  for t in (topk_t, indptr_t, sink))
+    return PrefillInputs(q, kv, buf, idx, topk_t, indptr_t, sink, case.scale, out,
                          out_buf, dense, topk_list, ragged, indptr_list, nope)
+
+
+#: NaN rows before a pool_slice kv's first row
+KV_POOL_BEFORE = 3
+
+
+def effective_out_layout(case: PrefillCase) -> str:
+    return case.out_layout or ("padded" if case.out_padded else "contiguous")
+
+
+def _make_out(case: PrefillCase, sq: int, h: int, w: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, out): a NaN out [sq, h, w] laid out as the case says, and the buffer under it."""
+    layout = effective_out_layout(case)
+    if layout == "heads-major":
+        buf = torch.full((h, sq, w), math.nan, dtype=dtype)
+        return buf, buf.transpose(0, 1)
+    pad = OUT_PAD if layout == "padded" else 0
+    buf = torch.full((sq, h, w + pad), math.nan, dtype=dtype)
+    return buf, buf[..., :w]
+
+
+def _on(base: torch.Tensor, view: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``base`` moved to ``device`` and ``view`` re-made over it (``.to`` would pack a view with gaps)."""
+    b = base.to(device)
+    return b, b.as_strided(view.shape, view.stride(), view.storage_offset())
+
+
+def lay_out_dense(t: torch.Tensor, layout: str, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, view): dense ``t [R, W]`` laid out as ``layout`` (:data:`INDEX_LAYOUTS`), every element no view
+    reaches ``fill`` (a dead-row slot: a read past the view lands on NaN)."""
+    R, W = t.shape
+    if layout == "contiguous":
+        return t, t
+    if layout == "transposed":
+        buf = t.t().contiguous()
+        return buf, buf.t()
+    if layout == "slice":  # one row before, two columns before and one after: an offset base, row stride W + 3
+        buf = torch.full((R + 1, W + 3), fill, dtype=t.dtype)
+        buf[1:, 2:2 + W] = t
+        return buf, buf[1:, 2:2 + W]
+    buf = torch.full((R, 2 * W), fill, dtype=t.dtype)
+    buf[:, ::2] = t
+    return buf, buf[:, ::2]
+
+
+def lay_out_1d(t: torch.Tensor, layout: str, fill):
+    """1-D ``t`` as ``layout``: "contiguous", "slice" (3 elements into a buffer of ``fill``, 2 after), "strided"
+    (every other element); "transposed" reads as "contiguous" for a 1-D tensor. The view's ``_base`` is the
+    buffer."""
+    n = t.numel()
+    if layout in ("contiguous", "transposed"):
+        return t
+    if layout == "slice":
+        buf = torch.full((n + 5,), fill, dtype=t.dtype)
+        buf[3:3 + n] = t
+        return buf[3:3 + n]
+    buf = torch.full((2 * n,), fill, dtype=t.dtype)
+    buf[::2] = t
+    return buf[::2]
+
+
+def _apply_regime(case: PrefillCase, q: torch.Tensor, kv: torch.Tensor, live_rows: list[int]) -> None:
+    """Rewrite q and the live kv rows in place for ``case.logits`` (:data:`LOGIT_REGIMES`); no generator draw, so
+    every other value stays as drawn."""
+    if case.logits == "ordinary" or not live_rows:
+        return
+    kv2 = kv.reshape(kv.shape[0], -1) if kv.dim() == 3 else kv
+    live = torch.tensor(live_rows)
+    if case.logits == "signed-zero":
+        q.copy_(torch.where(q.float() < 0, -0.0, 0.0).to(q.dtype))
+    elif case.logits == "tied":  # every live row the first live row's values
+        kv2[live] = kv2[live[:1]].expand(len(live_rows), -1).clone()
+    else:  # lane 0 carries the -110 logit; the other lanes 1/64 of their values
+        rows = kv2[live].float() / 64
+        rows[:, 0] = UNDERFLOW_K
+        kv2[live] = rows.to(kv2.dtype)
+        qf = q.float() / 64
+        qf[..., 0] = UNDERFLOW_LOGIT / (case.scale * UNDERFLOW_K)
+        q.copy_(qf.to(q.dtype))
 
 
 # --- OPUS guard cases -------------------------------------------------------------------------------------------
@@ -541,7 +674,7 @@ def routing_cases():
     return st.builds(
         RoutingCase,
         # the routed call hands OPUS attn_sink[:h]: the inputs always have a sink
-        inputs=prefill_cases(max_sq=4, max_heads=3, max_width=10, max_skv=14).map(
+        inputs=prefill_cases(max_sq=4, max_heads=3, max_width=10, max_skv=14, layouts=False).map(
             lambda c: c.replace(sink="ordinary") if c.sink == "none" else c),
         fallback=st.sampled_from(FALLBACK_SCENARIOS),
         guard=guard_cases(),
@@ -626,6 +759,7 @@ def classify_prefill(case: PrefillCase, target=None) -> dict:
         "sink": case.sink,
         "kv_layout": case.kv_layout,
         "q_layout": case.q_layout,
+        **_layouts(case),
     }
     cls = _row_len_class(case.lens[0])
     if cls is not None:
@@ -633,12 +767,55 @@ def classify_prefill(case: PrefillCase, target=None) -> dict:
     return out
 
 
+def _layouts(case: PrefillCase) -> dict:
+    """The layout and regime dimensions' values; a layout of an argument the case does not pass reads as packed."""
+    return {"index_layout": case.index_layout,
+            "topk_layout": case.topk_layout if _index_mode(case) == "dense-topk" else "contiguous",
+            "sink_layout": case.sink_layout if case.sink != "none" else "contiguous",
+            "out_layout": effective_out_layout(case), "logits": case.logits}
+
+
+#: each layout dimension's packed value
+PACKED = {"q_layout": "contiguous", "kv_layout": "2d", "index_layout": "contiguous", "topk_layout": "contiguous",
+          "sink_layout": "contiguous", "out_layout": "contiguous"}
+
+
+def non_packed(case: PrefillCase) -> dict:
+    """``{dimension: value}`` of the case's layouts that are not packed ("3d" kv is its own packed shape)."""
+    got = {**_layouts(case), "q_layout": case.q_layout, "kv_layout": case.kv_layout}
+    return {k: got[k] for k in PACKED if got[k] != PACKED[k] and not (k == "kv_layout" and got[k] == "3d")}
+
+
+def packed_except(case: PrefillCase, keep: dict) -> PrefillCase:
+    """``case`` with every layout packed but those in ``keep``; the same values."""
+    f = {**PACKED, "kv_layout": "3d" if case.kv_layout == "3d" else "2d", **keep}
+    return case.replace(**f, out_padded=f["out_layout"] == "padded")
+
+
+def refusable(case: PrefillCase) -> dict:
+    """``{dimension: argument names}`` of the case's layouts an entry point may refuse (:data:`MAY_REFUSE`): a
+    strided ragged index list (indices/indptr) and a strided sink."""
+    out = {}
+    if case.mode == "ragged" and case.index_layout in MAY_REFUSE["index_layout"]:
+        out["index_layout"] = "indices/indptr"
+    if case.sink != "none" and case.sink_layout in MAY_REFUSE["sink_layout"]:
+        out["sink_layout"] = "attn_sink"
+    return out
+
+
 def force_prefill(case: PrefillCase, combo: dict, target=None) -> PrefillCase:
     """``case`` rewritten to hit ``combo``; the rest (seed, sq, other rows, skv, scale, magnitude) as drawn."""
     f = _set_index_fields(case, combo)
-    for k in ("d", "out_width", "dtype", "sink", "kv_layout", "q_layout"):
+    for k in ("d", "out_width", "dtype", "sink", "kv_layout", "q_layout", "index_layout", "topk_layout",
+              "sink_layout", "out_layout", "logits"):
         if k in combo:
             f[k] = combo[k]
+    if f["mode"] == "ragged" and f["index_layout"] == "transposed":
+        f["index_layout"] = "strided"  # (a drawn dense case's layout, its mode forced ragged: no 2-D layout left)
+    if f["out_layout"] is not None:
+        f["out_padded"] = f["out_layout"] == "padded"
+    if f["sink_layout"] != "contiguous" and f["heads"] < 2:
+        f["heads"] = 2  # head 0 reads the same element whatever the layout: a second head reads across it
     if "heads" in combo:
         if combo["heads"] == "two":
             f["heads"] = WIDE_HEADS
@@ -656,6 +833,12 @@ def _prefill_allowed(c: dict, target=None) -> bool:
         return False
     if c.get("topk_quirks") is True and c.get("row_len") == "0":
         return False  # the quirks' forced row is the full first row (a length past k); an empty one has none
+    if c.get("index_mode") == "ragged" and c.get("index_layout") == "transposed":
+        return False  # 1-D ragged indices have no transposed layout
+    if c.get("index_mode", "dense-topk") != "dense-topk" and c.get("topk_layout", "contiguous") != "contiguous":
+        return False  # no topk_length, no layout of it
+    if c.get("sink") == "none" and c.get("sink_layout", "contiguous") != "contiguous":
+        return False  # no sink, no sink layout
     return True
 
 
@@ -687,10 +870,24 @@ def _declare_prefill():
          Dimension("out_dtype", ("same", "other"), "out of q's dtype, or another float dtype (converted on store)"),
          Dimension("heads", HEAD_BLOCKS, "one BLOCK_H head block, or a second with masked heads"),
          Dimension("sink", SINK_KINDS, "HAS_SINK and the sink's kind"),
-         Dimension("kv_layout", KV_LAYOUTS, "kv 2-D, [skv, 1, d], padded rows, last-dim stride 2"),
-         Dimension("q_layout", Q_LAYOUTS, "q contiguous, heads-major, last-dim stride 2")),
+         Dimension("kv_layout", KV_LAYOUTS, "kv 2-D, [skv, 1, d], padded rows, last-dim stride 2, padded rows "
+                                            "three rows into a NaN pool"),
+         Dimension("q_layout", Q_LAYOUTS, "q contiguous, heads-major, last-dim stride 2, rows of a larger q"),
+         Dimension("index_layout", INDEX_LAYOUTS, "indices (and indptr) packed, a slice of a larger table (dense: "
+                                                  "row stride > k), strided (ragged: refusable), column-major"),
+         Dimension("topk_layout", TOPK_LAYOUTS, "topk_length packed, a slice of a larger buffer, stride 2"),
+         Dimension("sink_layout", SINK_LAYOUTS, "the sink packed, a slice of a NaN buffer, stride 2 (refusable)"),
+         Dimension("out_layout", OUT_LAYOUTS, "out packed, rows padded, heads-major"),
+         Dimension("logits", LOGIT_REGIMES, "absolute regime: as drawn, every live logit near -110 (below fp32 "
+                                            "exp's underflow), exact ties, q all signed zeros")),
         (("row_len", "index_mode"), ("index_mode", "invalid"), ("index_mode", "topk_quirks"), ("d", "out_width"),
-         ("dtype", "out_dtype"), ("sink", "heads")),
+         ("dtype", "out_dtype"), ("sink", "heads"),
+         # layouts against what reads them: the index mode picks the dense (strides read) or ragged walk and
+         # whether topk_length is read; the head dim's tiles (SPLIT_D) read q's and kv's lanes and store out's;
+         # the regimes meet the sink (dominating or vanishing against -110) and the dtype's exp and store
+         ("index_mode", "index_layout"), ("index_mode", "topk_layout"), ("sink", "sink_layout"),
+         ("out_width", "out_layout"), ("d", "kv_layout"), ("d", "q_layout"), ("sink", "logits"),
+         ("dtype", "logits")),
         classify_prefill, force_prefill, _prefill_allowed, prefill_family_examples), "prefill-oracle-agreement")
 
 
@@ -901,7 +1098,7 @@ def large_inputs(case: PrefillCase) -> PrefillCase:
 
 def _aiter_inputs():
     # tiny: 1-2 heads (a second head block is not the route's business), the sink may be absent (the op gets None)
-    return prefill_cases(max_sq=4, max_heads=2, max_width=10, max_skv=14, wide_heads=2)
+    return prefill_cases(max_sq=4, max_heads=2, max_width=10, max_skv=14, wide_heads=2, layouts=False)
 
 
 def _has_route(target) -> bool:

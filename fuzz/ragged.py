@@ -29,6 +29,12 @@ POISON_BLOCK = 7777
 #: sequence length, so the window's end (position + 1) must fit int32 (ours takes any int64 position: tests)
 MAX_SWA_POSITION = INT32_MAX - 1
 BLOCK_SIZES = (1, 2, 3, 5, 16, 64)
+#: memory layouts of every tensor input but the block table (which has its own, ``table_pad``) (issue 30; the values
+#: the same): packed; "slice" (an offset into a larger buffer, 2-D rows with extra columns); "strided" (every other
+#: element / column); "transposed" (the 2-D inputs column-major, the 1-D ones strided). What no view reaches holds
+#: :data:`LAYOUT_FILL` (True for is_valid_token): a helper that ignores a stride reads plausible values
+INPUT_LAYOUTS = ("contiguous", "slice", "strided", "transposed")
+LAYOUT_FILL = 1
 
 
 def max_block_id(block_size: int) -> int:
@@ -110,6 +116,7 @@ class RaggedCase(Case):
     the local ids and the positions; ``aux_dtype`` that of topk_lens, token_to_req and the block table."""
 
     KIND = "ragged-helpers-oracle"
+    ADDED_FIELDS = ('input_layout',)
     dense: DensePart = DensePart()
     glob: GlobalPart = GlobalPart()
     swa: SwaPart = SwaPart()
@@ -119,9 +126,12 @@ class RaggedCase(Case):
     table_width: int = 0
     table_pad: int = 0
     block_size: int = 1
+    input_layout: str = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
+        if self.input_layout not in INPUT_LAYOUTS:
+            raise ValueError(f"input_layout: expected one of {INPUT_LAYOUTS}, got {self.input_layout!r}")
         for name in ("table_width", "table_pad"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected an int >= 0, got {getattr(self, name)!r}")
@@ -152,9 +162,37 @@ def table_tensor(case: RaggedCase, device) -> torch.Tensor:
     return buf.to(device)[:, :nb]
 
 
+def lay_out(t: torch.Tensor, layout: str, device) -> torch.Tensor:
+    """``t`` (1-D or 2-D, CPU) on ``device`` as ``layout`` (:data:`INPUT_LAYOUTS`), the values the same."""
+    if layout == "contiguous":
+        return t.to(device)
+    fill = True if t.dtype == torch.bool else LAYOUT_FILL
+    if t.dim() == 2 and layout == "transposed":
+        return t.t().contiguous().to(device).t()
+    if t.dim() == 2:
+        R, W = t.shape
+        buf = torch.full((R + 1, 2 * W + 3), fill, dtype=t.dtype)
+        view = (slice(1, R + 1), slice(2, 2 + W)) if layout == "slice" else (slice(0, R), slice(0, 2 * W, 2))
+        buf[view] = t
+        return buf.to(device)[view]
+    n = t.numel()
+    buf = torch.full((2 * n + 5,), fill, dtype=t.dtype)
+    view = slice(3, 3 + n) if layout == "slice" else slice(0, 2 * n, 2)
+    buf[view] = t
+    return buf.to(device)[view]
+
+
 def make_inputs(case: RaggedCase, helper: str, device) -> dict:
     """One helper's (``dense``, ``global``, ``swa``) arguments as tensors on ``device`` (keyword names of
-    ``impl.ragged``'s entry points)."""
+    ``impl.ragged``'s entry points), every one but the block table laid out as ``case.input_layout``."""
+    kw = _make_packed_inputs(case, helper, "cpu")
+    out = {k: lay_out(v, case.input_layout, device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    if "block_table" in out:  # its own layout (a column slice when table_pad), made on the device
+        out["block_table"] = table_tensor(case, device)
+    return out
+
+
+def _make_packed_inputs(case: RaggedCase, helper: str, device) -> dict:
     idt, adt = _DT[case.index_dtype], _DT[case.aux_dtype]
     if helper == "dense":
         d = case.dense
@@ -277,8 +315,9 @@ def case_from_seed(seed: int) -> RaggedCase:
 
 
 def ragged_cases():
-    """Cases for ``ragged-helpers-oracle`` (see :func:`case_from_seed`)."""
-    return st.integers(0, 2 ** 32 - 1).map(case_from_seed)
+    """Cases for ``ragged-helpers-oracle`` (see :func:`case_from_seed`), their inputs laid out as drawn."""
+    return st.builds(lambda seed, layout: case_from_seed(seed).replace(input_layout=layout),
+                     st.integers(0, 2 ** 32 - 1), st.sampled_from(INPUT_LAYOUTS))
 
 
 # --- declared dimensions ----------------------------------------------------------------------------------------
@@ -364,7 +403,7 @@ def classify_ragged(case: RaggedCase, target=None) -> dict:
     """The dimension values a case hits (a part with no rows leaves its dimension out)."""
     out = {"block": _block_class(case.block_size), "table": "slice" if case.table_pad else "plain",
            "num_rows": _num_rows_kind(case.dense.num_rows), "index_dtype": case.index_dtype,
-           "aux_dtype": case.aux_dtype}
+           "aux_dtype": case.aux_dtype, "input_layout": case.input_layout}
     for k, v in (("global_entry", _global_kind(case)), ("swa_position", _swa_kind(case)),
                  ("dense_len", _dense_len_kind(case.dense))):
         if v is not None:
@@ -455,7 +494,7 @@ def force_ragged(case: RaggedCase, combo: dict, target=None) -> RaggedCase:
 
     return RaggedCase(dense=dense, glob=glob, swa=swa, index_dtype=combo.get("index_dtype", case.index_dtype),
                       aux_dtype=combo.get("aux_dtype", case.aux_dtype), block_table=table, table_width=nb,
-                      table_pad=pad, block_size=bs)
+                      table_pad=pad, block_size=bs, input_layout=combo.get("input_layout", case.input_layout))
 
 
 def ragged_family_examples(target=None) -> list[RaggedCase]:
@@ -483,9 +522,15 @@ def _declare_ragged():
          Dimension("dense_len", DENSE_LEN_KINDS, "the first dense row's length: counted, given in range, past the "
                    "width, negative"),
          Dimension("index_dtype", ("int32", "int64")),
-         Dimension("aux_dtype", ("int32", "int64"))),
+         Dimension("aux_dtype", ("int32", "int64")),
+         Dimension("input_layout", INPUT_LAYOUTS, "every input but the table packed, a slice of a larger buffer "
+                                                  "(2-D: extra columns), strided, or column-major (issue 30)")),
         (("block", "global_entry"), ("block", "swa_position"), ("table", "global_entry"), ("table", "swa_position"),
-         ("num_rows", "dense_len"), ("index_dtype", "num_rows"), ("index_dtype", "aux_dtype")),
+         ("num_rows", "dense_len"), ("index_dtype", "num_rows"), ("index_dtype", "aux_dtype"),
+         # the layout against what reads the inputs: the dense row's length (counted or given: topk_lens read or
+         # not) and the dtypes (the views' element size); the C4A and SWA parts meet it as drawn (one component
+         # more would take the ci array past its 25 rows)
+         ("input_layout", "dense_len"), ("input_layout", "index_dtype")),
         classify_ragged, force_ragged, None, ragged_family_examples), "ragged-helpers-oracle")
 
 

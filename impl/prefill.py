@@ -128,7 +128,7 @@ def _load_rows(base, rows_off, lanes, row_mask, lane_mask, stride_d, IN_BF16: tl
 def _sparse_attn_prefill_kernel(
         q, stride_qs, stride_qh, stride_qd,
         kv, stride_kvs, stride_kvd, num_kv,
-        idx, stride_ir, stride_ik, row_info, dense_width, sink,
+        idx, stride_ir, stride_ik, row_info, stride_len, dense_width, sink,
         out, stride_os, stride_oh, stride_od,
         num_heads, scale,
         NOPE: tl.constexpr, ROPE: tl.constexpr, OUT_D: tl.constexpr, SPLIT_D: tl.constexpr,
@@ -138,10 +138,11 @@ def _sparse_attn_prefill_kernel(
 
     Layout: q [sq, h, d] and out [sq, h, OUT_D] (OUT_D = d or NOPE; out of any float dtype, converted on store)
     with any strides; kv [skv, d] rows with any strides; bf16 tensors are passed as int16 views and widened
-    exactly. Ragged (DENSE false): ``idx`` int32 1-D, ``row_info`` the int32 indptr, row r owning
-    idx[indptr[r]:indptr[r+1]] (``stride_ir``/``dense_width`` unused). Dense: ``idx`` int32/int64 [sq, dense_width]
-    with strides (stride_ir, stride_ik), ``row_info`` the int32/int64 row lengths, row r owning its first
-    clamp(len[r], 0, dense_width) entries. ``sink`` fp32 [>= h] when HAS_SINK.
+    exactly. Ragged (DENSE false): ``idx`` int32 1-D, ``row_info`` the int32 indptr (both packed), row r owning
+    idx[indptr[r]:indptr[r+1]] (``stride_ir``/``stride_len``/``dense_width`` unused). Dense: ``idx`` int32/int64
+    [sq, dense_width] with strides (stride_ir, stride_ik), ``row_info`` the int32/int64 row lengths at stride
+    ``stride_len`` (a caller's topk_length may be a strided view), row r owning its first clamp(len[r], 0,
+    dense_width) entries. ``sink`` fp32 [>= h] when HAS_SINK.
     Grid (sq, ceil(h / BLOCK_H)). Program (r, hb) walks row r's entries in BLOCK_K-token tiles with a natural-exp
     online softmax over heads hb*BLOCK_H.., folds in the sink as a zero-value logit, normalises and stores.
     Lanes: with SPLIT_D a BLOCK_A = next_pow2(NOPE) tile plus a BLOCK_R = next_pow2(ROPE) tile at offset NOPE;
@@ -176,7 +177,7 @@ def _sparse_attn_prefill_kernel(
     l_i = tl.zeros((BLOCK_H_,), tl.float32)
     if DENSE:
         lo = r.to(tl.int64) * stride_ir
-        n = tl.minimum(tl.maximum(tl.load(row_info + r).to(tl.int64), 0), dense_width)
+        n = tl.minimum(tl.maximum(tl.load(row_info + r.to(tl.int64) * stride_len).to(tl.int64), 0), dense_width)
         step = stride_ik
     else:
         lo = tl.load(row_info + r).to(tl.int64)
@@ -592,6 +593,49 @@ def sparse_attn_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     return out
 
 
+def _check_launch(q, kv2, indices, indptr, softmax_scale, attn_sink, out, rope_head_dim, topk_length) -> None:
+    """The launcher's own argument checks: types, shapes and devices only (no host read, so a caller that must
+    not sync may launch it; ``sparse_attn_prefill`` also checks the values: indptr, memory overlap)."""
+    require_tensor("q", q, PREFILL_DTYPES, dim=3)
+    sq, h, d = (int(x) for x in q.shape)
+    if q.device.type != kernel_device():
+        raise ValueError(f"q: kernels run on '{kernel_device()}' here, got tensors on {q.device}")
+    if isinstance(rope_head_dim, bool) or not isinstance(rope_head_dim, int) or not 0 <= rope_head_dim < d:
+        raise ValueError(f"rope_head_dim: expected an int in [0, d = {d}), got {rope_head_dim!r}")
+    require_tensor("kv2", kv2, (q.dtype,), dim=2, device=q.device)
+    if kv2.shape[1] != d:
+        raise ValueError(f"kv2: expected shape [skv, {d}] (the last dim of q), got {list(kv2.shape)}")
+    if indptr is None:
+        require_tensor("indices", indices, (torch.int32, torch.int64), dim=2, device=q.device)
+        if indices.shape[0] != sq:
+            raise ValueError(f"indices: expected dense [sq = {sq}, k], got {list(indices.shape)}")
+        if topk_length is not None:
+            require_tensor("topk_length", topk_length, (torch.int32, torch.int64), dim=1, device=q.device)
+            if topk_length.numel() != sq:
+                raise ValueError(f"topk_length: expected shape [{sq}], got {list(topk_length.shape)}")
+    else:
+        if topk_length is not None:
+            raise ValueError("topk_length: only for dense indices (indptr None)")
+        require_tensor("indices", indices, (torch.int32,), dim=1, device=q.device)
+        require_tensor("indptr", indptr, (torch.int32,), dim=1, device=q.device)
+        if indptr.numel() != sq + 1:
+            raise ValueError(f"indptr: expected shape [sq + 1] = [{sq + 1}], got {list(indptr.shape)}")
+        for name, t in (("indices", indices), ("indptr", indptr)):
+            if not t.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous tensor, got strides {list(t.stride())}")
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
+    if attn_sink is not None:
+        require_tensor("attn_sink", attn_sink, (torch.float32,), dim=1, device=q.device)
+        if attn_sink.numel() < h or not attn_sink.is_contiguous():
+            raise ValueError(f"attn_sink: expected a contiguous tensor of at least {h} entries")
+    require_tensor("out", out, OUT_DTYPES, dim=3, device=q.device)
+    if tuple(out.shape[:2]) != (sq, h) or out.shape[2] not in (d, d - rope_head_dim):
+        raise ValueError(f"out: expected shape [{sq}, {h}, {d}] or [{sq}, {h}, {d - rope_head_dim}], got "
+                         f"{list(out.shape)}")
+
+
 def sparse_attn_prefill_triton(q: torch.Tensor, kv2: torch.Tensor, indices: torch.Tensor,
                                indptr: torch.Tensor | None, softmax_scale: float, attn_sink: torch.Tensor | None,
                                out: torch.Tensor, rope_head_dim: int, *,
@@ -604,6 +648,7 @@ def sparse_attn_prefill_triton(q: torch.Tensor, kv2: torch.Tensor, indices: torc
     The dense path is the one the DSv4 prefill assembly feeds (``impl.prefill_assembly``: padded [T, W] rows and
     their lengths): it reads the rows where they are, with no dense -> ragged conversion and no host read of the
     packed length."""
+    _check_launch(q, kv2, indices, indptr, softmax_scale, attn_sink, out, rope_head_dim, topk_length)
     sq, h, d = (int(x) for x in q.shape)
     nope = d - rope_head_dim
     split = splits_nope_rope(nope, rope_head_dim)
@@ -616,15 +661,16 @@ def sparse_attn_prefill_triton(q: torch.Tensor, kv2: torch.Tensor, indices: torc
     dense = indptr is None
     if dense:
         lens = topk_length if topk_length is not None else (indices >= 0).sum(dim=-1)
-        row_info, stride_ir, stride_ik, width = lens, indices.stride(0), indices.stride(1), int(indices.shape[1])
+        row_info, stride_len = lens, lens.stride(0)
+        stride_ir, stride_ik, width = indices.stride(0), indices.stride(1), int(indices.shape[1])
     else:
-        row_info, stride_ir, stride_ik, width = indptr, 0, 1, 0
+        row_info, stride_len, stride_ir, stride_ik, width = indptr, 1, 0, 1, 0
     sink = attn_sink if attn_sink is not None else row_info
     grid = (sq, triton.cdiv(h, BLOCK_H))
     _sparse_attn_prefill_kernel[grid](
         qv, q.stride(0), q.stride(1), q.stride(2),
         kvv, kv2.stride(0), kv2.stride(1), int(kv2.shape[0]),
-        indices, stride_ir, stride_ik, row_info, width, sink,
+        indices, stride_ir, stride_ik, row_info, stride_len, width, sink,
         out, out.stride(0), out.stride(1), out.stride(2),
         h, float(softmax_scale),
         NOPE=nope, ROPE=rope_head_dim, OUT_D=int(out.shape[2]), SPLIT_D=split, BLOCK_A=block_a, BLOCK_R=block_r,

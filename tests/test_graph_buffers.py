@@ -142,6 +142,9 @@ def test_graph_buffer_case_rejects_a_missing_field_and_bad_rows():
     for f in dataclasses.fields(case):
         doc = case.to_json()
         del doc[f.name]
+        if f.name in GraphBufferCase.ADDED_FIELDS:  # added later: a case saved before it replays with the default
+            assert GraphBufferCase.from_json(doc) == case
+            continue
         with pytest.raises(CaseError, match=f"missing field {f.name}"):
             GraphBufferCase.from_json(doc)
     with pytest.raises(CaseError, match="defect"):
