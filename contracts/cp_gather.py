@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from hypothesis import strategies as st
@@ -86,6 +86,69 @@ def _cpu_view(pool: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
     return cpu[base - pool_base:].as_strided(tuple(view.shape), tuple(view.stride()))
 
 
+LAYOUT_ARGS = {"table_layout": ("block_table",), "seq_layout": ("cu_seqlen", "token_to_seq"),
+               "out_layout": ("k_fp8", "k_scale")}
+LAYOUT_REFUSAL_UNCLEAR = "refusal of a non-packed layout does not name the argument"
+LAYOUT_REFUSAL_WROTE = "refusal of a non-packed layout changed the outputs or the cache"
+LAYOUT_READ_PACKED = "a non-packed layout is read as if packed: the outputs differ from a contiguous copy's"
+LAYOUT_GAP_WRITTEN = "the gather wrote outside the strided output rows"
+
+
+def _laid_out(case: CpGatherCase) -> dict:
+    """The case's non-packed layout fields and their values."""
+    return {f: getattr(case, f) for f in LAYOUT_ARGS if getattr(case, f) != "contiguous"}
+
+
+def _snapshot(inp: dict) -> list[torch.Tensor]:
+    return [inp["k_fp8_buf"].cpu().clone(), inp["k_scale_buf"].cpu().clone(), inp["pool"].cpu().clone()]
+
+
+def compare_layout(case: CpGatherCase, target: Target, gather=None) -> list[Violation]:
+    """A case whose table, cu_seqlen / token_to_seq or outputs are not packed: the subject refuses with a
+    ValueError/TypeError naming one of those arguments, outputs and cache untouched, or writes exactly the output
+    bytes it writes from packed copies of the same values (that packed twin judged against the oracle) and no
+    byte of the outputs' buffers outside the views. Both runs pass ``check_metadata=False`` (the kernel's masks)."""
+    gather = gather or bound(target).cp_gather.cp_gather_indexer_k_quant_cache
+    dev = kernel_device()
+    laid = _laid_out(case)
+    names = [n for f in laid for n in LAYOUT_ARGS[f]]
+    packed = replace(case, **{f: "contiguous" for f in laid})
+    ref = fg.build_gather_inputs(packed, dev)
+    ref_before = [ref["k_fp8"].cpu().clone(), ref["k_scale"].cpu().clone(), ref["pool"].cpu().clone()]
+    _run_gather(gather, ref, target, False)
+    # the packed twin is judged against the oracle (the values); the laid-out run against the twin (the memory)
+    out = _compare("", packed, ref, *ref_before)
+    inp = fg.build_gather_inputs(case, dev)
+    before = _snapshot(inp)
+    try:
+        _run_gather(gather, inp, target, False)
+    except (ValueError, TypeError) as exc:
+        if not any(n in str(exc) for n in names):
+            out.append(Violation(LAYOUT_REFUSAL_UNCLEAR, "error message", f"one of {names}", str(exc)[:200]))
+        if not all(torch.equal(a, b) for a, b in zip(_snapshot(inp), before)):
+            out.append(Violation(LAYOUT_REFUSAL_WROTE, "k_fp8 / k_scale / pool", "unchanged", "bytes differ"))
+        return out
+    for name in ("k_fp8", "k_scale"):
+        got, want = inp[name].cpu(), ref[name].cpu()
+        bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+        if bad:
+            where = f"{name} rows {bad[:6]} ({', '.join(f'{k}={v}' for k, v in laid.items())})"
+            out.append(Violation(LAYOUT_READ_PACKED, where, fmt(want[bad[0]][:8]), fmt(got[bad[0]][:8])))
+        buf, view = inp[f"{name}_buf"].cpu(), inp[name].cpu()
+        if buf.data_ptr() != view.data_ptr() or buf.shape != view.shape:
+            mask = torch.ones(buf.numel(), dtype=torch.bool)
+            _, base = storage_bytes(view)
+            _, buf_base = storage_bytes(buf)
+            offs = (torch.arange(view.shape[0])[:, None] * view.stride(0) + torch.arange(view.shape[1])[None, :])
+            mask[(offs + base - buf_base).flatten()] = False
+            first = before[0 if name == "k_fp8" else 1].reshape(-1)
+            if not torch.equal(buf.reshape(-1)[mask], first[mask]):
+                out.append(Violation(LAYOUT_GAP_WRITTEN, f"{name}'s buffer", "gap bytes unchanged", "written"))
+    if not torch.equal(inp["pool"].cpu(), before[2]):
+        out.append(Violation("the gather wrote into the cache pool", "k_cache's pool", "unchanged", "bytes changed"))
+    return out
+
+
 def _gather_examples(target: Target) -> list[CpGatherCase]:
     return fg.gather_examples()
 
@@ -102,8 +165,12 @@ def gather_oracle_exact(case: CpGatherCase, target: Target) -> list[Violation]:
     outside its sequence's range, or a row past the last sequence) keeps both rows; no cache byte changes. Metadata
     the subject may refuse before launching (a sequence longer than its table row) is either refused with a
     ValueError/TypeError and untouched outputs, then judged again with ``check_metadata=False`` (the kernel's masks),
-    or masked as above."""
+    or masked as above. A case whose block table, cu_seqlen / token_to_seq or outputs are not packed
+    (:func:`compare_layout`) is refused naming one of them, or gives exactly the bytes of packed copies and writes
+    nothing between the output rows."""
     gather = bound(target).cp_gather.cp_gather_indexer_k_quant_cache
+    if _laid_out(case):
+        return compare_layout(case, target, gather)
     dev = kernel_device()
     inp = fg.build_gather_inputs(case, dev)
     k_fp8_before, k_scale_before = inp["k_fp8"].cpu().clone(), inp["k_scale"].cpu().clone()

@@ -18,10 +18,19 @@ from oracles import epilogues as ref
 def _check_mxfp8(case: Mxfp8Case, epi) -> list[Violation]:
     x = fz.mxfp8_input(case, kernel_device())
     rows, width = case.rows, case.width
-    codes = torch.full((rows, width), 0xA5, dtype=torch.uint8, device=x.device)
-    scales = torch.full((rows, width // 32), 0xA5, dtype=torch.uint8, device=x.device)
-    got_c, got_s = epi.mxfp8_quantize(x, codes=codes, scales=scales)
+    codes_buf, codes, scales_buf, scales = fz.mxfp8_outputs(case, x.device)
+    try:
+        got_c, got_s = epi.mxfp8_quantize(x, codes=codes, scales=scales)
+    except (ValueError, TypeError) as exc:
+        if case.out_layout == "contiguous":
+            raise
+        # refused: the outputs untouched, and the same rows judged with packed outputs
+        return _refusal("codes", "scales", exc=exc, untouched=bool((codes_buf == 0xA5).all() and
+                                                                   (scales_buf == 0xA5).all())) + \
+            _check_mxfp8(case.replace(out_layout="contiguous"), epi)
     out: list[Violation] = []
+    if case.out_layout != "contiguous":
+        out += _gaps_untouched(codes_buf, codes, "codes") + _gaps_untouched(scales_buf, scales, "scales")
     if got_c.data_ptr() != codes.data_ptr() or got_s.data_ptr() != scales.data_ptr():
         out.append(Violation("mxfp8 outputs not written into the given buffers", "codes/scales", "the same data "
                              "pointers", "new tensors"))
@@ -55,7 +64,7 @@ def _check_mxfp8(case: Mxfp8Case, epi) -> list[Violation]:
     xf = x.cpu().to(torch.float32).reshape(rows, width // 32, 32)
     named = other_nan.clone()
     for msg, grp in ((MXFP8_INF_GROUP, torch.isinf(xf).any(-1)),
-                     (MXFP8_SUBNORMAL_GROUP, torch.nan_to_num(xf.abs(), nan=0.0).amax(-1) < 448 * 2.0 ** -126)):
+                     (MXFP8_SUBNORMAL_GROUP, _subnormal_quotient(torch.nan_to_num(xf.abs(), nan=0.0).amax(-1)))):
         lanes = grp.repeat_interleave(32, dim=1) & (g != w) & ~named
         if bool(lanes.any()):
             idx = tuple(lanes.nonzero()[0].tolist())
@@ -70,6 +79,37 @@ MXFP8_OTHER_NAN = "mxfp8 e4m3 NaN lane written as the other NaN code (0x7F and 0
 MXFP8_INF_GROUP = "mxfp8 e4m3 codes differ in a group holding an infinite value (its scale code is the cap)"
 MXFP8_SUBNORMAL_GROUP = "mxfp8 e4m3 codes differ in a group whose amax / 448 is fp32-subnormal"
 MXFP8_SCALE_ONE_LOW = "mxfp8 scale code one below the exact code: the group's amax exceeds 448 * 2^(code - 127)"
+
+
+LAYOUT_REFUSAL_UNCLEAR = "refusal of a non-packed layout does not name the argument"
+LAYOUT_REFUSAL_WROTE = "refusal of a non-packed layout wrote the output"
+GAP_WRITTEN = "bytes between the strided output rows were written"
+
+
+def _refusal(*names: str, exc: Exception, untouched: bool) -> list[Violation]:
+    """A refused non-packed layout: the message names one of ``names``, the outputs are untouched."""
+    out = []
+    if not any(str(exc).startswith(f"{n}:") or f" {n}" in str(exc) for n in names):
+        out.append(Violation(LAYOUT_REFUSAL_UNCLEAR, "error message", f"one of {list(names)}", str(exc)[:200]))
+    if not untouched:
+        out.append(Violation(LAYOUT_REFUSAL_WROTE, "/".join(names), "unchanged", "written"))
+    return out
+
+
+def _gaps_untouched(buf: torch.Tensor, view: torch.Tensor, name: str) -> list[Violation]:
+    mask = torch.ones(buf.numel(), dtype=torch.bool, device=buf.device)
+    offs = (torch.arange(view.shape[0], device=buf.device)[:, None] * view.stride(0)
+            + torch.arange(view.shape[1], device=buf.device)[None, :] + view.storage_offset() - buf.storage_offset())
+    mask[offs.flatten()] = False
+    if bool((buf.reshape(-1)[mask] == 0xA5).all()):
+        return []
+    return [Violation(GAP_WRITTEN, f"{name}'s buffer", "0xa5 (the poison)", "written")]
+
+
+def _subnormal_quotient(amax: torch.Tensor) -> torch.Tensor:
+    """Groups whose amax / 448 is fp32-subnormal; an all-zero group is not one (its codes are exact zeros, signs
+    kept)."""
+    return (amax > 0) & (amax < 448 * 2.0 ** -126)
 
 
 def _codes_at_scales(x: torch.Tensor, got_s: torch.Tensor, want: dict) -> torch.Tensor:
@@ -105,9 +145,13 @@ def _check_rope(case: RopeCase, epi) -> list[Violation]:
         out_dtype = torch.bfloat16
         out_buf = torch.full((T, H, W), float("nan"), dtype=out_dtype, device=x.device)
         got = epi.inverse_rope_gptj(x, cos_sin, positions, out=out_buf)
-    except ValueError:
-        if case.alias in ("restrided", "shifted"):  # an out that overlaps x without being x: refusing it is right
+    except ValueError as exc:
+        if case.alias in ("restrided", "shifted", "tail"):  # an out overlapping x without being x: refusing is right
             return []
+        if case.layout != "contiguous":  # a layout the entry point requires packed: refused, out untouched
+            names = {"positions-strided": ("positions",), "table-slice": ("cos_sin",)}.get(case.layout, ("x",))
+            return _refusal(*names, exc=exc, untouched=bool(torch.isnan(out_buf.float()).all())
+                            if case.alias == "separate" else True) + _check_rope(case.replace(layout="contiguous"), epi)
         raise
     if case.alias in ("in-place", "adjacent") and got.data_ptr() != out_buf.data_ptr():
         out.append(Violation("inverse RoPE result not written into the given out", f"out ({case.alias})",
@@ -139,7 +183,7 @@ def _check_rope(case: RopeCase, epi) -> list[Violation]:
         i = tuple(idx)
         out.append(Violation("inverse RoPE outside the float32 error bound", f"row {i[:2]} lane {head + i[2]}",
                              f"{w_r[i].item()!r} +- {bound[i].item():.3g}", fmt(g_r[i].item())))
-    if case.alias in ("restrided", "shifted") and out:
+    if case.alias in ("restrided", "shifted", "tail") and out:
         # an out that overlaps x without being x, accepted, and a wrong result: one violation naming that (the
         # lanes it got wrong are where the writes landed on lanes still to be read); refusing it is the contract
         first = out[0]
@@ -184,7 +228,9 @@ def epilogue_oracle_agreement(case: EpilogueCase, target: Target) -> list[Violat
     scale is one violation); a NaN lane written as 0xFF instead of 0x7F is named as such too. A subject whose inverse RoPE writes bf16 only is judged at bf16 on float32-output cases.
     RoPE's ``out`` may be x itself (an exact in-place call) or a buffer disjoint from x in x's storage: both must
     give the reference's rows; an out that overlaps x any other way (x's first element with other strides, or from
-    half a row in) must be refused with a ValueError or give the reference's rows of x as it was before the call.
+    half a row in, or only at x's last element) must be refused with a ValueError or give the reference's rows of
+    x as it was before the call. x, cos_sin, positions and the MXFP8 outputs in other memory layouts are refused
+    naming the argument (outputs untouched) or give the reference's values.
     """
     epi = bound(target).epilogues
     if case.epilogue == "mxfp8":

@@ -23,13 +23,15 @@ of a list of positions, so each cause has its own stable message (and a finding 
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
-from contracts.core import ALL_TARGETS, Violation, contract, record_margin, single_threaded
+from contracts.core import ALL_TARGETS, Violation, contract, fmt, record_margin, single_threaded
 from contracts.subjects import EntryMissing, bound
 from fuzz.indexer_logits import (IndexerLogitsCase, build_decode_inputs, build_prefill_inputs,
-                                 indexer_logits_cases, long_context_lens, padded_rows_view)
+                                 indexer_logits_cases, lay_out_q, lay_out_weights, long_context_lens,
+                                 padded_rows_view)
 from impl.targets import Target
 from oracles import indexer_logits as oracle
 
@@ -254,7 +256,9 @@ def indexer_logits_agreement(case: IndexerLogitsCase, target: Target) -> list[Vi
     their summed bounds. A cache view whose token rows are not 132 bytes apart is read as the view says at block
     size 1 (the block is still contiguous), and above it either refused or read as the view says (the gaps hold
     NaN codes); at next_n 2 a 1-D ``context_lens`` of the per-row lengths flattened (more entries than q has
-    requests) is refused with ValueError or TypeError. A subject without top-k entry points (``topk_indices``, ``topk_indices_prefill``) is
+    requests) is refused with ValueError or TypeError. A q or weights in another memory layout (head slots
+    padded, heads outermost, lanes strided; a wider weights table, column-major) is refused naming it or gives
+    exactly the packed call's logits. A subject without top-k entry points (``topk_indices``, ``topk_indices_prefill``) is
     judged on its logits alone (vLLM 0.33.0's top-k is a compiled op, outside the audited modules)."""
     with single_threaded():
         return _check(case, target)
@@ -275,6 +279,37 @@ def _refusals(case: IndexerLogitsCase, call, inp, flavour: str) -> list[Violatio
     return [Violation("decode: a 1-D context_lens longer than q's requests was accepted (per-row lengths "
                       "flattened cannot be told from per-request ones)", "context_lens",
                       f"ValueError ({case.batch} requests)", f"accepted {int(lens.shape[0])} entries")]
+
+
+LAYOUT_ARGS = {"q_layout": "q", "weights_layout": "weights"}
+LAYOUT_REFUSAL_UNCLEAR = "refusal of a non-packed q / weights does not name the argument"
+LAYOUT_READ_PACKED = "a non-packed q / weights is read as if packed: the logits differ from a packed copy's"
+
+
+def compare_layouts(case: IndexerLogitsCase, run, q, weights, got: torch.Tensor, flavour: str) -> list[Violation]:
+    """A case whose q or weights are not packed: ``run(q, weights)`` on the same values in that memory either
+    raises ValueError/TypeError naming ``q`` or ``weights``, or returns exactly the logits of the packed call
+    (``got``; NaN where it is NaN)."""
+    laid = {f: getattr(case, f) for f in LAYOUT_ARGS if getattr(case, f) != "contiguous"}
+    if not laid:
+        return []
+    try:
+        got2 = run(lay_out_q(q, case.q_layout, flavour), lay_out_weights(weights, case.weights_layout))
+    except (ValueError, TypeError) as exc:
+        names = [LAYOUT_ARGS[f] for f in laid]
+        if not any(re.search(rf"\b{n}\b", str(exc)) for n in names):
+            return [Violation(LAYOUT_REFUSAL_UNCLEAR, "error message", f"one of {names}", str(exc)[:200])]
+        return []
+    a, b = got.detach().cpu(), got2.detach().cpu()
+    where = ", ".join(f"{k}={v}" for k, v in laid.items())
+    if a.shape != b.shape:
+        return [Violation(LAYOUT_READ_PACKED, f"logits shape ({where})", str(list(a.shape)), str(list(b.shape)))]
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    if bool(same.all()):
+        return []
+    bad = (~same).nonzero()[0].tolist()
+    return [Violation(LAYOUT_READ_PACKED, f"logits{bad} ({where}; {int((~same).sum())} differ)",
+                      fmt(a[tuple(bad)]), fmt(b[tuple(bad)]))]
 
 
 def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
@@ -303,6 +338,9 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
         if got is None:
             got = call(inp.cache, inp.context_lens)
         got_cpu = got.detach().cpu().clone()
+        pre += compare_layouts(case, lambda q, w: fam.fp8_paged_mqa_logits(
+            q, inp.cache, w, inp.context_lens, inp.block_table, case.max_model_len, layout=case.layout, target=tgt),
+            inp.q, inp.weights, got_cpu, flavour)
         cache_cpu = inp.cache.cpu()
 
         def paged(reading, **variant):
@@ -331,6 +369,8 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
         inp = build_prefill_inputs(case, flavour)
         got = fam.fp8_mqa_logits(inp.q, inp.k_fp8, inp.k_scale, inp.weights, inp.ks, inp.ke, target=tgt)
         got_cpu = got.detach().cpu().clone()
+        pre += compare_layouts(case, lambda q, w: fam.fp8_mqa_logits(q, inp.k_fp8, inp.k_scale, w, inp.ks, inp.ke,
+                                                                     target=tgt), inp.q, inp.weights, got_cpu, flavour)
         def prefill(**variant):
             r = oracle.prefill_logits(inp.q_codes, inp.k_codes, inp.k_scale, inp.weights, list(case.row_starts),
                                       list(case.row_ends), flavour, **variant)

@@ -13,6 +13,7 @@ valid entries are not the first ``sparse_len`` columns of the row.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 
 from contracts.core import AMD_TARGETS, Violation, contract, fmt, record_margin, single_threaded
 from contracts.subjects import bound
+from fuzz import sparse_metadata as fsm
 from fuzz.sparse_metadata import (MetadataCase, MetadataConfig, MetadataStep, burst_case, key_pair_case,
                                   key_weakening_case, metadata_case)
 from impl.targets import Target, effective_cu_count
@@ -126,10 +128,13 @@ def _common(step: MetadataStep, block_table: list[list[int]], common_cls=None):
         table += [table[-1]] * step.pad
     qsl = torch.tensor(starts, dtype=torch.int32)
     seq = torch.tensor(seq_lens, dtype=torch.int32)
+    lay = step.layout  # the same values in the memory of the step's layout (extras past the live entries: junk)
     return common_cls(
-        query_start_loc=qsl.clone(), query_start_loc_cpu=qsl, seq_lens=seq.clone(),
-        seq_lens_cpu=seq if step.host_lens else None, num_reqs=len(q_lens), num_actual_tokens=starts[len(q_lens)],
-        max_query_len=max(q_lens), block_table=torch.tensor(table, dtype=torch.int32))
+        query_start_loc=fsm.lay_out_ints(qsl, lay, 9999), query_start_loc_cpu=fsm.lay_out_ints(qsl, lay, 9999),
+        seq_lens=fsm.lay_out_ints(seq, lay, 9999),
+        seq_lens_cpu=fsm.lay_out_ints(seq, lay, 9999) if step.host_lens else None, num_reqs=len(q_lens),
+        num_actual_tokens=starts[len(q_lens)], max_query_len=max(q_lens),
+        block_table=fsm.lay_out_ints(torch.tensor(table, dtype=torch.int32), lay, table[-1][-1]))
 
 
 class MetadataReplay:
@@ -161,7 +166,8 @@ class MetadataReplay:
         self.index += 1
         syncs_before = b.counters.host_syncs
         md = b.build(_common(step, inp["block_table"], self.common_cls))
-        b.fill_global_indices(md, torch.tensor(inp["topk_rows"], dtype=torch.int32).reshape(-1, cfg.topk))
+        rows = torch.tensor(inp["topk_rows"], dtype=torch.int32).reshape(-1, cfg.topk)
+        b.fill_global_indices(md, fsm.lay_out_ints(rows, step.layout, -1))
         holed = _holed_tokens(cfg, step, inp["topk_rows"])
         out_impl = None
         if staleness:
@@ -303,14 +309,34 @@ class MetadataReplay:
         return v
 
 
+LAYOUT_READ_PACKED = ("a non-packed layout of the step's metadata is read as if packed: the step fails where the "
+                      "same values packed pass")
+
+
 def _replay(case: MetadataCase, target: Target, *, staleness: bool, extents: bool) -> list[Violation]:
+    """Every step judged, also after one that failed: a later step's own violation is not hidden behind an earlier
+    one (a known finding in step 0 must not mask a new one in step 2). A case with non-packed steps
+    (``MetadataStep.layout``) runs a second builder in lockstep on the same values packed: the twin's verdict judges
+    the values, and a step whose verdict in its given layout (or after an earlier step's) has any other violation
+    adds one violation saying so."""
+    laid = any(s.layout != "contiguous" for s in case.steps)
     with single_threaded():
         replay = MetadataReplay(case.config, target)
-        # every step is judged, also after one that failed: a later step's own violation is not hidden behind an
-        # earlier one (a known finding in step 0 must not mask a new one in step 2)
+        twin = MetadataReplay(case.config, target) if laid else None
         v: list[Violation] = []
-        for step in case.steps:
-            v += replay.step(step, staleness=staleness, extents=extents)
+        for i, step in enumerate(case.steps):
+            got = replay.step(step, staleness=staleness, extents=extents)
+            if twin is None:
+                v += got
+                continue
+            packed = twin.step(dataclasses.replace(step, layout="contiguous"), staleness=staleness, extents=extents)
+            laid_so_far = [s.layout for s in case.steps[:i + 1] if s.layout != "contiguous"]
+            extra = [x for x in got if (x.message, x.where) not in {(p.message, p.where) for p in packed}]
+            if extra and laid_so_far:  # this step's layout, or an earlier one's state, is the cause
+                got = packed + [Violation(LAYOUT_READ_PACKED, f"step {i} (layouts so far {laid_so_far}): "
+                                          f"{extra[0].where}", extra[0].expected,
+                                          f"{extra[0].message}: {extra[0].got}"[:200])]
+            v += got
     return v
 
 

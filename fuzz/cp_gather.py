@@ -47,9 +47,12 @@ class CpGatherCase(Case):
     (blocks ``block_size * 132 + stride_pad`` bytes apart); sequences of ``seq_lens`` tokens (cu_seqlen their
     prefix sums), each with a ``table_width``-wide row of ``table``; ``extra_tokens`` rows past the last sequence
     (their token_to_seq names the last sequence, or 0 with none); ``token_to_seq_edits`` (t, value) then replace
-    entries. ``layout`` "default" passes ``layout=None``."""
+    entries. ``layout`` "default" passes ``layout=None``. The memory of the other tensors (the same values):
+    ``table_layout`` (:data:`TABLE_LAYOUTS`), ``seq_layout`` for cu_seqlen and token_to_seq (:data:`SEQ_LAYOUTS`),
+    ``out_layout`` for k_fp8 and k_scale (:data:`OUT_LAYOUTS`)."""
 
     KIND: ClassVar[str] = "cp-gather"
+    ADDED_FIELDS = ('table_layout', 'seq_layout', 'out_layout')
 
     seed: int
     layout: GatherLayout
@@ -63,6 +66,9 @@ class CpGatherCase(Case):
     extra_tokens: int = 0
     token_to_seq_edits: tuple[tuple[int, int], ...] = ()
     index_dtype: IndexDtype = "int32"
+    table_layout: Literal["contiguous", "slice", "column-major"] = "contiguous"
+    seq_layout: Literal["contiguous", "strided"] = "contiguous"
+    out_layout: Literal["contiguous", "strided"] = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -118,8 +124,51 @@ class CpGatherCase(Case):
         return [b for b, n in enumerate(self.seq_lens) if -(-n // self.block_size) > self.table_width]
 
 
+#: the block table packed; a [B, W] slice of a wider, row-offset table whose other entries are valid block ids (a
+#: kernel that reads the slice as packed gathers the wrong blocks); column-major (the transpose of a [W, B] table)
+TABLE_LAYOUTS = ("contiguous", "slice", "column-major")
+#: cu_seqlen and token_to_seq packed, or stride-2 views (the gaps hold -1)
+SEQ_LAYOUTS = ("contiguous", "strided")
+#: k_fp8 and k_scale packed, or row slices of wider buffers (rows 16 and 4 bytes farther apart, offset 8 bytes)
+OUT_LAYOUTS = ("contiguous", "strided")
+#: the cache view: blocks packed in a pool of their own, blocks padded apart, or an offset slice of a shared pool
+CACHE_LAYOUTS = ("packed", "padded", "pool-slice")
+
+
+def lay_out_table(table: torch.Tensor, layout: str, num_blocks: int, g: torch.Generator) -> torch.Tensor:
+    """``table [B, W]`` with the same entries in the memory of ``layout``."""
+    B, W = table.shape
+    if layout == "column-major":
+        return table.t().contiguous().t()
+    if layout == "slice":
+        wide = torch.randint(0, num_blocks, (B + 1, W + 3), dtype=table.dtype, generator=g).to(table.device)
+        wide[1:, 1:1 + W] = table
+        return wide[1:, 1:1 + W]
+    return table
+
+
+def lay_out_vector(v: torch.Tensor, layout: str) -> torch.Tensor:
+    """``v`` as a stride-2 view (gaps -1) when ``layout`` is "strided"."""
+    if layout != "strided":
+        return v
+    return torch.stack([v, torch.full_like(v, -1)], dim=1).reshape(-1)[::2]
+
+
+def _out_rows(rows: torch.Tensor, layout: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, view): ``rows`` (poison bytes) packed, or a row slice of a wider poisoned buffer."""
+    if layout != "strided":
+        return rows, rows
+    T, W = rows.shape
+    pad = 16 if W > 4 else 4
+    buf = torch.randint(0, 256, (T + 1, W + pad), dtype=torch.uint8, generator=g).to(rows.device)
+    view = buf.reshape(-1)[8:8 + T * (W + pad)].as_strided((T, W), (W + pad, 1))
+    view.copy_(rows)
+    return buf, view
+
+
 def build_gather_inputs(case: CpGatherCase, device) -> dict:
-    """The pool and its cache view, poisoned outputs and the metadata of ``case`` on ``device``."""
+    """The pool and its cache view, poisoned outputs and the metadata of ``case`` on ``device``, each tensor in the
+    case's memory layout (``k_fp8_buf`` / ``k_scale_buf``: the outputs' whole buffers)."""
     g = torch.Generator().manual_seed(case.seed)
     stride = case.block_size * TOKEN_BYTES + case.stride_pad
     pool_blocks = case.offset_blocks + case.num_blocks + 1
@@ -131,10 +180,18 @@ def build_gather_inputs(case: CpGatherCase, device) -> dict:
     k_scale = torch.randint(0, 256, (T, 4), dtype=torch.uint8, generator=g).to(device)
     idx = torch.int32 if case.index_dtype == "int32" else torch.int64
     table = torch.tensor(case.table, dtype=idx).reshape(case.num_batches, case.table_width).to(device)
+    if case.table_layout != "contiguous" or case.out_layout != "contiguous":  # draws only where a layout needs them
+        table = lay_out_table(table, case.table_layout, case.num_blocks, g)
+        k_fp8_buf, k_fp8 = _out_rows(k_fp8, case.out_layout, g)
+        k_scale_buf, k_scale = _out_rows(k_scale, case.out_layout, g)
+    else:
+        k_fp8_buf, k_scale_buf = k_fp8, k_scale
+    cu = torch.tensor(case.cu_seqlen, dtype=idx).to(device)
+    tts = torch.tensor(case.token_to_seq, dtype=idx).to(device)
     return {"pool": pool, "k_cache": cache, "k_fp8": k_fp8, "k_scale": k_scale, "block_table": table,
-            "cu_seqlen": torch.tensor(case.cu_seqlen, dtype=idx).to(device),
-            "token_to_seq": torch.tensor(case.token_to_seq, dtype=idx).to(device),
-            "layout": None if case.layout == "default" else case.layout}
+            "cu_seqlen": lay_out_vector(cu, case.seq_layout), "token_to_seq": lay_out_vector(tts, case.seq_layout),
+            "layout": None if case.layout == "default" else case.layout,
+            "k_fp8_buf": k_fp8_buf, "k_scale_buf": k_scale_buf}
 
 
 def _invalid_blocks(nb: int) -> list[int]:
@@ -338,7 +395,9 @@ def classify_gather(case: CpGatherCase, target) -> dict:
     """The dimension values a gather case hits (the length class is the first sequence's, the invalid entries the
     first ones planted)."""
     bs, nb, B = case.block_size, case.num_blocks, case.num_batches
-    out = {"layout": case.layout, "block": _gather_block_class(bs), "index_dtype": case.index_dtype}
+    out = {"layout": case.layout, "block": _gather_block_class(bs), "index_dtype": case.index_dtype,
+           "cache_layout": _cache_layout_class(case), "table_layout": case.table_layout,
+           "seq_layout": case.seq_layout, "out_layout": case.out_layout}
     if B:
         n = case.seq_lens[0]
         out["seq"] = next((c for c in GATHER_SEQ_CLASSES if _gather_seq_len(c, bs) == n), "other")
@@ -353,6 +412,20 @@ def classify_gather(case: CpGatherCase, target) -> dict:
                         "int32" if wrong[0] in (INT32_MIN, INT32_MAX) else "past" if wrong[0] >= B else
                         "wrong-seq" if wrong[0] >= 0 else "other")
     return out
+
+
+def _cache_layout_class(case) -> str:
+    return "pool-slice" if case.offset_blocks else ("padded" if case.stride_pad else "packed")
+
+
+def _forced_cache_memory(case, combo: dict) -> tuple[int, int]:
+    """(stride_pad, offset_blocks) of ``combo``'s cache layout (as drawn when it names none)."""
+    cls = combo.get("cache_layout", _cache_layout_class(case))
+    if cls == "packed":
+        return 0, 0
+    if cls == "padded":
+        return case.stride_pad or 12, 0
+    return case.stride_pad, max(case.offset_blocks, 1)
 
 
 def force_gather(case: CpGatherCase, combo: dict, target) -> CpGatherCase:
@@ -371,7 +444,8 @@ def force_gather(case: CpGatherCase, combo: dict, target) -> CpGatherCase:
         need = 2
     width = {"exact": need, "narrow": need - 1, "wide": need + 1}[combo.get("table", "exact")]
     B = len(lens)
-    rows = [[(b + c + case.seed) % nb for c in range(width)] for b in range(B)]
+    # not symmetric in (b, c): a table read across rows instead of along them names other blocks
+    rows = [[(2 * b + c + case.seed) % nb for c in range(width)] for b in range(B)]
     inv = combo.get("invalid_block", "none")
     if inv != "none" and width:
         rows[0][0] = {"-1": -1, "past": nb + case.seed % 8, "int32": (INT32_MAX, INT32_MIN)[case.seed % 2]}[inv]
@@ -388,10 +462,14 @@ def force_gather(case: CpGatherCase, combo: dict, target) -> CpGatherCase:
             lens, rows, B = lens + [0], rows + [[0] * width], B + 1
             value = (truth0 + 1) % B
         edits = ((0, value),)
+    pad, offset = _forced_cache_memory(case, combo)
     return CpGatherCase(seed=case.seed, layout=layout, block_size=bs, num_blocks=nb, seq_lens=tuple(lens),
-                        table_width=width, table=tuple(tuple(r) for r in rows), stride_pad=case.stride_pad,
-                        offset_blocks=case.offset_blocks, extra_tokens=extra, token_to_seq_edits=edits,
-                        index_dtype=combo.get("index_dtype", case.index_dtype))
+                        table_width=width, table=tuple(tuple(r) for r in rows), stride_pad=pad,
+                        offset_blocks=offset, extra_tokens=extra, token_to_seq_edits=edits,
+                        index_dtype=combo.get("index_dtype", case.index_dtype),
+                        table_layout=combo.get("table_layout", case.table_layout),
+                        seq_layout=combo.get("seq_layout", case.seq_layout),
+                        out_layout=combo.get("out_layout", case.out_layout))
 
 
 def _gather_allowed(c: dict, target) -> bool:
@@ -416,8 +494,15 @@ def _declare_gather():
          Dimension("table", TABLE_CLASSES, "the table width against the blocks the longest sequence needs"),
          Dimension("invalid_block", INVALID_BLOCK_CLASSES, "a table entry -1, past the cache, INT32 extremes"),
          Dimension("bad_batch", BAD_BATCH_CLASSES, "a token's batch id: -1, >= B, INT32 extremes, another seq's"),
-         Dimension("index_dtype", ("int32", "int64"))),
-        (("layout", "block"), ("block", "seq"), ("invalid_block", "index_dtype"), ("bad_batch", "index_dtype")),
+         Dimension("index_dtype", ("int32", "int64")),
+         Dimension("cache_layout", CACHE_LAYOUTS, "the cache view's memory: packed, blocks padded apart, an offset "
+                                                  "slice of a shared pool"),
+         Dimension("table_layout", TABLE_LAYOUTS, "block_table packed, a slice of a wider table, column-major"),
+         Dimension("seq_layout", SEQ_LAYOUTS, "cu_seqlen and token_to_seq packed or stride-2 views"),
+         Dimension("out_layout", OUT_LAYOUTS, "k_fp8 and k_scale packed or row slices of wider buffers")),
+        (("layout", "block"), ("block", "seq"), ("invalid_block", "index_dtype"), ("bad_batch", "index_dtype"),
+         ("cache_layout", "layout"), ("table_layout", "index_dtype"), ("table_layout", "invalid_block"),
+         ("seq_layout", "bad_batch"), ("out_layout", "layout")),
         classify_gather, force_gather, _gather_allowed), "gather-oracle-exact")
 
 

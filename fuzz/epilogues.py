@@ -46,12 +46,15 @@ class Mxfp8Case(Case):
     views into a buffer twice as wide."""
 
     KIND = "mxfp8"
+    ADDED_FIELDS = ('out_layout',)
     seed: int
     rows: int
     width: int
     groups: tuple[Mxfp8Group, ...]
     dtype: FloatDtype = "float32"
     layout: Literal["contiguous", "strided"] = "contiguous"
+    #: the codes and scales buffers handed in: packed, or row slices of wider buffers (:func:`mxfp8_outputs`)
+    out_layout: Literal["contiguous", "strided"] = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -70,6 +73,7 @@ class RopeCase(Case):
     token, the result in ``out_dtype``."""
 
     KIND = "rope"
+    ADDED_FIELDS = ('layout',)
     seed: int
     tokens: int
     heads: int
@@ -83,10 +87,16 @@ class RopeCase(Case):
     cos_sin: Literal["angles", "exact"] = "angles"
     #: where ``out`` sits against ``x``: a buffer of its own, ``x`` itself, ``x``'s first element with other strides
     #: (the [H, T, W] order), ``x``'s storage from half a row in, or the same storage just past ``x``
-    alias: Literal["separate", "in-place", "restrided", "shifted", "adjacent"] = "separate"
+    #: ``tail``: out starts at x's last element (they share exactly that one element)
+    alias: Literal["separate", "in-place", "restrided", "shifted", "adjacent", "tail"] = "separate"
+    #: the memory of x, cos_sin and positions (the same values): :data:`ROPE_LAYOUTS`
+    layout: Literal["contiguous", "x-padded", "x-heads-major", "table-slice", "positions-strided"] = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
+        if self.layout.startswith("x-") and self.alias != "separate":
+            raise ValueError(f"layout: {self.layout!r} lays out x in a buffer of its own; alias {self.alias!r} puts x "
+                             "in out's storage")
         if self.alias != "separate" and self.in_dtype != self.out_dtype:
             raise ValueError(f"alias: an out in x's storage ({self.alias!r}) has x's dtype, got {self.in_dtype} in "
                              f"and {self.out_dtype} out")
@@ -119,7 +129,10 @@ class EpilogueCase(Case):
 
 
 #: where a RoPE case's ``out`` sits against ``x`` (:attr:`RopeCase.alias`)
-ALIASES = ("separate", "in-place", "restrided", "shifted", "adjacent")
+ALIASES = ("separate", "in-place", "restrided", "shifted", "adjacent", "tail")
+#: x packed; x's heads 64 lanes apart past their width (a slice of a wider [T, H, W + 64] buffer); x's heads
+#: outermost in memory (strides W, T * W, 1); cos_sin a slice of a wider, row-offset table; positions a stride-2 view
+ROPE_LAYOUTS = ("contiguous", "x-padded", "x-heads-major", "table-slice", "positions-strided")
 
 
 def _signed(mag):
@@ -186,7 +199,8 @@ def mxfp8_cases(draw) -> "Mxfp8Case":
                                                               min_size=at_least, max_size=3)))))
     return Mxfp8Case(seed=draw(st.integers(0, 2 ** 31 - 1)), rows=rows, width=width, groups=tuple(groups),
                      dtype=draw(st.sampled_from(["float32", "float32", "bfloat16"])),
-                     layout=draw(st.sampled_from(["contiguous", "strided"])))
+                     layout=draw(st.sampled_from(["contiguous", "strided"])),
+                     out_layout=draw(st.sampled_from(["contiguous", "contiguous", "strided"])))
 
 
 @st.composite
@@ -213,7 +227,8 @@ def rope_cases(draw) -> "RopeCase":
         import dataclasses
 
         case = dataclasses.replace(case, alias=alias, out_dtype=case.in_dtype)
-    return case
+    layouts = ROPE_LAYOUTS if alias == "separate" else ("contiguous", "table-slice", "positions-strided")
+    return case.replace(layout=draw(st.sampled_from(("contiguous",) * 2 + layouts)))
 
 
 @st.composite
@@ -273,7 +288,41 @@ def rope_input(case: RopeCase, device) -> tuple[torch.Tensor, torch.Tensor, torc
         theta = theta + torch.rand(P, 32, generator=g, dtype=torch.float64)
         cos, sin = theta.cos(), theta.sin()
     cos_sin = torch.cat([cos, sin], dim=1).to(torch.float32)
-    return x.to(device), cos_sin.to(device), torch.tensor(case.positions, dtype=torch.int64, device=device)
+    return lay_out_rope(case.layout, x.to(device), cos_sin.to(device),
+                        torch.tensor(case.positions, dtype=torch.int64, device=device))
+
+
+def lay_out_rope(layout: str, x: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor):
+    """(x, cos_sin, positions) with the same values in the memory ``layout`` names (extra elements NaN / -1)."""
+    T, H, W = x.shape
+    if layout == "x-padded":
+        wide = torch.full((T, H, W + 64), float("nan"), dtype=x.dtype, device=x.device)
+        wide[:, :, :W] = x
+        x = wide[:, :, :W]
+    elif layout == "x-heads-major":
+        x = x.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    elif layout == "table-slice":
+        P, C = cos_sin.shape
+        wide = torch.full((P + 1, C + 16), float("nan"), dtype=cos_sin.dtype, device=cos_sin.device)
+        wide[1:, 8:8 + C] = cos_sin
+        cos_sin = wide[1:, 8:8 + C]
+    elif layout == "positions-strided":
+        positions = torch.stack([positions, torch.full_like(positions, -1)], dim=1).reshape(-1)[::2]
+    return x, cos_sin, positions
+
+
+def mxfp8_outputs(case: Mxfp8Case, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes_buf, codes, scales_buf, scales): the 0xA5-poisoned output buffers and the views handed in (the whole
+    buffers when packed; row slices of buffers 16 bytes wider, from byte 8, when ``out_layout`` is strided)."""
+    out = []
+    for width in (case.width, case.width // 32):
+        if case.out_layout == "strided":
+            buf = torch.full((case.rows + 1, width + 16), 0xA5, dtype=torch.uint8, device=device)
+            out += [buf, buf.reshape(-1)[8:].as_strided((case.rows, width), (width + 16, 1))]
+        else:
+            buf = torch.full((case.rows, width), 0xA5, dtype=torch.uint8, device=device)
+            out += [buf, buf]
+    return tuple(out)
 
 
 def rope_out(case: RopeCase, x: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,7 +341,7 @@ def rope_out(case: RopeCase, x: torch.Tensor, out_dtype: torch.dtype) -> tuple[t
     xv = buf[:n].view(T, H, W)
     if case.alias == "restrided":
         return xv, buf.as_strided((T, H, W), (W, T * W, 1), 0)
-    start = W // 2 if case.alias == "shifted" else n
+    start = {"shifted": W // 2, "tail": n - 1}.get(case.alias, n)
     return xv, buf[start:start + n].view(T, H, W)
 
 
@@ -304,7 +353,7 @@ MXFP8_GROUP_COUNTS = {"g1": 1, "g3": 3, "g4": 4, "g5": 5, "g9": 9}
 ROPE_WIDTHS = {"w64": 64, "w128": 128, "w512": 512}
 #: the first MXFP8 group's amax class: all zero, fp32-subnormal quotient amax / 448 (below 448 * 2^-126), below the
 #: kernel's rescale threshold 2^-100, ordinary, exactly a scale edge 448 * 2^k, a +-inf lane (the cap), a NaN lane
-MXFP8_LANES = ("zero", "tiny", "low", "normal", "edge", "inf", "nan")
+MXFP8_LANES = ("zero", "signed-zero", "tiny", "low", "normal", "edge", "inf", "nan")
 #: a RoPE case's non-finite lanes: none, a NaN, an inf (written into the first row's RoPE block when forced)
 ROPE_LANES = ("none", "nan", "inf")
 _LOW_AMAX, _SUBQ_AMAX = 2.0 ** -100, 448.0 * 2.0 ** -126
@@ -318,7 +367,7 @@ def _amax_class(case: Mxfp8Case) -> str:
         return "nan"
     a = float(x.abs().max())
     if a == 0:
-        return "zero"
+        return "signed-zero" if bool(torch.signbit(x).any()) else "zero"
     if a < _SUBQ_AMAX:
         return "tiny"
     if a < _LOW_AMAX:
@@ -331,17 +380,21 @@ def classify_epilogue(case: EpilogueCase, target=None) -> dict:
     if case.epilogue == "mxfp8":
         m = case.mxfp8
         return {"epilogue": "mxfp8", "in_dtype": m.dtype, "out": "e4m3", "alias": "separate",
-                "length": f"g{m.width // 32}", "lanes": _amax_class(m), "layout": m.layout}
+                "length": f"g{m.width // 32}", "lanes": _amax_class(m), "layout": m.layout,
+                "out_layout": m.out_layout, "rope_layout": "contiguous"}
     r = case.rope
     vals = [v for _, v in r.specials]
     lanes = "nan" if any(math.isnan(v) for v in vals) else ("inf" if any(math.isinf(v) for v in vals) else "none")
     return {"epilogue": "rope", "in_dtype": r.in_dtype, "out": r.out_dtype, "alias": r.alias,
-            "length": f"w{r.width}", "lanes": lanes, "layout": "contiguous"}
+            "length": f"w{r.width}", "lanes": lanes, "layout": "contiguous", "out_layout": "contiguous",
+            "rope_layout": r.layout}
 
 
 def _first_group(kind: str, seed: int) -> Mxfp8Group:
     if kind == "zero":
         return Mxfp8Group(kind="zero")
+    if kind == "signed-zero":  # -0.0 and +0.0 lanes: amax 0 (scale code 0), the codes keep each lane's sign
+        return Mxfp8Group(kind="values", values=(-0.0, 0.0) * 16)
     if kind in ("tiny", "low", "normal"):
         return Mxfp8Group(kind="random", exp={"tiny": -126, "low": -108, "normal": seed % 21 - 10}[kind])
     if kind == "edge":
@@ -367,7 +420,7 @@ def force_epilogue(case: EpilogueCase, combo: dict, target=None) -> EpilogueCase
         groups[0] = _first_group(lanes, seed)
         dtype = combo.get("in_dtype", m.dtype)
         m = dataclasses.replace(m, width=32 * ng, groups=tuple(groups), dtype=dtype,
-                                layout=combo.get("layout", m.layout))
+                                layout=combo.get("layout", m.layout), out_layout=combo.get("out_layout", m.out_layout))
         return EpilogueCase(epilogue="mxfp8", mxfp8=m)
     r = case.rope or RopeCase(seed=seed, tokens=2, heads=2, width=64, max_pos=4, positions=(0, 3))
     width = ROPE_WIDTHS.get(combo.get("length"), r.width)
@@ -380,8 +433,11 @@ def force_epilogue(case: EpilogueCase, combo: dict, target=None) -> EpilogueCase
         positions = (tuple(positions) + (r.max_pos - 1,))[:2]
     lanes = combo.get("lanes", have["lanes"] if case.epilogue == "rope" else "none")
     specials = () if lanes == "none" else ((width - 64 + seed % 64, math.nan if lanes == "nan" else math.inf),)
+    layout = combo.get("rope_layout", r.layout)
+    if alias != "separate" and layout.startswith("x-"):
+        layout = "contiguous"
     r = dataclasses.replace(r, width=width, in_dtype=in_dtype, out_dtype=out_dtype, alias=alias, tokens=tokens,
-                            heads=heads, positions=tuple(positions), specials=specials)
+                            heads=heads, positions=tuple(positions), specials=specials, layout=layout)
     return EpilogueCase(epilogue="rope", rope=r)
 
 
@@ -393,8 +449,10 @@ def _epilogue_of(c: dict) -> set:
         out &= {"mxfp8"} if c["out"] == "e4m3" else {"rope"}
     if c.get("alias", "separate") != "separate" or c.get("length", "g").startswith("w"):
         out &= {"rope"}
-    if c.get("length", "w").startswith("g") or c.get("layout") == "strided":
+    if c.get("length", "w").startswith("g") or c.get("layout") == "strided" or c.get("out_layout") == "strided":
         out &= {"mxfp8"}
+    if c.get("rope_layout", "contiguous") != "contiguous":
+        out &= {"rope"}
     if "lanes" in c and c["lanes"] not in ("nan", "inf"):
         out &= {"rope"} if c["lanes"] == "none" else {"mxfp8"}
     return out
@@ -404,6 +462,8 @@ def _epilogue_allowed(c: dict, target=None) -> bool:
     if not _epilogue_of(c):
         return False
     if c.get("alias", "separate") != "separate" and "out" in c and "in_dtype" in c and c["out"] != c["in_dtype"]:
+        return False
+    if c.get("alias", "separate") != "separate" and c.get("rope_layout", "contiguous").startswith("x-"):
         return False
     return True
 
@@ -428,10 +488,14 @@ def _declare_epilogues():
          Dimension("length", tuple(MXFP8_GROUP_COUNTS) + tuple(ROPE_WIDTHS),
                    "MXFP8 groups per row around the 4-group tile; RoPE row width (copied lanes before the last 64)"),
          Dimension("lanes", MXFP8_LANES + ("none",), "MXFP8: the first group's amax class; RoPE: NaN / inf lanes"),
-         Dimension("layout", ("contiguous", "strided"), "MXFP8 rows as views into a wider buffer")),
+         Dimension("layout", ("contiguous", "strided"), "MXFP8 rows as views into a wider buffer"),
+         Dimension("out_layout", ("contiguous", "strided"), "MXFP8 codes / scales buffers packed or row slices"),
+         Dimension("rope_layout", ROPE_LAYOUTS, "RoPE's x padded or heads-major, cos_sin a slice, positions "
+                                                "strided")),
         # dtype pairs with what bf16 changes: the casts, the overlap arithmetic (element size), the raw-word
         # widening of subnormal / NaN / inf lanes, the strided views; the length classes are reached one by one
-        (("in_dtype", "out"), ("alias", "in_dtype"), ("lanes", "in_dtype"), ("layout", "in_dtype")),
+        (("in_dtype", "out"), ("alias", "in_dtype"), ("lanes", "in_dtype"), ("layout", "in_dtype"),
+         ("out_layout", "in_dtype"), ("rope_layout", "in_dtype"), ("rope_layout", "alias")),
         classify_epilogue, force_epilogue, _epilogue_allowed, epilogue_examples), "epilogue-oracle-agreement")
 
 

@@ -44,6 +44,7 @@ class IndexerLogitsCase(Case):
     inf, NaN or negative (bytes a writer never stores; the formula still holds)."""
 
     KIND: ClassVar[str] = "indexer-logits-agreement"
+    ADDED_FIELDS = ('q_layout', 'weights_layout')
 
     seed: int
     mode: Literal["decode", "prefill"]
@@ -71,6 +72,9 @@ class IndexerLogitsCase(Case):
     #: decode at next_n >= 2: "long" first calls with a 1-D ``context_lens`` longer than q's requests (the per-row
     #: lengths flattened, B * next_n entries), which the subject must refuse
     ctx_count: Literal["exact", "long"] = "exact"
+    #: the memory q and the head weights are handed in (the same values): :data:`Q_LAYOUTS`, :data:`WEIGHTS_LAYOUTS`
+    q_layout: Literal["contiguous", "padded", "heads-major", "lane-strided"] = "contiguous"
+    weights_layout: Literal["contiguous", "padded", "column-major"] = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -135,6 +139,8 @@ def _common(draw) -> dict:
         nan_q=draw(st.booleans()) and draw(st.booleans()),
         nan_k=draw(st.booleans()) and draw(st.booleans()),
         bad_scale=draw(st.sampled_from(["none", "none", "inf", "nan", "negative"])),
+        q_layout=draw(st.sampled_from(["contiguous", "contiguous"] + list(Q_LAYOUTS[1:]))),
+        weights_layout=draw(st.sampled_from(["contiguous", "contiguous"] + list(WEIGHTS_LAYOUTS[1:]))),
     )
 
 
@@ -356,6 +362,46 @@ def build_prefill_inputs(case: IndexerLogitsCase, flavour: str, device: str | No
                          ke=torch.tensor(case.row_ends, dtype=torch.int32).to(device))
 
 
+# --- memory layouts of q and the weights (issue 30 item 1) --------------------------------------------------------
+
+#: q's codes packed; each head's 128 lanes in a 144-byte slot (head and row strides padded, lanes unit-stride);
+#: heads outermost (a permuted [H, ..., 128] tensor: every stride but the lanes' differs); lanes two bytes apart
+#: (a lane-strided view, which a reader of packed lanes misreads)
+Q_LAYOUTS = ("contiguous", "padded", "heads-major", "lane-strided")
+#: the [rows, H] weights packed; a slice of a wider, row-offset table; column-major (heads stride = rows)
+WEIGHTS_LAYOUTS = ("contiguous", "padded", "column-major")
+
+
+def lay_out_q(q: torch.Tensor, layout: str, flavour: str) -> torch.Tensor:
+    """fp8 ``q [..., 128]`` with the same codes in the memory of ``layout`` (the extra bytes the flavour's NaN)."""
+    codes = q.view(torch.uint8)
+    if layout == "heads-major":  # heads are dim -2: put them outermost in memory
+        perm = [codes.dim() - 2] + list(range(codes.dim() - 2)) + [codes.dim() - 1]
+        inv = [perm.index(i) for i in range(codes.dim())]
+        return codes.permute(perm).contiguous().permute(inv).view(q.dtype)
+    if layout in ("padded", "lane-strided"):
+        width = 144 if layout == "padded" else 256
+        wide = torch.full((*codes.shape[:-1], width), NAN_CODE[flavour], dtype=torch.uint8, device=codes.device)
+        if layout == "padded":
+            wide[..., :128] = codes
+            return wide[..., :128].view(q.dtype)
+        wide[..., ::2] = codes
+        return wide[..., ::2].view(q.dtype)
+    return q
+
+
+def lay_out_weights(w: torch.Tensor, layout: str) -> torch.Tensor:
+    """``w [rows, H]`` with the same values in the memory of ``layout`` (the extra elements NaN)."""
+    if layout == "column-major":
+        return w.t().contiguous().t()
+    if layout == "padded":
+        R, H = w.shape
+        wide = torch.full((R + 1, H + 3), float("nan"), dtype=w.dtype, device=w.device)
+        wide[1:, 1:1 + H] = w
+        return wide[1:, 1:1 + H]
+    return w
+
+
 # --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
 
 LOGITS_GEOMETRIES = tuple(f"bs{bs}" + ("-shuffle" if lay == "shuffle" else "") for bs, lay in GEOMETRIES) + (
@@ -380,7 +426,7 @@ def _longest(case: IndexerLogitsCase) -> int:
 
 def classify_logits(case: IndexerLogitsCase, target) -> dict:
     """The dimension values an indexer-logits case hits (the length class is the first request's / row's)."""
-    out = {"values": case.values}
+    out = {"values": case.values, "q_layout": case.q_layout, "weights_layout": case.weights_layout}
     out["poison"] = ("nan-q" if case.nan_q else "nan-k" if case.nan_k else
                      "none" if case.bad_scale == "none" else f"{case.bad_scale}-scale")
     longest = _longest(case)
@@ -405,7 +451,9 @@ def force_logits(case: IndexerLogitsCase, combo: dict, target) -> IndexerLogitsC
     top-k against the longest visible row, value kind and one planted poison."""
     geometry = combo.get("geometry", classify_logits(case, target)["geometry"])
     poison = combo.get("poison")
-    common = dict(seed=case.seed, heads=case.heads, values=combo.get("values", case.values))
+    common = dict(seed=case.seed, heads=case.heads, values=combo.get("values", case.values),
+                  q_layout=combo.get("q_layout", case.q_layout),
+                  weights_layout=combo.get("weights_layout", case.weights_layout))
     if poison is not None:
         common.update(nan_q=poison == "nan-q", nan_k=poison == "nan-k",
                       bad_scale=poison[:-len("-scale")] if poison.endswith("-scale") else "none")
@@ -477,8 +525,11 @@ def _declare_logits():
          Dimension("poison", LOGITS_POISON, "a NaN code in q or a key, a key scale inf / NaN / negative"),
          Dimension("view", LOGITS_VIEWS, "the cache as given, or a view whose token rows are not 132 bytes apart"),
          Dimension("ctx_count", LOGITS_CTX_COUNTS, "context_lens with one entry per request, or (next_n 2) the "
-                   "per-row lengths flattened to 1-D, longer than q's requests (refused)")),
-        (("geometry", "ctx"), ("topk", "values"), ("poison", "values"), ("shape", "ctx_count")),
+                   "per-row lengths flattened to 1-D, longer than q's requests (refused)"),
+         Dimension("q_layout", Q_LAYOUTS, "q packed, head slots padded, heads outermost, lanes strided"),
+         Dimension("weights_layout", WEIGHTS_LAYOUTS, "weights packed, a slice of a wider table, column-major")),
+        (("geometry", "ctx"), ("topk", "values"), ("poison", "values"), ("shape", "ctx_count"),
+         ("q_layout", "poison"), ("weights_layout", "values")),
         classify_logits, force_logits, _logits_allowed), "indexer-logits-agreement")
 
 

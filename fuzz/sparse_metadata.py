@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+import torch
+
 from hypothesis import strategies as st
 
 from fuzz.cases import Case
@@ -57,6 +59,7 @@ class MetadataStep(Case):
     holes of the top-k rows go, and the seed its tensors are made from."""
 
     KIND: ClassVar[str] = "sparse-metadata-step"
+    ADDED_FIELDS = ('layout',)
 
     q_lens: tuple[int, ...]
     seq_lens: tuple[int, ...]
@@ -66,6 +69,8 @@ class MetadataStep(Case):
     #: entries past the R requests in query_start_loc, seq_lens (and seq_lens_cpu) and the block table, as a
     #: scheduler that pads its batch gives them; the builder must read the first R only
     pad: int = 0
+    #: the memory of the step's tensors (the same values): :data:`META_LAYOUTS`
+    layout: Literal["contiguous", "persistent-slice", "strided"] = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -180,6 +185,11 @@ def _fix(q_lens: list[int], seq_lens: list[int], max_tokens: int) -> tuple[list[
 #: the requests a first step gets when its op is not ``fresh`` and names none
 _FIRST_REQS: tuple[tuple[int, SeqCode], ...] = ((1, 5), (2, "topk+0"))
 
+def layout_for(seed: int) -> str:
+    """The memory layout of a drawn step's tensors: a persistent-buffer slice or strided for one step in seven
+    each, chosen by its seed (as :func:`pad_for`)."""
+    return {1: "persistent-slice", 2: "strided"}.get(seed % 7, "contiguous")
+
 
 def apply_op(prev: MetadataStep | None, op: MetadataOp, cfg: MetadataConfig) -> MetadataStep:
     """The concrete step ``op`` makes from ``prev`` (None: the first step; any op then acts as ``fresh``)."""
@@ -215,7 +225,7 @@ def apply_op(prev: MetadataStep | None, op: MetadataOp, cfg: MetadataConfig) -> 
             s = [0 if x == 0 else topk + op.delta + (qq - 1) for x, qq in zip(s, q)]
     q, s = _fix(q, s, max_tokens)
     return MetadataStep(q_lens=tuple(q), seq_lens=tuple(s), host_lens=op.host_lens, holes=op.holes, seed=op.seed,
-                        pad=pad_for(op.seed))
+                        pad=pad_for(op.seed), layout=layout_for(op.seed))
 
 
 @st.composite
@@ -486,6 +496,33 @@ def _lens_class(step: MetadataStep, topk: int) -> str:
     return "plain"
 
 
+#: query_start_loc (and its host copy), seq_lens (and seq_lens_cpu), the block table and the top-k rows packed;
+#: leading slices of wider persistent buffers (entries past the live ones, and block-table columns past the
+#: request's blocks, as vLLM's persistent batch leaves them); stride-2 vectors and a column-major block table
+META_LAYOUTS = ("contiguous", "persistent-slice", "strided")
+
+
+def lay_out_ints(t: torch.Tensor, layout: str, fill: int) -> torch.Tensor:
+    """An int vector or table with the same values in the memory of ``layout`` (a persistent slice's extra entries
+    ``fill``)."""
+    if layout == "persistent-slice":
+        if t.dim() == 1:
+            wide = torch.full((t.shape[0] + 3,), fill, dtype=t.dtype, device=t.device)
+            wide[:t.shape[0]] = t
+            return wide[:t.shape[0]]
+        wide = torch.full((t.shape[0] + 2, t.shape[1] + 3), fill, dtype=t.dtype, device=t.device)
+        wide[:t.shape[0], :t.shape[1]] = t
+        return wide[:t.shape[0], :t.shape[1]]
+    if layout == "strided":
+        if t.dim() == 1:
+            # the gaps repeat each entry: a reader that ignores the stride gets real but wrong offsets and lengths
+            # (a non-decreasing query_start_loc), never values that send a trusting kernel out of its buffers
+            # (gaps of junk corrupt the interpreter's heap through upstream's unchecked writes)
+            return torch.stack([t, t], dim=1).reshape(-1)[::2]
+        return t.t().contiguous().t()
+    return t
+
+
 def classify_metadata(case: MetadataCase, target) -> dict:
     """The dimension values a metadata case hits: how its last step follows the one before, and that step's
     host lengths, hole placement and length class; the builder's block size and head count."""
@@ -493,7 +530,7 @@ def classify_metadata(case: MetadataCase, target) -> dict:
     last = steps[-1]
     return {"transition": _transition(steps[-2] if len(steps) > 1 else None, last), "host_lens": last.host_lens,
             "holes": last.holes, "lens": _lens_class(last, cfg.topk), "block_size": cfg.block_size,
-            "heads": cfg.num_heads}
+            "heads": cfg.num_heads, "meta_layout": last.layout}
 
 
 def force_metadata(case: MetadataCase, combo: dict, target) -> MetadataCase:
@@ -516,7 +553,7 @@ def force_metadata(case: MetadataCase, combo: dict, target) -> MetadataCase:
     else:
         op = MetadataOp(op=kind, host_lens=host, holes=holes, seed=seed + 1, keep=2,
                         reqs=((1, "topk+11"),))
-    last = apply_op(prev, op, cfg)
+    last = dataclasses.replace(apply_op(prev, op, cfg), layout=combo.get("meta_layout", case.steps[-1].layout))
     return MetadataCase(config=cfg, steps=tuple(case.steps[:-2]) + (prev, last))
 
 
@@ -530,8 +567,11 @@ def _declare_metadata():
          Dimension("holes", HOLE_MODES, "where the -1 holes of the top-k rows go"),
          Dimension("lens", LENS_CLASSES, "the last step's lengths: an empty sequence, one at topk +-1, neither"),
          Dimension("block_size", (1, 3)),
-         Dimension("heads", (2, 16, 17))),
-        (("transition", "host_lens"), ("transition", "holes"), ("transition", "lens"), ("block_size", "heads")),
+         Dimension("heads", (2, 16, 17)),
+         Dimension("meta_layout", META_LAYOUTS, "the last step's offsets, lengths, block table and top-k rows: "
+                                                "packed, persistent-buffer slices, strided / column-major")),
+        (("transition", "host_lens"), ("transition", "holes"), ("transition", "lens"), ("block_size", "heads"),
+         ("meta_layout", "host_lens")),
         classify_metadata, force_metadata), "shrink-tail-extents")
 
 
@@ -571,7 +611,7 @@ def classify_staleness(case: MetadataCase, target) -> dict:
     last = steps[-1]
     return {"probe": _probe(steps[-2] if len(steps) > 1 else None, last, cfg), "host_lens": last.host_lens,
             "holes": last.holes, "padded": last.pad > 0, "block_size": cfg.block_size, "heads": cfg.num_heads,
-            "granularity": cfg.granularity}
+            "granularity": cfg.granularity, "meta_layout": last.layout}
 
 
 def force_staleness(case: MetadataCase, combo: dict, target) -> MetadataCase:
@@ -598,7 +638,8 @@ def force_staleness(case: MetadataCase, combo: dict, target) -> MetadataCase:
         if nxt is None:
             continue
         nxt = dataclasses.replace(nxt, host_lens=False if probe == "clamped-hostless" else host, holes=holes,
-                                  pad=pad, seed=nxt.seed + 1 if probe == "repeat" else nxt.seed)
+                                  pad=pad, seed=nxt.seed + 1 if probe == "repeat" else nxt.seed,
+                                  layout=combo.get("meta_layout", last0.layout))
         out = MetadataCase(config=cfg, steps=keep + (prev, nxt))
         if _probe(prev, nxt, cfg) == probe:
             return out
@@ -628,8 +669,11 @@ def _declare_staleness():
          Dimension("padded", (False, True), "query_start_loc, seq_lens and the block table padded past R"),
          Dimension("block_size", (1, 3)),
          Dimension("heads", (2, 16, 17), "below, at and past the 16 heads q is padded to"),
-         Dimension("granularity", (8, 16), "the kv granule of the work partition")),
-        (("probe", "host_lens"), ("probe", "holes"), ("probe", "padded"), ("block_size", "heads")),
+         Dimension("granularity", (8, 16), "the kv granule of the work partition"),
+         Dimension("meta_layout", META_LAYOUTS, "the last step's offsets, lengths, block table and top-k rows: "
+                                                "packed, persistent-buffer slices, strided / column-major")),
+        (("probe", "host_lens"), ("probe", "holes"), ("probe", "padded"), ("block_size", "heads"),
+         ("meta_layout", "padded"), ("meta_layout", "host_lens")),
         classify_staleness, force_staleness, _staleness_allowed, _staleness_examples), "cache-key-staleness")
 
 

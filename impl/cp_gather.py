@@ -208,6 +208,8 @@ def cp_gather_indexer_k_quant_cache(k_cache: torch.Tensor, k_fp8: torch.Tensor, 
 
     ``layout``: None (NORMAL when bs == 1, else SHUFFLE: ``impl.formats.default_indexer_layout``), "normal" or
     "shuffle" (needs bs % 16 == 0). ``target`` picks the kernel variant (``target.cp_gather_variant``).
+    ``cu_seqlen`` and ``token_to_seq`` must be stride-1 vectors (refused otherwise); the table's and the outputs'
+    strides are followed.
     """
     t = get_target(target)
     variant = _variant(t)
@@ -240,6 +242,11 @@ def cp_gather_indexer_k_quant_cache(k_cache: torch.Tensor, k_fp8: torch.Tensor, 
             raise TypeError(f"{name}: block_table, cu_seqlen and token_to_seq must share one index dtype, got "
                             f"{dtype_name(block_table.dtype)}, {dtype_name(cu_seqlen.dtype)} and "
                             f"{dtype_name(token_to_seq.dtype)}")
+    for name, x in (("cu_seqlen", cu_seqlen), ("token_to_seq", token_to_seq)):
+        # the kernels read both at ptr + i (no stride argument): a strided view would be read as if packed
+        if x.shape[0] > 1 and x.stride(0) != 1:
+            raise ValueError(f"{name}: expected a contiguous vector (stride 1), got stride {x.stride(0)}; pass "
+                             f"{name}.contiguous()")
     if check_metadata:
         check_metadata_on_host(cu_seqlen, num_tokens, table_width, lay.block_size)
     if num_tokens == 0:

@@ -285,7 +285,7 @@ def test_declared_family_forces_the_alias_rows():
 
     t = get_target("gfx950")
     rows = EPILOGUE_DIMENSIONS.covering_array(t, 2)
-    assert {r["alias"] for r in rows} == {"separate", "in-place", "restrided", "shifted", "adjacent"}
+    assert {r["alias"] for r in rows} == {"separate", "in-place", "restrided", "shifted", "adjacent", "tail"}
     forced = [EPILOGUE_DIMENSIONS.force(epilogue_examples(t)[0], r, t) for r in rows]
     assert all(c.rope.alias == "separate" or (c.rope.tokens, c.rope.heads) == (2, 2)
                for c in forced if c.epilogue == "rope")

@@ -119,3 +119,130 @@ def test_indexer_writer_strided_index_is_refused_by_ours():
     case = fiw.DirectCase(seed=1, T=3, slots=(0, 1, 2), log_scale=(0, 0, 0), block_size=1, num_blocks=3,
                           input_layout="strided-index")
     assert ciw.compare_strided_index(case, t) == []
+
+
+# --- the gather, the indexer logits, the epilogues and the sparse metadata (issue 30 items 1 and 3) -------------
+
+from contracts import cp_gather as cg  # noqa: E402
+from contracts import epilogues as ce  # noqa: E402
+from contracts import indexer_logits as cl  # noqa: E402
+from fuzz import cp_gather as fg  # noqa: E402
+from fuzz import epilogues as fe  # noqa: E402
+from fuzz import indexer_logits as fl  # noqa: E402
+from fuzz import sparse_metadata as fsm  # noqa: E402
+from impl import cp_gather as impl_cg  # noqa: E402
+
+
+def _gather(**kw) -> fg.CpGatherCase:
+    return fg.CpGatherCase(seed=5, layout="normal", block_size=16, num_blocks=3, seq_lens=(20, 5), table_width=2,
+                           table=((2, 0), (1, 2)), **kw)
+
+
+@pytest.mark.parametrize("layout", ["table_layout=column-major", "table_layout=slice", "seq_layout=strided",
+                                    "out_layout=strided"])
+def test_gather_layouts_keep_the_values(layout):
+    field, value = layout.split("=")
+    base = fg.build_gather_inputs(_gather(), "cpu")
+    inp = fg.build_gather_inputs(_gather(**{field: value}), "cpu")
+    for name in ("block_table", "cu_seqlen", "token_to_seq", "k_fp8", "k_scale"):
+        assert torch.equal(inp[name], base[name]), name
+    assert any(not inp[n].is_contiguous() for n in ("block_table", "cu_seqlen", "k_fp8"))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gather_refuses_strided_metadata_before_launch_and_reads_the_other_layouts(target):
+    t = get_target(target)
+    inp = fg.build_gather_inputs(_gather(seq_layout="strided"), "cpu")
+    before = inp["k_fp8"].clone()
+    with pytest.raises(ValueError, match="cu_seqlen: expected a contiguous vector"):
+        impl_cg.cp_gather_indexer_k_quant_cache(inp["k_cache"], inp["k_fp8"], inp["k_scale"], inp["block_table"],
+                                                inp["cu_seqlen"], inp["token_to_seq"], layout="normal", target=t)
+    assert torch.equal(inp["k_fp8"], before)
+    for kw in ({"seq_layout": "strided"}, {"table_layout": "column-major", "out_layout": "strided"}):
+        assert cg.gather_oracle_exact(_gather(**kw), t) == []
+
+
+def test_gather_that_reads_the_table_across_rows_is_caught(monkeypatch):
+    t = get_target("gfx950")
+    kernel = impl_cg._cp_gather_gfx950_kernel
+
+    class PackedColumns:
+        def __getitem__(self, grid):
+            launch = kernel[grid]
+            return lambda *a, **kw: launch(*a[:9], 1, *a[10:], **kw)  # block_table.stride(1) -> 1
+
+    monkeypatch.setattr(impl_cg, "_cp_gather_gfx950_kernel", PackedColumns())
+    got = cg.gather_oracle_exact(_gather(table_layout="column-major"), t)
+    assert [v.message for v in got][:1] == [cg.LAYOUT_READ_PACKED]
+    assert cg.gather_oracle_exact(_gather(), t) == []
+
+
+def _logits(**kw) -> fl.IndexerLogitsCase:
+    return fl.IndexerLogitsCase(seed=3, mode="decode", heads=4, topk=3, block_size=16, context_lens=(5, 9),
+                                max_model_len=32, **kw)
+
+
+@pytest.mark.parametrize("q_layout", fl.Q_LAYOUTS)
+def test_q_layouts_keep_the_codes(q_layout):
+    inp = fl.build_decode_inputs(_logits(), "ocp", "cpu")
+    q = fl.lay_out_q(inp.q, q_layout, "ocp")
+    assert torch.equal(q.view(torch.uint8), inp.q.view(torch.uint8))
+    assert q.is_contiguous() == (q_layout == "contiguous")
+    w = fl.lay_out_weights(inp.weights, "column-major")
+    assert torch.equal(w, inp.weights) and w.stride(1) != 1
+
+
+@pytest.mark.parametrize("kw", [{"q_layout": "lane-strided"}, {"weights_layout": "column-major"},
+                                {"q_layout": "heads-major", "weights_layout": "padded"}])
+def test_logits_layouts_are_refused_or_read_right_by_ours(kw):
+    assert cl.indexer_logits_agreement(_logits(**kw), get_target("gfx950")) == []
+
+
+def test_logits_that_ignore_the_lane_stride_are_caught():
+    """A planted reader of packed lanes: it hands the kernel q's storage as if packed (what ignoring q.stride(3)
+    does); the packed call is the reference."""
+    from impl import indexer_logits as il
+
+    t = get_target("gfx950")
+    case = _logits(q_layout="lane-strided")
+    inp = fl.build_decode_inputs(case, "ocp", "cpu")
+
+    def run(q, w):
+        codes = q.view(torch.uint8)
+        packed_strides = torch.empty(codes.shape).stride()
+        as_packed = codes.as_strided(codes.shape, packed_strides, codes.storage_offset()).view(q.dtype)
+        return il.fp8_paged_mqa_logits(as_packed, inp.cache, w, inp.context_lens, inp.block_table, 32,
+                                       layout="normal", target=t)
+
+    good = run(inp.q, inp.weights).cpu()
+    assert [v.message for v in cl.compare_layouts(case, run, inp.q, inp.weights, good, "ocp")] == \
+        [cl.LAYOUT_READ_PACKED]
+
+
+def test_rope_tail_overlap_is_refused_and_layouts_are_read_right_by_ours():
+    t = get_target("gfx950")
+    base = fe.RopeCase(seed=2, tokens=2, heads=2, width=128, max_pos=4, positions=(0, 3))
+    for case in (base.replace(alias="tail"), *(base.replace(layout=lay) for lay in fe.ROPE_LAYOUTS)):
+        assert ce.epilogue_oracle_agreement(fe.EpilogueCase(epilogue="rope", rope=case), t) == []
+    x, _, _ = fe.rope_input(base, "cpu")
+    xv, out = fe.rope_out(base.replace(alias="tail"), x, x.dtype)
+    assert out.data_ptr() == xv.reshape(-1)[-1:].data_ptr()  # exactly one shared element
+
+
+def test_mxfp8_signed_zero_group_is_forced_and_classified():
+    fam = fe.EPILOGUE_DIMENSIONS
+    t = get_target("gfx950")
+    case = fam.force(fe.epilogue_examples(t)[0], {"lanes": "signed-zero", "out_layout": "strided"}, t)
+    assert fam.classify(case, t)["lanes"] == "signed-zero"
+    assert ce.epilogue_oracle_agreement(case, t) == []
+
+
+@pytest.mark.parametrize("layout", fsm.META_LAYOUTS)
+def test_metadata_layouts_keep_the_values(layout):
+    t = torch.tensor([0, 2, 5, 9], dtype=torch.int32)
+    table = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    assert torch.equal(fsm.lay_out_ints(t, layout, 99), t)
+    assert torch.equal(fsm.lay_out_ints(table, layout, 99), table)
+    if layout == "strided":  # a reader of packed storage gets real offsets, still non-decreasing
+        packed = fsm.lay_out_ints(t, layout, 99).as_strided((4,), (1,))
+        assert packed.tolist() == [0, 0, 2, 2]
