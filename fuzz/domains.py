@@ -286,6 +286,13 @@ domain(
     Bound("token-to-seq-from-builder", lambda c: not c.token_to_seq_edits and c.extra_tokens == 0,
           "vllm/v1/attention/backends/mla/indexer.py::DeepseekV32IndexerMetadataBuilder.build (token_to_seq and "
           "cu_seqlen of one chunk describe the same tokens) -> " + C_GATHER),
+    # memory layouts (fuzz/cp_gather.py, issue 30): the padded / pool-slice cache views are production (C_STRIDE4)
+    Bound("packed-table-metadata-outputs",
+          lambda c: (getattr(c, "table_layout", "contiguous"), getattr(c, "seq_layout", "contiguous"),
+                     getattr(c, "out_layout", "contiguous")) == ("contiguous",) * 3,
+          "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::rocm_aiter_sparse_attn_indexer (k_fp8 / k_scale: leading "
+          "row slices of packed workspace buffers; chunk.block_table a row slice of the builder's row-major table; "
+          "chunk.cu_seq_lens and chunk.token_to_seq the builder's packed tensors) (0.33.0, 0.34.0)"),
 )
 
 domain(
@@ -341,7 +348,10 @@ C_DECODE_OUT = ("vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAtte
 
 domain("decode", *_decode_bounds(), parts=("adaptive",))
 domain("decode-adaptive-splits")  # ONE_WAVE in [1, S]: no further caller bound found
-domain("metamorphic-decode", parts=("decode",))
+domain("metamorphic-decode",
+       # issue 30: the re-laid path pads q's rows (fuzz/metamorphic.py relaid_inputs), which production never does
+       Bound("inputs-packed", lambda c: getattr(c, "view_layout", "packed") == "packed", C_DECODE_Q),
+       parts=("decode",))
 domain("subject-agreement", parts=("decode", "split"))
 
 domain(
@@ -386,6 +396,14 @@ domain(
     Bound("rows>=1", lambda c: c.num_rows >= 1,
           "vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention.forward_mqa (decode only when "
           "num_decodes > 0) (0.33.0, 0.34.0)"),
+    # issue 30 (fuzz/graph_buffers.py): the sources are build_ragged_indices_from_dense's fresh packed outputs, the
+    # persistent buffers the builders' torch.empty allocations
+    Bound("sources-packed", lambda c: getattr(c, "source_layout", "contiguous") == "contiguous",
+          "vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLASparseMetadataBuilder.build (ragged pair from "
+          "build_ragged_indices_from_dense) -> _copy_ragged_to_graph_buffers (0.33.0, 0.34.0)"),
+    Bound("buffers-packed", lambda c: getattr(c, "buffer_layout", "contiguous") == "contiguous",
+          "vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLASparseMetadataBuilder.__init__ (persistent "
+          "buffers from torch.empty) -> _copy_ragged_to_graph_buffers (0.33.0, 0.34.0)"),
 )
 
 domain(
@@ -463,6 +481,10 @@ domain(
           lambda c: all(p < c.table_width * c.block_size for p in c.swa.positions),
           "vllm/v1/attention/backends/mla/sparse_swa.py::_compute_swa_indices_and_lens_kernel (pos < seq_len <= "
           "max_model_len <= table width * block size) (0.33.0, 0.34.0)"),
+    # issue 30: the helpers' inputs are packed tensors or leading slices of persistent ones (fuzz/ragged.py)
+    Bound("inputs-packed-or-slice", lambda c: getattr(c, "input_layout", "contiguous") in ("contiguous", "slice"),
+          "vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention._forward_decode (topk_indices and "
+          "token_to_req_indices: leading slices [:num_decode_tokens] of packed buffers) -> " + C_GLOBAL),
 )
 
 # --- indexer logits (fuzz/indexer_logits.py) ------------------------------------------------------------------------
@@ -491,10 +513,21 @@ domain(
     Bound("context-lens-shape", lambda c: c.mode == "prefill" or c.ctx_count == "exact",
           "vllm/v1/attention/backends/mla/indexer.py::DeepSeekV32IndexerDecodeMetadata (seq_lens [B] or "
           "[B, next_n]) -> " + C_LOGITS),
+    # memory layouts of q and the weights (fuzz/indexer_logits.py, issue 30)
+    Bound("q-and-weights-packed",
+          lambda c: (getattr(c, "q_layout", "contiguous"), getattr(c, "weights_layout", "contiguous"))
+          == ("contiguous", "contiguous"),
+          "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::rocm_aiter_sparse_attn_indexer (q_fp8 from the "
+          "indexer's per-token quantization and weights from weights_proj(hidden) * scale: fresh packed tensors, "
+          "viewed [B, next_n, H, 128] / [B * next_n, H]) (0.33.0, 0.34.0)"),
 )
 
 # --- prefill (fuzz/prefill.py, prefill_assembly.py) -----------------------------------------------------------------
 
+C_PREFILL_CALL = ("vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention._forward_prefill (q and "
+                  "output: row slices [query_start:query_end] of packed tensors; kv: the packed gather workspace "
+                  "viewed [-1, 1, d]; indices/topk_length: combine_topk_swa_indices' fresh packed [T, W] rows and "
+                  "lengths; attn_sink: the layer's packed parameter) (0.33.0, 0.34.0)")
 C_PREFILL = ("vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention._forward_prefill -> "
              "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::rocm_sparse_attn_prefill (0.33.0, 0.34.0)")
 
@@ -507,6 +540,18 @@ domain(
     Bound("rows>=1", lambda c: c.sq >= 1,
           "vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention.forward_mqa (prefill only when "
           "num_prefills > 0) (0.33.0, 0.34.0)"),
+    # memory layouts and absolute regimes (fuzz/prefill.py, issue 30)
+    Bound("q-rows-packed", lambda c: c.q_layout in ("contiguous", "row_slice"), C_PREFILL_CALL),
+    Bound("kv-workspace-packed", lambda c: c.kv_layout in ("2d", "3d"), C_PREFILL_CALL),
+    Bound("indices-packed", lambda c: getattr(c, "index_layout", "contiguous") == "contiguous", C_PREFILL_CALL),
+    Bound("topk-length-packed", lambda c: getattr(c, "topk_layout", "contiguous") == "contiguous" or c.mode != "dense"
+          or not c.topk_given, C_PREFILL_CALL),
+    Bound("sink-packed", lambda c: c.sink == "none" or getattr(c, "sink_layout", "contiguous") == "contiguous",
+          C_PREFILL_CALL),
+    Bound("out-rows-packed", lambda c: (getattr(c, "out_layout", None) or ("padded" if c.out_padded else
+                                                                           "contiguous")) == "contiguous",
+          C_PREFILL_CALL),
+    Bound("logits-above-exp-underflow", lambda c: getattr(c, "logits", "ordinary") != "underflow", C_DECODE_Q),
 )
 domain("opus-guard")
 domain("opus-routing", parts=("inputs", "guard"))
@@ -537,6 +582,14 @@ domain(
     Bound("topk-rows-valid-prefix", lambda c: all(s.holes == "prefix" for s in c.steps),
           "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::rocm_aiter_sparse_attn_indexer (sparse_len = min(pos + 1,"
           " topk) valid ids first; top-k C++ kernels not verified) -> " + C_V32B),
+    # memory layouts (fuzz/sparse_metadata.py, issue 30): leading slices of the persistent batch's buffers are what
+    # production hands the builder; strided vectors and a column-major table are not
+    Bound("metadata-packed-or-persistent-slice",
+          lambda c: all(getattr(s, "layout", "contiguous") != "strided" for s in c.steps),
+          "vllm/v1/worker/gpu_model_runner.py::GPUModelRunner._prepare_inputs (query_start_loc, seq_lens: leading "
+          "slices of the runner's packed persistent buffers; block_table_tensor[:num_reqs] of a row-major "
+          "[max_num_reqs, max_num_blocks] table; the runner is outside the extracted modules, not re-read here) "
+          "(0.33.0, 0.34.0)"),
 )
 
 # --- router (fuzz/router.py) ----------------------------------------------------------------------------------------
@@ -564,6 +617,10 @@ domain(
           "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::_sparse_attn_decode_reduce_kernel (QUANT_OUT) and "
           "rocm_inverse_rope_mxfp8_rows from vllm/models/deepseek_v41/amd/rocm.py (finite attention rows) "
           "(0.33.0, 0.34.0)", "adversarial"),
+    Bound("outputs-packed", lambda c: getattr(c, "out_layout", "contiguous") == "contiguous",
+          "vllm/models/deepseek_v41/amd/rocm.py::DeepseekV41ROCMAiterMLAAttention._forward_prefill "
+          "(rocm_inverse_rope_mxfp8_rows(output, ..., mxfp8_out[0][:n], mxfp8_out[1][:n]): leading row slices of "
+          "the layer's output pair, rows unpadded) (0.34.0)"),
 )
 domain(
     "rope",
@@ -577,6 +634,11 @@ domain(
     Bound("out-is-none-or-x", lambda c: c.alias in ("separate", "in-place"),
           "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::rocm_inverse_rope_rows_ / rocm_inv_rope_einsum (out is "
           "None, a fresh tensor, or o itself) (0.33.0, 0.34.0)"),
+    # memory layouts (fuzz/epilogues.py, issue 30)
+    Bound("rope-inputs-packed", lambda c: getattr(c, "layout", "contiguous") == "contiguous",
+          "vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention.forward_mqa -> "
+          "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::rocm_inverse_rope_rows_ (o the layer's packed output "
+          "rows, the rotary embedding's packed cos_sin_cache buffer, the runner's packed positions) (0.33.0, 0.34.0)"),
 )
 domain("mxfp8-group")
 domain("epilogue-oracle-agreement", parts=("mxfp8", "rope"))
