@@ -144,18 +144,26 @@ def refusal_violations(case: fz.DecodeCase, refused: Exception) -> list[Violatio
     error names one of that layout's arguments and nothing it was handed to write was written (the NaN-poisoned
     output buffer and workspace still all NaN)."""
     err = refused.error if isinstance(refused, _Refused) else refused
-    args = fz.refusable(case)
-    where = f"layouts {fz._layouts(case)}"
+    buffers = refused.buffers.items() if isinstance(refused, _Refused) else ()
+    written = [(name, int((~torch.isnan(buf.float())).sum())) for name, buf in buffers]
+    return layout_refusal((REFUSED_ACCEPTED_LAYOUT, REFUSAL_UNNAMED, REFUSAL_WROTE), f"layouts {fz._layouts(case)}",
+                          fz.refusable(case), err, written)
+
+
+def layout_refusal(messages: tuple[str, str, str], where: str, args: dict, err: Exception,
+                   written: list[tuple[str, int]]) -> list[Violation]:
+    """A refusal judged (decode's and prefill's): ``messages`` are the family's (refused a layout it must accept,
+    refused without naming the argument, wrote before refusing); ``args`` the refusable layouts' argument names
+    ("a/b" for either), ``written`` each output buffer's count of elements no longer NaN."""
+    accepted, unnamed, wrote = messages
     if not args:
-        return [Violation(REFUSED_ACCEPTED_LAYOUT, where, "a result", f"{type(err).__name__}: {err}")]
+        return [Violation(accepted, where, "a result", f"{type(err).__name__}: {err}")]
     names = [n for a in args.values() for n in a.split("/")]
     out = []
     if not any(n in str(err) for n in names):
-        out.append(Violation(REFUSAL_UNNAMED, where, f"a message naming one of {names}", str(err)))
-    for name, buf in (refused.buffers.items() if isinstance(refused, _Refused) else ()):
-        if not bool(torch.isnan(buf.float()).all()):
-            out.append(Violation(REFUSAL_WROTE, f"{where}; {name}", "every element still NaN",
-                                 f"{int((~torch.isnan(buf.float())).sum())} elements written"))
+        out.append(Violation(unnamed, where, f"a message naming one of {names}", str(err)))
+    out += [Violation(wrote, f"{where}; {name}", "every element still NaN", f"{n} elements written")
+            for name, n in written if n]
     return out
 
 

@@ -11,7 +11,7 @@ from unittest import mock
 import torch
 
 from contracts.core import ALL_TARGETS, Violation, contract, fmt
-from contracts.decode import attention_violations
+from contracts.decode import attention_violations, layout_refusal
 from contracts.subjects import bound
 from fuzz import prefill as fz
 from impl.runtime import triton_mode
@@ -176,19 +176,9 @@ REFUSAL_WROTE = "prefill refused a layout but wrote its output first"
 def refusal_violations(case: fz.PrefillCase, err: Exception, inp: fz.PrefillInputs) -> list[Violation]:
     """A prefill that raised: fine only for a layout it may refuse (fuzz.prefill.refusable), naming one of that
     layout's arguments, with out's whole buffer still NaN (the inputs are compared by the caller)."""
-    args = fz.refusable(case)
-    where = f"layouts {fz.non_packed(case)}"
-    if not args:
-        return [Violation(REFUSED_ACCEPTED_LAYOUT, where, "a result", f"{type(err).__name__}: {err}")]
-    names = [n for a in args.values() for n in a.split("/")]
-    out = []
-    if not any(n in str(err) for n in names):
-        out.append(Violation(REFUSAL_UNNAMED, where, f"a message naming one of {names}", str(err)))
-    written = ~torch.isnan(inp.out_buffer.detach().cpu().float())
-    if bool(written.any()):
-        out.append(Violation(REFUSAL_WROTE, f"{where}; out", "every element still NaN",
-                             f"{int(written.sum())} elements written"))
-    return out
+    written = int((~torch.isnan(inp.out_buffer.detach().cpu().float())).sum())
+    return layout_refusal((REFUSED_ACCEPTED_LAYOUT, REFUSAL_UNNAMED, REFUSAL_WROTE), f"layouts {fz.non_packed(case)}",
+                          fz.refusable(case), err, [("out", written)])
 
 
 # --- opus-routing-guard ------------------------------------------------------------------------------------------
