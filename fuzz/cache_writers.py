@@ -482,13 +482,7 @@ def force_writer(case: WriterCase, combo: dict, target) -> WriterCase:
     if "padded" in combo:
         f["padded"] = combo["padded"]
     if "layout" in combo:
-        lay = combo["layout"]
-        f["input_layout"] = lay if lay in INPUT_LAYOUTS else "contiguous"
-        if lay == "strided" and "reqs" in f and f["num_reqs"] == 1:
-            # a second request (token 0's), so the block table's row stride is used
-            f.update(num_reqs=2, reqs=(1,) + tuple(f["reqs"][1:]))
-        if lay in ("contiguous", "pool-slice"):
-            f["extra_blocks_before"] = 1 if lay == "pool-slice" else 0
+        force_input_layout(f, combo["layout"])
     if "special" in combo:
         cls = combo["special"]
         if cls == "none":
@@ -662,3 +656,14 @@ def _declare_nan_free():
 
 
 NAN_FREE_DIMENSIONS = _declare_nan_free()
+
+
+def force_input_layout(f: dict, lay: str) -> None:
+    """A forced case's fields (``f``) laid out as ``lay`` of the layout dimension (the writers' and the indexer
+    writers'): an input layout, or the pool's (a slice of a larger pool, or packed)."""
+    f["input_layout"] = lay if lay in INPUT_LAYOUTS else "contiguous"
+    if lay == "strided" and "reqs" in f and f["num_reqs"] == 1:
+        # a second request (token 0's), so the block table's row stride is used
+        f.update(num_reqs=2, reqs=(1,) + tuple(f["reqs"][1:]))
+    if lay in ("contiguous", "pool-slice"):
+        f["extra_blocks_before"] = 1 if lay == "pool-slice" else 0

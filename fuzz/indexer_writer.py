@@ -19,8 +19,8 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz import capabilities
-from fuzz.cache_writers import (INPUT_LAYOUTS, WRITER_LAYOUTS, InputLayout, interleave, lay_out_compressor_inputs,
-                                widen_rows, writer_layout)
+from fuzz.cache_writers import (INPUT_LAYOUTS, WRITER_LAYOUTS, InputLayout, force_input_layout, interleave,
+                                lay_out_compressor_inputs, widen_rows, writer_layout)
 from fuzz.cases import Case
 
 HEAD = 128
@@ -492,13 +492,7 @@ def force_indexer_writer(case: IndexerWriterCase, combo: dict, target) -> Indexe
     if "padded" in combo:
         f["stride_pad"] = (f["stride_pad"] or 4) if combo["padded"] else 0
     if "inputs" in combo:
-        lay = combo["inputs"]
-        f["input_layout"] = lay if lay in INPUT_LAYOUTS else "contiguous"
-        if lay == "strided" and "reqs" in f and f["num_reqs"] == 1:
-            # a second request (token 0's), so the block table's row stride is used
-            f.update(num_reqs=2, reqs=(1,) + tuple(f["reqs"][1:]))
-        if lay in ("contiguous", "pool-slice"):
-            f["extra_blocks_before"] = 1 if lay == "pool-slice" else 0
+        force_input_layout(f, combo["inputs"])
     cls = combo.get("special", cur["special"])
     if "special" in combo or _iw_stored_special(inner) is not None:
         if cls == "none":

@@ -227,6 +227,8 @@ def test_epilogue_case_rejects_a_missing_field(case):
         with pytest.raises(CaseError, match=f"missing field {f.name}"):
             EpilogueCase.from_json(doc)
     for f in dataclasses.fields(getattr(case, inner)):
+        if f.name in type(getattr(case, inner)).ADDED_FIELDS:  # older cases replay with its default
+            continue
         doc = case.to_json()
         del doc[inner][f.name]
         with pytest.raises(CaseError, match=f"{inner}: missing field {f.name}"):

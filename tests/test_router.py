@@ -185,6 +185,8 @@ def test_router_case_rejects_a_missing_field():
     case = RouterCase(seed=1, tokens=2, experts=8, n_group=2, topk_group=1, topk=2, renormalize=True,
                       routed_scaling_factor=2.5, gate_dtype="bf16", ties=True, logit_scale=3.0, bias_scale=0.05)
     for f in dataclasses.fields(case):
+        if f.name in RouterCase.ADDED_FIELDS:  # older cases replay with its default
+            continue
         doc = case.to_json()
         del doc[f.name]
         with pytest.raises(CaseError, match=f"missing field {f.name}"):
