@@ -83,8 +83,15 @@ def graph_buffer_cases(draw, defects: bool = True):
                            lens=tuple(lens), source_extra=source_extra,
                            indices_slack=draw(st.sampled_from([0, 0, 1, 7])),
                            indptr_slack=draw(st.sampled_from([0, 0, 2])), pool_offset=draw(st.sampled_from([0, 3])),
-                           defect=defect, source_layout=draw(st.sampled_from(SOURCE_LAYOUTS)),
-                           buffer_layout=draw(st.sampled_from(BUFFER_LAYOUTS + ("contiguous",) * 3)))
+                           defect=defect, **_drawn_layouts(draw, defect))
+
+
+def _drawn_layouts(draw, defect) -> dict:
+    """One bad input at a time, as the forced rows (_graph_buffer_allowed): a strided buffer is its own refusal, so only a
+    valid case draws one, and a laid-out source only a case whose copy runs."""
+    buffer = draw(st.sampled_from(BUFFER_LAYOUTS + ("contiguous",) * 3)) if defect is None else "contiguous"
+    source = draw(st.sampled_from(SOURCE_LAYOUTS)) if defect is None and buffer == "contiguous" else "contiguous"
+    return {"source_layout": source, "buffer_layout": buffer}
 
 
 def lay_out_source(t: torch.Tensor, layout: str, device) -> torch.Tensor:
