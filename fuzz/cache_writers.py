@@ -307,11 +307,7 @@ def build_swa_inputs(case: SwaCase, device):
                 else SPECIAL_VALUES[kind]
     k = k.to(torch.float32).to(torch.bfloat16).to(device)
     slots = torch.tensor(case.slots, dtype=torch.int64, device=device)
-    if case.input_layout == "strided":
-        k = widen_rows(k, float("nan"))
-    elif case.input_layout == "strided-index":
-        slots = interleave(slots, torch.full_like(slots, -1))
-    return k, slots
+    return lay_out_k_and_slots(k, slots, case.input_layout)
 
 
 def build_compressor_inputs(case: CompressorCase, device) -> dict:
@@ -667,3 +663,13 @@ def force_input_layout(f: dict, lay: str) -> None:
         f.update(num_reqs=2, reqs=(1,) + tuple(f["reqs"][1:]))
     if lay in ("contiguous", "pool-slice"):
         f["extra_blocks_before"] = 1 if lay == "pool-slice" else 0
+
+
+def lay_out_k_and_slots(k: torch.Tensor, slots: torch.Tensor, layout: str):
+    """A direct writer's rows and slot ids laid out as ``layout`` (INPUT_LAYOUTS), the values the same: rows in a
+    wider NaN-padded buffer ("strided"), or the slot ids every other entry of a -1-filled one ("strided-index")."""
+    if layout == "strided":
+        k = widen_rows(k, float("nan"))
+    elif layout == "strided-index":
+        slots = interleave(slots, torch.full_like(slots, -1))
+    return k, slots

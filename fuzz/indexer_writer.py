@@ -19,8 +19,9 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz import capabilities
-from fuzz.cache_writers import (INPUT_LAYOUTS, WRITER_LAYOUTS, InputLayout, force_input_layout, interleave,
-                                lay_out_compressor_inputs, widen_rows, writer_layout)
+from fuzz.cache_writers import (INPUT_LAYOUTS, WRITER_LAYOUTS, InputLayout, force_input_layout,
+                                lay_out_compressor_inputs,
+                                lay_out_k_and_slots, writer_layout)
 from fuzz.cases import Case
 
 HEAD = 128
@@ -303,11 +304,7 @@ def build_direct_inputs(case: DirectCase, device):
             k[t, d] = -v if kind in ("huge", "denormal") and d % 2 == 0 else v
     k = k.to(dt).to(device)
     slots = torch.tensor(case.slots, dtype=torch.int64, device=device)
-    if case.input_layout == "strided":
-        k = widen_rows(k, float("nan"))
-    elif case.input_layout == "strided-index":
-        slots = interleave(slots, torch.full_like(slots, -1))
-    return k, slots
+    return lay_out_k_and_slots(k, slots, case.input_layout)
 
 
 def build_compressor_inputs(case: IndexerCompressorCase, device) -> dict:
