@@ -154,6 +154,7 @@ def run_point(bi, point: str, dev, variants, up, ref_fut, timing, args, note, ro
                     fn()
                     if native():
                         torch.cuda.synchronize()
+                    if watch is not None:  # timing runs only (a dry run on a GPU host compiles but does not time)
                         row["stats"] = watch.new()
                     got = w.out.detach().clone()
                     grid, meta = il._paged_launch(v, batch, w.max_model_len, w.block_size, w.cache,
@@ -297,7 +298,8 @@ def main(argv=None) -> int:
     elif not args.dry_run:
         note("no SMV_BENCH_SUBJECT: upstream's kernel is not run (set it to vllm@.smv-subject/vllm-0.34.0)")
     if not timing:
-        note("Triton interpreter: checks only (no timing, no compiler statistics)")
+        note("dry run: checks only (no timing, no compiler statistics)" if native()
+             else "Triton interpreter: checks only (no timing, no compiler statistics)")
     bi = _bench_indexer()
     dev = kernel_device()
     pool = cf.ThreadPoolExecutor(max_workers=2)

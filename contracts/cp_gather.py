@@ -134,11 +134,13 @@ def compare_layout(case: CpGatherCase, target: Target, gather=None) -> list[Viol
         if bad:
             where = f"{name} rows {bad[:6]} ({', '.join(f'{k}={v}' for k, v in laid.items())})"
             out.append(Violation(LAYOUT_READ_PACKED, where, fmt(want[bad[0]][:8]), fmt(got[bad[0]][:8])))
-        buf, view = inp[f"{name}_buf"].cpu(), inp[name].cpu()
-        if buf.data_ptr() != view.data_ptr() or buf.shape != view.shape:
+        # the geometry from the tensors where they live: a strided view copied to the host is packed there
+        buf_dev, view = inp[f"{name}_buf"], inp[name]
+        buf = buf_dev.cpu()
+        if buf_dev.data_ptr() != view.data_ptr() or buf_dev.shape != view.shape:
             mask = torch.ones(buf.numel(), dtype=torch.bool)
             _, base = storage_bytes(view)
-            _, buf_base = storage_bytes(buf)
+            _, buf_base = storage_bytes(buf_dev)
             offs = (torch.arange(view.shape[0])[:, None] * view.stride(0) + torch.arange(view.shape[1])[None, :])
             mask[(offs + base - buf_base).flatten()] = False
             first = before[0 if name == "k_fp8" else 1].reshape(-1)

@@ -131,8 +131,10 @@ def dsv4_step_agreement(case: Dsv4StepCase, target: Target) -> list[Violation]:
     the table a reader uses, the window positions and the insert positions, the compressed block size of the slot
     conversion, the indexer-K layout its writer and its reader are given, the graph-buffer copy and the rows the
     decode reads, a replay and the step it is given, the capture flag and the captured plan, the epilogue and the
-    decode's output. Sources: SPEC 1.2, 1.3, 2, 4, 5; seed 004 item 2; upstream's ``_forward_decode`` and
-    ``DeepseekV4ROCMAiterMLASparseMetadataBuilder`` (vllm/models/deepseek_v4/amd/rocm.py) for the order of the
+    decode's output. With the case's ``input_layout`` "strided", every layer's query and insert rows are lane-padded
+    views, the positions a stride-2 view and every cache a view past its pool's first block: the step must give
+    exactly what it gives packed (the same judgements). Sources: SPEC 1.2, 1.3, 2, 4, 5; seed 004 item 2;
+    upstream's ``_forward_decode`` and ``DeepseekV4ROCMAiterMLASparseMetadataBuilder`` (vllm/models/deepseek_v4/amd/rocm.py) for the order of the
     pieces and the capture flag. The first step and layer with a violation ends the case.
     """
     sub = bound(target)
@@ -176,7 +178,7 @@ def _graph_buffers(case: Dsv4StepCase, inp: fz.StepInputs) -> list[dict]:
 def _layer_step(case, target, ent, inp, bufs, s, li, layer) -> list[Violation]:
     dev = kernel_device()
     pos_list = case.positions(s)
-    positions = torch.tensor(pos_list, dtype=torch.int64, device=dev)
+    positions = fz.step_positions(case, s, dev)
     has_extra = layer.extra is not None
     where = f"step {s}, layer {li} ({layer.name})"
     builder = bufs["builder"]
@@ -612,11 +614,19 @@ def dsv4_builder_capture_flag(case: fz.BuilderCase, target: Target) -> list[Viol
     layer kind (SWA-only, C4A, C128A: the layer decides adaptive splits from it, not the builder), with or without
     padding tokens; and, a capture being built like any step, the capture metadata equals ``build``'s in every
     other field. The flag decides whether a captured C128A decode takes the adaptive-splits path (SPEC 2):
-    ``dsv4-step-agreement`` then judges the captured plan. Sources: seed 004 item 2; upstream's rocm.py."""
+    ``dsv4-step-agreement`` then judges the captured plan. The positions, token_to_req and block tables may be
+    laid out otherwise than packed (stride-2 vectors; a slice of a wider table, column-major tables:
+    :func:`builder_layout_violations`): the metadata is then field for field that of packed copies of the same
+    values, or the layout is refused before anything is built (a ValueError/TypeError naming the argument, no input
+    buffer changed). Sources: seed 004 item 2; upstream's rocm.py; issue 30 (memory layouts)."""
     fam = bound(target).dsv4_step
     builder = fam.Dsv4MetadataBuilder(case.compress_ratio, swa_block_size=fz.BUILDER_SIZES["swa_block_size"],
                                       block_size=fz.BUILDER_SIZES["block_size"] if case.compress_ratio > 1 else None,
                                       max_model_len=fz.BUILDER_SIZES["max_model_len"], target=target)
+    if _builder_laid_out(case):
+        v, case = builder_layout_violations(builder, case)
+        if v or case is None:
+            return v
     args = fz.builder_inputs(case)
     plain = builder.build(*args)
     meta = builder.build_for_cudagraph_capture(*args) if case.capture else plain
@@ -633,3 +643,53 @@ def dsv4_builder_capture_flag(case: fz.BuilderCase, target: Target) -> list[Viol
             v.append(Violation("build_for_cudagraph_capture's metadata differs from build's beyond the flag",
                                ", ".join(diff), "equal", "different"))
     return v
+
+
+# --- the builder's input layouts (fuzz.dsv4_step.BUILDER_*_LAYOUTS, issue 30) -------------------------------------
+
+BUILDER_LAYOUT_DIFFERS = "the builder's metadata from non-packed inputs differs from packed copies'"
+BUILDER_REFUSAL_UNCLEAR = "the builder refused a non-packed input layout without naming the argument"
+BUILDER_INPUT_WRITTEN = "the builder wrote into an input's buffer"
+
+
+def _builder_laid_out(case: fz.BuilderCase) -> dict:
+    return {d: getattr(case, d) for d in fz.BUILDER_LAYOUT_ARGS if getattr(case, d) != "contiguous"}
+
+
+def builder_layout_violations(builder, case: fz.BuilderCase):
+    """A builder case with non-packed inputs, against the same builder on packed copies of the same values:
+    ``build`` (and, for a capture, ``build_for_cudagraph_capture``) give metadata equal in every field, the flag
+    included, and no input buffer changes; or the call refuses with a ValueError/TypeError naming one of the
+    laid-out arguments. Returns ``(violations, packed twin)``: the twin (for the flag's own checks) is None after a
+    refusal."""
+    laid = _builder_laid_out(case)
+    names = [n for d in laid for n in fz.BUILDER_LAYOUT_ARGS[d]]
+    twin = case.replace(**{d: "contiguous" for d in laid})
+    bufs = fz.builder_buffers(case)
+    args = tuple(view for _, view in bufs)
+    before = [b.cpu().clone() if b is not None else None for b, _ in bufs]
+    where = ", ".join(f"{k}={v}" for k, v in laid.items())
+    v: list[Violation] = []
+
+    def unchanged(how: str):
+        for (b, _), old, name in zip(bufs, before, ("positions", "token_to_req", "swa_block_table", "block_table")):
+            if b is not None and not torch.equal(b.cpu(), old):
+                v.append(Violation(BUILDER_INPUT_WRITTEN, f"{name} ({where}; {how})", "unchanged", "changed"))
+
+    packed = fz.builder_inputs(twin)
+    for how in ("build", "build_for_cudagraph_capture") if case.capture else ("build",):
+        want = getattr(builder, how)(*packed)
+        try:
+            got = getattr(builder, how)(*args)
+        except (ValueError, TypeError) as exc:
+            if not any(n in str(exc) for n in names):
+                v.append(Violation(BUILDER_REFUSAL_UNCLEAR, f"{how} ({where})", f"one of {names}", str(exc)[:200]))
+            unchanged(f"{how}, refused")
+            return v, None
+        unchanged(how)
+        diff = _same_metadata(want, got)
+        if getattr(want, "for_cudagraph_capture", None) != getattr(got, "for_cudagraph_capture", None):
+            diff.append("for_cudagraph_capture")
+        if diff:
+            v.append(Violation(BUILDER_LAYOUT_DIFFERS, f"{how} ({where}): {', '.join(diff)}", "equal", "different"))
+    return v, twin

@@ -76,16 +76,70 @@ FP8_ENTRIES = ("formats.fp8_decode", "codec_kernels.fp8_decode_triton", "formats
                "codec_kernels.fp8_encode_triton")
 
 
-def _decode_all_codes(flavour: str, entries: dict) -> list[Violation]:
+# --- memory layouts of the codecs' inputs (fuzz.formats.CODEC_LAYOUTS, issue 30) ------------------------------------
+
+#: what a strided view's gaps hold: a code and a value other than most of a case's (a reader that ignores the stride
+#: or the view's offset reads them)
+CODE_FILL = 0x5A
+VALUE_FILL = 1234.5
+SCALE_FILL = 3.0
+LAYOUT_REFUSAL_UNCLEAR = "refusal of a non-packed input layout does not name the argument"
+LAYOUT_REFUSAL_REFUSED_PACKED = "a codec refused its packed input"
+LAYOUT_INPUT_WRITTEN = "a codec wrote into its input's buffer"
+LAYOUT_SHAPE = "a codec's output shape differs from its input's"
+
+
+def _where(layout: str, violations: list[Violation]) -> list[Violation]:
+    """The violations of a non-packed layout with the layout in front of their location (the message as packed)."""
+    return violations if layout == "contiguous" else _at(f"input_layout={layout}:", violations)
+
+
+def laid_out_call(out: list[Violation], name: str, fn, x: torch.Tensor, layout: str, fill, arg: str, *args):
+    """Run codec ``fn`` on ``x`` laid out as ``layout`` (fuzz.formats.lay_out_codec_input). Returns ``(inputs,
+    outputs)``, both flat in the view's logical order (the reference is run on the inputs: a packed copy of the
+    view), or None when there is nothing to compare: a refusal of a non-packed layout (a ValueError/TypeError
+    naming ``arg``, the input buffer unchanged, is fine), or an output of another shape (a violation). Any layout:
+    the input's whole buffer must be unchanged."""
+    buf, view = fz.lay_out_codec_input(x, layout, fill)
+    before = buf.clone()
+
+    def written() -> bool:
+        return not torch.equal(buf.reshape(-1).view(torch.uint8), before.reshape(-1).view(torch.uint8))
+
+    try:
+        got = fn(view, *args)
+    except (ValueError, TypeError) as exc:
+        if layout == "contiguous":
+            out.append(Violation(LAYOUT_REFUSAL_REFUSED_PACKED, name, "outputs", f"{type(exc).__name__}: {exc}"))
+        elif arg not in str(exc):
+            out.append(Violation(LAYOUT_REFUSAL_UNCLEAR, f"{name} (input_layout={layout})", f"names {arg}",
+                                 str(exc)[:200]))
+        if written():
+            out.append(Violation(LAYOUT_INPUT_WRITTEN, f"{name} (input_layout={layout}, refused)", "unchanged",
+                                 "bytes changed"))
+        return None
+    if written():
+        out.append(Violation(LAYOUT_INPUT_WRITTEN, f"{name} (input_layout={layout})", "unchanged", "bytes changed"))
+    if tuple(got.shape) != tuple(view.shape):
+        out.append(Violation(LAYOUT_SHAPE, f"{name} (input_layout={layout})", str(list(view.shape)),
+                             str(list(got.shape))))
+        return None
+    return view.contiguous().reshape(-1), got.reshape(-1)
+
+
+def _decode_all_codes(flavour: str, entries: dict, layout: str = "contiguous") -> list[Violation]:
     out: list[Violation] = []
     want = ref.fp8_decode(ALL_CODES, flavour)
     torch_vals = ALL_CODES.view(_TORCH_FP8[flavour]).to(torch.float64)
     out += compare_exact(f"torch {flavour} decode vs reference", torch_vals, want)
-    want_span = ref.fp8_decode(CODE_SPAN, flavour)
     for name, entry in (("host fp8_decode", "formats.fp8_decode"),
                         ("triton fp8_decode_bits", "codec_kernels.fp8_decode_triton")):
         if entry in entries:
-            out += compare_exact(f"{name}[{flavour}]", entries[entry](CODE_SPAN, flavour), want_span)
+            r = laid_out_call(out, f"{name}[{flavour}]", entries[entry], CODE_SPAN, layout, CODE_FILL, "codes",
+                              flavour)
+            if r is not None:
+                codes, got = r
+                out += _where(layout, compare_exact(f"{name}[{flavour}]", got, ref.fp8_decode(codes, flavour)))
     return out
 
 
@@ -97,23 +151,33 @@ def fp8_codec_exact(case: Fp8Case, target: Target) -> list[Violation]:
     Decode: all 256 codes (spread over three of the Triton launch's blocks) through the Triton helper and the host
     codec equal the reference and torch's
     float8_e4m3fn / float8_e4m3fnuz, NaN positions included. Encode: round-to-nearest-even, saturating to +-max
-    (FNUZ 240, OCP 448; inf too), NaN -> the flavour's NaN code. Source: SPEC 1.2 (FNUZ main cache on gfx942, OCP
-    extra cache everywhere; a flavour mix-up costs ~1.87x in scale); DESIGN "Numerics".
+    (FNUZ 240, OCP 448; inf too), NaN -> the flavour's NaN code. The codes decoded and the values encoded are laid
+    out as the case's ``input_layout`` says (packed, a stride-2 view past a buffer's start, column-major 2-D): each
+    codec gives, in the input's shape, exactly the reference's answer for a packed copy of the view, and writes
+    nothing into the input's buffer (or refuses the layout with a ValueError/TypeError naming the argument). Source:
+    SPEC 1.2 (FNUZ main cache on gfx942, OCP extra cache everywhere; a flavour mix-up costs ~1.87x in scale); DESIGN
+    "Numerics"; issue 30 (memory layouts).
     """
-    flavour = case.flavour
+    flavour, layout = case.flavour, case.input_layout
     entries = subject_entries(target, *FP8_ENTRIES)
-    out = _decode_all_codes(flavour, entries)
+    out = _decode_all_codes(flavour, entries, layout)
     x = _span(torch.tensor([fz.f32(v) for v in case.values], dtype=torch.float32))
-    want = ref.fp8_encode(x, flavour)
     for name, entry in (("host fp8_encode", "formats.fp8_encode"), ("triton fp8_encode_bits",
                                                                     "codec_kernels.fp8_encode_triton")):
         if entry not in entries:
             continue
-        got = entries[entry](x, flavour)
+        r = laid_out_call(out, f"{name}[{flavour}]", entries[entry], x, layout, VALUE_FILL, "x", flavour)
+        if r is None:
+            continue
+        xin, got = r
+        want = ref.fp8_encode(xin, flavour)
         bad = (got != want).nonzero().flatten().tolist()
         for i in bad[:5]:
             out.append(Violation(f"{name}[{flavour}] differs from the nearest-even reference",
-                                 f"input {x[i].item()!r}", hex(int(want[i])), hex(int(got[i]))))
+                                 f"input {xin[i].item()!r}" + ("" if layout == "contiguous" else
+                                                              f" (input_layout={layout}, element {i})"),
+                                 hex(int(want[i])), hex(int(got[i]))))
+    want = ref.fp8_encode(x, flavour)
     # torch's cast agrees on in-range finite values (it is not saturating, so only compare there)
     finite = torch.isfinite(x) & (x.abs() <= fz.FP8_MAX[flavour])
     if bool(finite.any()):
@@ -147,31 +211,40 @@ def ue8m0_codec_exact(case: Ue8m0Case, target: Target) -> list[Violation]:
     Host decode equals torch's float8_e8m0fnu for all 256 codes (255 is NaN there). The Triton reader reproduces
     production readers: code 0 -> 2^-127 (not flushed to zero), code 255 -> +inf, so inf * 0 = NaN shows downstream.
     Encode clamp(ceil(log2(s)) + 127, 0, cap) is exact for subnormal, power-of-two and neighbouring scales, with
-    cap 254 on sanitizing writers (gfx950) and 255 otherwise. Source: SPEC 1.2 and 4 (why cap at 254).
+    cap 254 on sanitizing writers (gfx950) and 255 otherwise. The codes decoded and the scales encoded are laid out
+    as the case's ``input_layout`` says, judged as in ``fp8-codec-exact`` (the reference's answer for a packed copy,
+    in the input's shape, the input's buffer untouched, or a refusal naming the argument). Source: SPEC 1.2 and 4
+    (why cap at 254); issue 30 (memory layouts).
     """
     out: list[Violation] = []
     entries = subject_entries(target, *UE8M0_ENTRIES)
     torch_vals = ALL_CODES.view(torch.float8_e8m0fnu).to(torch.float64)
     want_host = ref.ue8m0_decode(ALL_CODES, reader=False)
     out += compare_exact("torch float8_e8m0fnu vs reference", torch_vals, want_host)
-    want_host = ref.ue8m0_decode(CODE_SPAN, reader=False)
-    want_reader = ref.ue8m0_decode(CODE_SPAN, reader=True)
-    for name, entry, want in (("host ue8m0_decode", "formats.ue8m0_decode", want_host),
-                              ("host ue8m0_decode_reader", "formats.ue8m0_decode_reader", want_reader),
-                              ("triton ue8m0_decode_reader", "codec_kernels.ue8m0_decode_reader_triton",
-                               want_reader)):
+    layout = case.input_layout
+    for name, entry, reader in (("host ue8m0_decode", "formats.ue8m0_decode", False),
+                                ("host ue8m0_decode_reader", "formats.ue8m0_decode_reader", True),
+                                ("triton ue8m0_decode_reader", "codec_kernels.ue8m0_decode_reader_triton", True)):
         if entry in entries:
-            out += compare_exact(name, entries[entry](CODE_SPAN), want)
+            r = laid_out_call(out, name, entries[entry], CODE_SPAN, layout, CODE_FILL, "codes")
+            if r is not None:
+                codes, got = r
+                out += _where(layout, compare_exact(name, got, ref.ue8m0_decode(codes, reader=reader)))
     cap = case.cap
     s = _span(torch.tensor([fz.f32(v) for v in case.scales], dtype=torch.float32))
-    want = ref.ue8m0_encode(s, cap)
     for name, entry in (("host ue8m0_encode", "formats.ue8m0_encode"),
                         ("triton ue8m0_encode_bits", "codec_kernels.ue8m0_encode_triton")):
         if entry not in entries:
             continue
-        got = entries[entry](s, cap)
+        r = laid_out_call(out, f"{name} (cap {cap})", entries[entry], s, layout, SCALE_FILL, "scale", cap)
+        if r is None:
+            continue
+        sin, got = r
+        want = ref.ue8m0_encode(sin, cap)
         for i in (got != want).nonzero().flatten().tolist()[:5]:
-            out.append(Violation(f"{name} (cap {cap}) differs from the reference", f"scale {s[i].item()!r}",
+            out.append(Violation(f"{name} (cap {cap}) differs from the reference",
+                                 f"scale {sin[i].item()!r}" + ("" if layout == "contiguous" else
+                                                              f" (input_layout={layout}, element {i})"),
                                  str(int(want[i])), str(int(got[i]))))
     return out
 

@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from contracts.core import ALL_TARGETS, Violation, compare_exact, contract, fmt
-from contracts.decode import oracle_violations
+from contracts.decode import layout_refusal, oracle_violations
 from contracts.subjects import bound
 from fuzz import graph_capture as fzg
 from impl import formats
@@ -25,6 +25,28 @@ from impl.targets import Target
 from oracles import decode as ref_decode
 from oracles.dispatch import expected_dispatch
 from oracles.splits import ref_adaptive_host
+
+
+#: a refusal must be of a layout the capture may refuse (fuzz.graph_capture.MAY_REFUSE) and name the argument; a
+#: replay may refuse none (every layout it copies from is accepted)
+REFUSED_ACCEPTED_LAYOUT = "graph capture or replay refused a layout it must accept"
+REFUSAL_UNNAMED = "graph capture refused a layout without naming the argument"
+REFUSAL_WROTE = "graph capture refused a layout but wrote first"
+#: a mismatch of a case whose packed twin passes, named by the one layout that alone makes it differ
+LAYOUT_DIFFERS = "graph replay with a non-packed layout differs from the same inputs packed"
+
+
+def _packed(t):
+    """A packed copy (the eager decode and the oracle see the values, not the caller's layout: a graph that accepts
+    a layout must compute what the contiguous copy gives)."""
+    return None if t is None else t.contiguous()
+
+
+class _PackedStep:
+    def __init__(self, step: fzg.StepInputs):
+        self.q = _packed(step.q)
+        self.main_indices, self.main_indptr = _packed(step.main_indices), _packed(step.main_indptr)
+        self.extra_indices, self.extra_indptr = _packed(step.extra_indices), _packed(step.extra_indptr)
 
 
 def _oracle_violations(label: str, got: torch.Tensor, step, inp, target: Target, plan, trust: bool):
@@ -42,7 +64,7 @@ class _Views:
     def __init__(self, inp: fzg.GraphCaseInputs):
         self.main_view = inp.main.view
         self.extra_view = inp.extra.view if inp.extra is not None else None
-        self.attn_sink = inp.attn_sink
+        self.attn_sink = _packed(inp.attn_sink)
         self.softmax_scale = inp.softmax_scale
 
 
@@ -58,13 +80,23 @@ def run_graph_case(case: fzg.GraphCase, target: Target, mode: str | None = None)
     views = _Views(inp)
     cap = fzg.build_step(case, case.capture, 0, inp)
     ratio = case.compress_ratio
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy warns on 0 * inf by design
-        g = DecodeGraph.capture(cap.q, views.main_view, cap.main_indices, cap.main_indptr, views.extra_view,
-                                cap.extra_indices, cap.extra_indptr, max_per_row_main=case.max_main,
-                                max_per_row_extra=case.max_extra, compress_ratio=ratio,
-                                attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale, target=target,
-                                cu_count=case.cu_count, mode=mode)
+    messages = (REFUSED_ACCEPTED_LAYOUT, REFUSAL_UNNAMED, REFUSAL_WROTE)
+    caches = [c for c in (inp.main, inp.extra) if c is not None]
+    pools = [c.pool.clone() for c in caches]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy warns on 0 * inf by design
+            g = DecodeGraph.capture(cap.q, views.main_view, cap.main_indices, cap.main_indptr, views.extra_view,
+                                    cap.extra_indices, cap.extra_indptr, max_per_row_main=case.max_main,
+                                    max_per_row_extra=case.max_extra, compress_ratio=ratio,
+                                    attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale, target=target,
+                                    cu_count=case.cu_count, mode=mode)
+    except (ValueError, TypeError) as err:
+        # a layout the capture may refuse (a strided sink), named; the caches (its only memory it could write)
+        # unchanged
+        changed = sum(int((a != c.pool).sum()) for a, c in zip(pools, caches))
+        return layout_refusal(messages, f"capture, layouts {fzg.non_packed(case)}", fzg.refusable(case), err,
+                              [("the caches", changed)]), None
     out: list[Violation] = []
     b, h, cu = case.batch, case.heads, case.cu_count
     want = expected_dispatch(target.name, ratio, ratio in (0, 1), True, inp.extra is not None, "fp8_ds_mla", False)
@@ -101,6 +133,10 @@ def run_graph_case(case: fzg.GraphCase, target: Target, mode: str | None = None)
             out.append(Violation("replay did not reuse the captured launches", label, "the captured launches",
                                  str(exc)))
             break
+        except (ValueError, TypeError) as err:  # a replay refuses no layout: the capture took them all
+            out += layout_refusal(messages, f"{label}, layouts {fzg.non_packed(case)}", {}, err, [])
+            break
+        step = _PackedStep(step)  # the eager decode and the oracle get the same values packed
         if g.buffer_pointers() != pointers:
             moved = [k for k, v in g.buffer_pointers().items() if pointers.get(k) != v]
             out.append(Violation("a persistent buffer moved", label, "the captured data pointers",
@@ -112,16 +148,17 @@ def run_graph_case(case: fzg.GraphCase, target: Target, mode: str | None = None)
                                      "missing" if v is None else hex(v.data_ptr())))
         if g.launches != launches:
             out.append(Violation("captured launches changed after a replay", label, "unchanged", "changed"))
-        # eager decode with the same frozen plan on the same data, own (poisoned) buffers
+        # eager decode with the same frozen plan and CU count on the same data, own (poisoned) buffers: the CU
+        # count picks the launch's build (its warps), which natively changes the bits
         ws = (dec.DecodeWorkspace.allocate(rows, g.plan.num_splits, h, dev, fill=math.nan)
               if g.workspace is not None else None)
         eager = torch.full((rows, h, formats.DSV4_HEAD_DIM), math.nan, dtype=torch.bfloat16, device=dev)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             dec.sparse_attn_decode(step.q, views.main_view, step.main_indices, step.main_indptr, views.extra_view,
-                                   step.extra_indices, step.extra_indptr, attn_sink=inp.attn_sink,
+                                   step.extra_indices, step.extra_indptr, attn_sink=views.attn_sink,
                                    softmax_scale=inp.softmax_scale, target=target, trust_extra_nan_free=trust,
-                                   plan=g.plan, workspace=ws, out=eager)
+                                   cu_count=case.cu_count, plan=g.plan, workspace=ws, out=eager)
         out += compare_exact(f"{label}: replay output vs eager output", got, eager.cpu(), limit=3)
         out += _oracle_violations(label, got, step, views, target, g.plan, trust)
         if len(out) >= 6:
@@ -159,4 +196,21 @@ def graph_replay_agreement(case: fzg.GraphCase, target: Target) -> list[Violatio
     margin: the worst error-to-tolerance ratio over every replay). Sources: SPEC 2 ("Adaptive splits",
     ``_copy_ragged_to_graph_buffers``); seed 004; torch.cuda.graphs' persistent-buffer rule.
     """
-    return run_graph_case(case, target)[0]
+    got = run_graph_case(case, target)[0]
+    if got and fzg.non_packed(case) and not any("refused" in v.message for v in got):
+        return layout_violations(case, target) or got
+    return got
+
+
+def layout_violations(case: fzg.GraphCase, target: Target) -> list[Violation]:
+    """Where ``case`` packed passes: a violation naming the first non-packed layout that alone (the others packed)
+    makes a replay differ, with that run's first violation; [] where none alone does or the packed case fails
+    too (as contracts.prefill.layout_violations)."""
+    for dim, value in fzg.non_packed(case).items():
+        alone = run_graph_case(fzg.packed_except(case, {dim: value}), target)[0]
+        if alone:
+            if run_graph_case(fzg.packed_except(case, {}), target)[0]:
+                return []
+            return [Violation(f"{LAYOUT_DIFFERS}: {dim}={value}", alone[0].where, alone[0].expected,
+                              f"{alone[0].got} ({alone[0].message})")]
+    return []

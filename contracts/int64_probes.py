@@ -12,7 +12,10 @@ subject has (``bound(target)``), so a subject without an SWA insert is probed th
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import tempfile
 import warnings
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -475,9 +478,33 @@ def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     points the subject has; under ``--profile ci`` each probe is a case of its own (the declared dimension
     ``probe``)."""
     out = []
-    for name in case.probes:
-        out += INT64_PROBES[name](target)
+    with one_big_pool_at_a_time():
+        for name in case.probes:
+            out += INT64_PROBES[name](target)
     return out
+
+
+@contextlib.contextmanager
+def one_big_pool_at_a_time():
+    """On an accelerator, hold a lock file per device while the probes' pools (up to about 12 GB each) exist, so
+    the processes of one run (audit rows on --jobs workers, pytest-xdist workers) take turns instead of running the
+    device out of memory side by side. On the host (the interpreter's pools are uncommitted pages) no lock."""
+    dev = kernel_device()
+    if dev == "cpu":
+        yield
+        return
+    import fcntl
+
+    index = torch.cuda.current_device() if dev == "cuda" else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", os.environ.get("HIP_VISIBLE_DEVICES", "all")).replace(",", "-")
+    path = os.path.join(tempfile.gettempdir(), f"smv-int64-pools-{visible}-{index}.lock")
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            torch.cuda.empty_cache()  # hand the pool's memory back before the next process takes the lock
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # --- declared dimension (fuzz.dimensions): each probe reached -------------------------------------------------------

@@ -151,18 +151,21 @@ def _agreement_once(case: fz.PrefillCase, target: Target) -> list[Violation]:
 LAYOUT_DIFFERS = "prefill output with a non-packed layout differs from the same inputs packed"
 
 
-def layout_violations(case: fz.PrefillCase, target: Target) -> list[Violation]:
+def layout_violations(case: fz.PrefillCase, target: Target, once=None,
+                      message: str = LAYOUT_DIFFERS) -> list[Violation]:
     """Where ``case`` packed passes: a violation naming the first non-packed layout (in fuzz.prefill.PACKED's
     order) that alone (the others packed) makes the result differ, with that run's first violation; [] where no
     single layout does or the packed case fails too. One layout is named, not every one: a subject that ignores
     several strides shows the next once the first is fixed, and each further run costs a kernel launch per case
-    the shrinker tries."""
+    the shrinker tries. ``once(inputs) -> violations`` is the check rerun (default: the agreement check; the
+    routing contracts pass theirs, with ``message`` theirs)."""
+    once = once or (lambda c: _agreement_once(c, target))
     for dim, value in fz.non_packed(case).items():
-        alone = _agreement_once(fz.packed_except(case, {dim: value}), target)
+        alone = once(fz.packed_except(case, {dim: value}))
         if alone:
-            if _agreement_once(fz.packed_except(case, {}), target):
+            if once(fz.packed_except(case, {})):
                 return []
-            return [Violation(f"{LAYOUT_DIFFERS}: {dim}={value}", alone[0].where, alone[0].expected,
+            return [Violation(f"{message}: {dim}={value}", alone[0].where, alone[0].expected,
                               f"{alone[0].got} ({alone[0].message})")]
     return []
 
@@ -179,6 +182,44 @@ def refusal_violations(case: fz.PrefillCase, err: Exception, inp: fz.PrefillInpu
     written = int((~torch.isnan(inp.out_buffer.detach().cpu().float())).sum())
     return layout_refusal((REFUSED_ACCEPTED_LAYOUT, REFUSAL_UNNAMED, REFUSAL_WROTE), f"layouts {fz.non_packed(case)}",
                           fz.refusable(case), err, [("out", written)])
+
+
+#: a routing contract's mismatch that packing one layout alone removes (see layout_violations)
+ROUTING_LAYOUT_DIFFERS = "prefill routing with a non-packed layout differs from the same inputs packed"
+#: a refusal must come before any guard is asked, op called or kernel launched
+REFUSAL_AFTER_ROUTING = "prefill refused a layout after routing it"
+
+
+def routed_refusal(case: fz.PrefillCase, rec: dict, inp: fz.PrefillInputs, where: str) -> list[Violation]:
+    """A routed call that refused (``rec["refused"]``): judged as :func:`refusal_violations` does, and the refusal
+    must come before the guards were asked, an op called or Triton launched (the validation precedes routing)."""
+    err = rec["refused"]
+    v = refusal_violations(case, err, inp)
+    calls = {"guard asks": len(rec["guard"]), "op calls": len(rec["op"]), "Triton launches": rec["triton"]}
+    if any(calls.values()):
+        v.append(Violation(REFUSAL_AFTER_ROUTING, where, f"{type(err).__name__} before any guard, op or launch",
+                           ", ".join(f"{n} {k}" for k, n in calls.items())))
+    return v
+
+
+def _diagnosed(check, inputs: fz.PrefillCase, target: Target) -> list[Violation]:
+    """``check(inputs)``; violations of non-packed inputs that the packed twin does not show, and that one layout
+    alone (the others packed) brings, are replaced by one naming that layout (as prefill-oracle-agreement names its
+    own), the packed twin's own violations (a subject's route failing whatever the layout) kept as they are; a
+    refusal is reported as it is. Reruns happen only on a failure."""
+    got = check(inputs)
+    if not got or not fz.non_packed(inputs) or any(x.message.startswith("prefill refused") for x in got):
+        return got
+    shared = {x.message for x in check(fz.packed_except(inputs, {}))}
+    if all(x.message in shared for x in got):
+        return got
+    for dim, value in fz.non_packed(inputs).items():
+        alone = [x for x in check(fz.packed_except(inputs, {dim: value})) if x.message not in shared]
+        if alone:
+            return [x for x in got if x.message in shared] + [
+                Violation(f"{ROUTING_LAYOUT_DIFFERS}: {dim}={value}", alone[0].where, alone[0].expected,
+                          f"{alone[0].got} ({alone[0].message})")]
+    return got
 
 
 # --- opus-routing-guard ------------------------------------------------------------------------------------------
@@ -312,7 +353,7 @@ def _check_op_call(args, kw, inp: fz.PrefillInputs, where: str) -> list[Violatio
 def _route(inp: fz.PrefillInputs, target: Target, guard_says: bool, op_kind: str | None) -> dict:
     """Run the entry with the guard answering ``guard_says`` and the loader returning a fake op (``ok``: writes the
     sentinel; ``raises``: writes NaN then reports failure) or None. Records every call."""
-    rec = {"guard": [], "op": [], "triton": 0, "raised": None, "escaped": None}
+    rec = {"guard": [], "op": [], "triton": 0, "raised": None, "escaped": None, "refused": None}
     fam = bound(target).prefill
     triton_impl = fam.sparse_attn_prefill_triton
 
@@ -339,10 +380,13 @@ def _route(inp: fz.PrefillInputs, target: Target, guard_says: bool, op_kind: str
             mock.patch.object(fam, "sparse_attn_prefill_triton", counting_triton):
         try:
             _run_entry(inp, target)
-        except RuntimeError as exc:
-            if exc is not rec["raised"]:
+        except (RuntimeError, ValueError, TypeError) as exc:
+            if exc is rec["raised"]:
+                rec["escaped"] = exc  # the entry let the fake op's failure through
+            elif isinstance(exc, (ValueError, TypeError)):
+                rec["refused"] = exc  # a refusal of the arguments (judged by routed_refusal)
+            else:
                 raise
-            rec["escaped"] = exc  # the entry let the fake op's failure through
     return rec
 
 
@@ -367,12 +411,18 @@ def _check_guard_args(rec: dict, inp: fz.PrefillInputs, target: Target, where: s
 
 
 def _routing_violations(case: fz.RoutingCase, target: Target) -> list[Violation]:
+    return _diagnosed(lambda inputs: _routing_once(case.replace(inputs=inputs), target), case.inputs, target)
+
+
+def _routing_once(case: fz.RoutingCase, target: Target) -> list[Violation]:
     inp = fz.build_prefill_inputs(case.inputs)
     before = _snapshot(inp)
     v: list[Violation] = []
     # routed: OPUS gets the oracle's ragged indices and an empty second segment; Triton stays idle
     where = "guard true, OPUS present and succeeding"
     rec = _route(inp, target, True, "ok")
+    if rec["refused"] is not None:  # (a layout the entry may refuse: nothing routed, nothing written)
+        return routed_refusal(case.inputs, rec, inp, where) + _unchanged(before, inp)
     v += _check_guard_args(rec, inp, target, where)
     if len(rec["op"]) != 1 or rec["triton"] != 0:
         v.append(Violation("routing when the guard holds and OPUS exists", where, "1 OPUS call, 0 Triton launches",
@@ -391,6 +441,8 @@ def _routing_violations(case: fz.RoutingCase, target: Target) -> list[Violation]
     where = {"guard_false": "guard false", "no_op": "guard true, no OPUS op",
              "op_raises": "guard true, OPUS reports failure"}[scenario]
     rec = _route(inp, target, guard_says, op_kind)
+    if rec["refused"] is not None:
+        return v + routed_refusal(case.inputs, rec, inp, where) + _unchanged(before, inp)
     want_op = 1 if scenario == "op_raises" else 0
     for args, kw in rec["op"][:1]:
         v += _check_op_call(args, kw, inp, where)
@@ -543,7 +595,7 @@ def _route_pa(inp: fz.PrefillInputs, target: Target, guard_says: bool | None, op
     guard decides) and its loader returning a fake op (``ok``: writes the pattern, in place when handed ``out``;
     ``raises``: writes NaN into a given out, then raises ``failure``) or None. Records every call; with
     ``launch_triton`` False a Triton launch is counted but not run (out keeps what it held)."""
-    rec = {"guard": [], "op": [], "triton": 0, "raised": None, "escaped": None}
+    rec = {"guard": [], "op": [], "triton": 0, "raised": None, "escaped": None, "refused": None}
     fam = bound(target).prefill
     triton_impl = fam.sparse_attn_prefill_triton
 
@@ -581,9 +633,12 @@ def _route_pa(inp: fz.PrefillInputs, target: Target, guard_says: bool | None, op
         try:
             _run_entry(inp, target)
         except Exception as exc:
-            if exc is not rec["raised"] and not (op_kind is None and isinstance(exc, ImportError)):
+            if exc is rec["raised"] or (op_kind is None and isinstance(exc, ImportError)):
+                rec["escaped"] = exc  # the entry let the op's failure (or its missing module) through
+            elif isinstance(exc, (ValueError, TypeError)):
+                rec["refused"] = exc  # a refusal of the arguments (judged by routed_refusal)
+            else:
                 raise
-            rec["escaped"] = exc  # the entry let the op's failure (or its missing module) through
     return rec
 
 
@@ -689,11 +744,18 @@ def aiter_prefill_routing(case: fz.AiterRoutingCase, target: Target) -> list[Vio
     known pattern. Sources: SPEC 10 (vLLM 0.34.0's _can_use_aiter_pa_prefill_sparse and
     _rocm_sparse_attn_prefill_aiter), ROCm/aiter aiter/ops/triton/attention/pa_prefill_sparse.py (its arguments).
     """
-    v = _aiter_guard_violations(case.guard, target)
+    return _aiter_guard_violations(case.guard, target) + _diagnosed(
+        lambda inputs: _aiter_routing_once(case.replace(inputs=inputs), target), case.inputs, target)
+
+
+def _aiter_routing_once(case: fz.AiterRoutingCase, target: Target) -> list[Violation]:
+    v: list[Violation] = []
     inp = fz.build_prefill_inputs(case.inputs)
     before = _snapshot(inp)
     where = "gfx942 guard faked true, op present"
     rec = _route_pa(inp, target, True, "ok")
+    if rec["refused"] is not None:  # (a layout the entry may refuse: nothing routed, nothing written)
+        return routed_refusal(case.inputs, rec, inp, where) + _unchanged(before, inp)
     v += _check_pa_guard_args(rec, inp, target, where)
     v += _check_pa_routed(rec, inp, where)
     v += _unchanged(before, inp)
@@ -702,6 +764,8 @@ def aiter_prefill_routing(case: fz.AiterRoutingCase, target: Target) -> list[Vio
     routed = _pa_guard_says(inp, target)
     where = f"real guard ({'true' if routed else 'false'}), op present"
     rec = _route_pa(inp, target, None, "ok")
+    if rec["refused"] is not None:
+        return v + routed_refusal(case.inputs, rec, inp, where) + _unchanged(before, inp)
     v += _check_pa_routed(rec, inp, where) if routed else _check_unrouted(rec, inp, 0, where)
     v += _unchanged(before, inp)
     if case.large and not v:  # (once the tiny inputs fail, 512 rows add nothing but seconds to every shrink step)
@@ -712,7 +776,9 @@ def aiter_prefill_routing(case: fz.AiterRoutingCase, target: Target) -> list[Vio
         # Triton's launch is counted, not run: 512 rows cost the interpreter seconds, and a subject that fails to
         # route them would spend them on every case
         rec = _route_pa(big, target, None, "ok", launch_triton=False)
-        if routed:
+        if rec["refused"] is not None:
+            v += routed_refusal(fz.large_inputs(case.inputs), rec, big, where)
+        elif routed:
             v += _check_pa_routed(rec, big, where)
         elif len(rec["op"]) != 0 or rec["triton"] != 1 or rec["escaped"] is not None:
             v.append(Violation("routing when the gfx942 AITER guard is false", where,
@@ -746,11 +812,17 @@ def aiter_prefill_fallback(case: fz.AiterFallbackCase, target: Target) -> list[V
     (upstream imports the op unconditionally and has no fallback), ROCm/aiter pa_prefill_sparse.py's builds, seed
     003 (the silent Triton fallback of the OPUS route).
     """
+    return _diagnosed(lambda inputs: _aiter_fallback_once(case.replace(inputs=inputs), target), case.inputs, target)
+
+
+def _aiter_fallback_once(case: fz.AiterFallbackCase, target: Target) -> list[Violation]:
     inp = fz.build_prefill_inputs(case.inputs)
     before = _snapshot(inp)
     missing = case.failure == "no_op"
     where = "gfx942 guard faked true, " + ("no op" if missing else f"the op raising {case.failure}")
     rec = _route_pa(inp, target, True, None if missing else "raises", "RuntimeError" if missing else case.failure)
+    if rec["refused"] is not None:  # (a layout the entry may refuse: nothing routed, nothing written)
+        return routed_refusal(case.inputs, rec, inp, where) + _unchanged(before, inp)
     v = _check_unrouted(rec, inp, 0 if missing else 1, where)
     v += _unchanged(before, inp)
     return v

@@ -54,6 +54,7 @@ from fuzz import sparse_metadata as fsm
 from fuzz.cases import Case, _freeze
 from fuzz.dimensions import Dimension, Family, declare
 from fuzz.formats import Fp8Case, LayoutCase, Ue8m0Case, fp8_cases, layout_cases, ue8m0_cases
+from impl.runtime import kernel_device
 
 DIM_BREAKAGES = tuple(f"dim{d}-{s}" for d in range(4) for s in ("small", "large"))
 RANGE_BREAKAGES = ("range-high", "range-low")
@@ -1235,7 +1236,9 @@ def _prefill_launch_entry() -> Entry:
 
 def _build_fill(c, device, target) -> dict:
     """A builder after ``build`` of the case's last step, its metadata, and top-k rows of request-local positions
-    inside each token's context (-1 past its sparse length)."""
+    inside each token's context (-1 past its sparse length). ``validate=True``: the entry's refusing mode; its
+    default checks the positions only on the host (on an accelerator it skips the check to spare a sync, and an
+    out-of-range position faults in the gather: the caller's contract there)."""
     kw = _build_metadata(c, device, target)
     b = kw["self"]
     md = _call_metadata(type(b).build, dict(kw))
@@ -1244,7 +1247,8 @@ def _build_fill(c, device, target) -> dict:
     for ctx in md.context_positions.tolist():
         n = min(K, ctx + 1) if ctx >= 0 else 0
         rows.append(rng.sample(range(ctx + 1), n) + [-1] * (K - n))
-    return {"self": b, "metadata": md, "topk_indices": torch.tensor(rows, dtype=torch.int32, device=device)}
+    return {"self": b, "metadata": md, "topk_indices": torch.tensor(rows, dtype=torch.int32, device=device),
+            "validate": True}
 
 
 def _fill_position(high: bool):
@@ -1404,7 +1408,8 @@ def seeded_draw(strategy, seed: int):
 
 def carries(entry: Entry, inner, arg: str, breakage: str, target, seed: int = 0) -> bool:
     """Can the valid call ``inner`` carry the breakage (the argument passed, a token that uses the id, a
-    dimension that is not empty)? Built on the CPU and broken once to see."""
+    dimension that is not empty)? Built once on the device the kernels run on (an entry point that launches, e.g. a
+    graph capture, refuses a host tensor there) and broken once to see."""
     spec = entry.args[arg]
     if entry.valid is not None and not entry.valid(inner):
         return False
@@ -1415,7 +1420,7 @@ def carries(entry: Entry, inner, arg: str, breakage: str, target, seed: int = 0)
     try:
         # a shallow copy is enough: a breakage replaces an argument (a clone, a view, a new tensor) and never
         # writes into the one it replaces
-        break_inputs(entry.name, arg, breakage, seed, dict(_built(entry, inner, "cpu", target)), inner)
+        break_inputs(entry.name, arg, breakage, seed, dict(_built(entry, inner, kernel_device(), target)), inner)
     except LookupError:
         return False
     return True

@@ -1,6 +1,6 @@
 """Cases for ``fp8-ds-mla-dequant-exact``: fp8_ds_mla cache views full of arbitrary bytes (every fp8 code, NaN codes
 included; every UE8M0 code, 0 and 255 included), dense or padded block strides, views that start past a pool's first
-blocks, slots in any order and repeated."""
+blocks, slots in any order and repeated; a slot tensor packed or a stride-2 view into a larger buffer."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,15 +17,21 @@ USED_BLOCK_PAD = 576  # FlashMLA rounds a block of tokens' bytes up to a multipl
 BLOCK_CLASSES = ("1", "odd", "64")
 SCALE_KINDS = ("random", "extremes")
 SLOT_ORDERS = ("sorted", "shuffled", "repeated")
+#: the memory of a slot tensor (the same ids): packed, or every other element of a larger buffer starting 3 elements
+#: in, the gaps holding another valid slot (a reader that ignores the stride or the offset dequantizes other rows).
+#: The cache view's own memory is the ``padded`` and ``offset`` dimensions (blocks padded apart, a slice of a pool)
+SLOTS_LAYOUTS = ("contiguous", "strided")
 
 
 @dataclass(frozen=True)
 class DequantCase(Case):
     """A pool of ``num_blocks`` blocks of ``block_size`` tokens from ``seed`` (random bytes; ``scales`` "extremes"
     draws the scale bytes from {0, 1, 126, 127, 128, 254, 255}); ``padded`` block stride; the view starts
-    ``offset_blocks`` blocks into the pool; ``slots`` read in ``order``; the fp8 ``flavour``."""
+    ``offset_blocks`` blocks into the pool; ``slots`` read in ``order``, as a list or a tensor (``slots_as``) laid out
+    as ``slots_layout`` says (:data:`SLOTS_LAYOUTS`; a list is always "contiguous"); the fp8 ``flavour``."""
 
     KIND = "fp8-ds-mla-dequant-exact"
+    ADDED_FIELDS = ("slots_layout",)
     seed: int
     block_size: int
     num_blocks: int
@@ -35,11 +41,16 @@ class DequantCase(Case):
     scales: Literal["random", "extremes"] = "random"
     order: Literal["sorted", "shuffled", "repeated"] = "sorted"
     slots_as: Literal["list", "tensor"] = "list"
+    slots_layout: Literal["contiguous", "strided"] = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
         if self.block_size < 1 or self.num_blocks < 1 or self.offset_blocks < 0 or self.seed < 0:
             raise ValueError("block_size / num_blocks: expected >= 1; offset_blocks / seed: expected >= 0")
+        if self.slots_layout not in SLOTS_LAYOUTS:
+            raise ValueError(f"slots_layout: expected one of {SLOTS_LAYOUTS}, got {self.slots_layout!r}")
+        if self.slots_as == "list" and self.slots_layout != "contiguous":
+            raise ValueError("slots_layout: a slot list has no memory layout (slots_as='tensor' for one)")
 
     def slots(self) -> list[int]:
         n = self.block_size * self.num_blocks
@@ -54,11 +65,32 @@ class DequantCase(Case):
 @st.composite
 def dequant_cases(draw) -> DequantCase:
     bs = draw(st.sampled_from([1, 2, 3, 7, 64]))
+    slots_as = draw(st.sampled_from(["list", "tensor"]))
     return DequantCase(seed=draw(st.integers(0, 2**31 - 1)), block_size=bs,
                        num_blocks=draw(st.integers(1, 3 if bs < 64 else 1)), padded=draw(st.booleans()),
                        offset_blocks=draw(st.integers(0, 2)), flavour=draw(st.sampled_from(["ocp", "fnuz"])),
                        scales=draw(st.sampled_from(SCALE_KINDS)), order=draw(st.sampled_from(SLOT_ORDERS)),
-                       slots_as=draw(st.sampled_from(["list", "tensor"])))
+                       slots_as=slots_as,
+                       slots_layout=draw(st.sampled_from(SLOTS_LAYOUTS)) if slots_as == "tensor" else "contiguous")
+
+
+def build_slots(case: DequantCase, device="cpu"):
+    """``(buffer, argument)``: the case's slots as the dequantizer is handed them (a list, or an int64 tensor on
+    ``device`` laid out as ``slots_layout``: a strided view's gaps hold slot ``n - 1 - s`` of its neighbour ``s``)
+    and the buffer under a tensor (None for a list)."""
+    slots = case.slots()
+    if case.slots_as == "list":
+        return None, slots
+    t = torch.tensor(slots, dtype=torch.int64)
+    if case.slots_layout == "contiguous":
+        t = t.to(device)
+        return t, t
+    n = case.block_size * case.num_blocks
+    buf = torch.full((2 * len(slots) + 5,), n - 1, dtype=torch.int64)
+    buf[3:3 + 2 * len(slots):2] = t
+    buf[4:4 + 2 * len(slots):2] = n - 1 - t
+    buf = buf.to(device)
+    return buf, buf.as_strided((len(slots),), (2,), 3)
 
 
 def block_stride(case: DequantCase) -> int:
@@ -92,7 +124,7 @@ def _bs_class(bs: int) -> str | None:
 
 def classify_dequant(case: DequantCase, target) -> dict:
     out = {"padded": case.padded, "offset": case.offset_blocks > 0, "flavour": case.flavour, "scales": case.scales,
-           "order": case.order, "slots_as": case.slots_as}
+           "order": case.order, "slots_as": case.slots_as, "slots_layout": case.slots_layout}
     cls = _bs_class(case.block_size)
     if cls is not None:
         out["block"] = cls
@@ -107,10 +139,18 @@ def force_dequant(case: DequantCase, combo: dict, target) -> DequantCase:
             f["num_blocks"] = 1
     if "offset" in combo:
         f["offset_blocks"] = (1 + case.seed % 2) if combo["offset"] else 0
-    for k in ("padded", "flavour", "scales", "order", "slots_as"):
+    for k in ("padded", "flavour", "scales", "order", "slots_as", "slots_layout"):
         if k in combo:
             f[k] = combo[k]
+    if f["slots_layout"] != "contiguous" and "slots_as" not in combo:
+        f["slots_as"] = "tensor"  # a laid-out slot tensor (the combination names no slots_as)
+    if f["slots_as"] == "list":
+        f["slots_layout"] = "contiguous"
     return DequantCase(**f)
+
+
+def _dequant_allowed(c: dict, target) -> bool:
+    return not (c.get("slots_as") == "list" and c.get("slots_layout", "contiguous") != "contiguous")
 
 
 def _examples(target) -> list[DequantCase]:
@@ -129,9 +169,11 @@ def _declare():
          Dimension("flavour", ("ocp", "fnuz"), "fp8 flavour of the NoPE codes"),
          Dimension("scales", SCALE_KINDS, "scale bytes random, or only 0 / 1 / 126-128 / 254 / 255"),
          Dimension("order", SLOT_ORDERS, "slots sorted, shuffled, or repeated"),
-         Dimension("slots_as", ("list", "tensor"), "slots as a Python list or an int tensor")),
-        (("block", "padded"), ("block", "offset"), ("padded", "offset"), ("flavour", "scales")),
-        classify_dequant, force_dequant, None, _examples), "fp8-ds-mla-dequant-exact")
+         Dimension("slots_as", ("list", "tensor"), "slots as a Python list or an int tensor"),
+         Dimension("slots_layout", SLOTS_LAYOUTS, "a slot tensor packed, or a stride-2 view into a larger buffer")),
+        (("block", "padded"), ("block", "offset"), ("padded", "offset"), ("flavour", "scales"),
+         ("slots_layout", "slots_as"), ("slots_layout", "order")),
+        classify_dequant, force_dequant, _dequant_allowed, _examples), "fp8-ds-mla-dequant-exact")
 
 
 DEQUANT_DIMENSIONS = _declare()

@@ -422,6 +422,14 @@ domain(
     Bound("rows>=1", lambda c: all(s.rows >= 1 for s in (c.capture,) + tuple(c.replays)),
           "vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention.forward_mqa (decode only when "
           "num_decodes > 0) (0.33.0, 0.34.0)"),
+    # memory layouts (fuzz/graph_capture.py, issue 30): the captured decode's callers, as the eager decode's
+    Bound("q-packed", lambda c: (c.q_layout or ("transposed" if c.q_transposed else "contiguous")) == "contiguous",
+          C_DECODE_Q),
+    Bound("cache-block-stride-padded",
+          lambda c: c.padded if c.cache_layout is None else c.cache_layout in ("padded", "pool-slice"), C_PADDED),
+    Bound("ragged-indices-packed-or-slice", lambda c: c.index_layout in ("contiguous", "slice"), C_DECODE_RAGGED),
+    Bound("sink-packed-or-slice", lambda c: c.sink == "none" or c.sink_layout in ("contiguous", "slice"),
+          C_DECODE_SINK),
 )
 
 domain(
@@ -437,11 +445,23 @@ domain(
           "vllm/v1/attention/backends/mla/sparse_swa.py::DeepseekSparseSWAMetadataBuilder.build (is_valid_token = "
           "slot_mapping >= 0: -1 only for padding tokens; the scheduler maps every scheduled token's block) "
           "(0.33.0, 0.34.0)"),
+    # memory layouts (fuzz/dsv4_step.py, issue 30): caches as views past a pool's first block are production
+    # (C_PADDED); lane-padded query / insert rows and stride-2 positions are not
+    Bound("step-inputs-packed", lambda c: getattr(c, "input_layout", "contiguous") == "contiguous",
+          C_DECODE_Q + "; " + C_PACKED_VECTORS),
 )
 
 #: the step metadata builder's capture flag: every layer kind, build and build_for_cudagraph_capture, padded
-#: batches are what upstream's builders see (vllm/models/deepseek_v4/amd/rocm.py)
-domain("dsv4-builder")
+#: batches are what upstream's builders see (vllm/models/deepseek_v4/amd/rocm.py); non-packed inputs are not
+domain(
+    "dsv4-builder",
+    Bound("builder-inputs-packed",
+          lambda c: (getattr(c, "vector_layout", "contiguous"), getattr(c, "table_layout", "contiguous"))
+          == ("contiguous", "contiguous"),
+          "vllm/v1/attention/backends/mla/sparse_swa.py::DeepseekSparseSWAMetadataBuilder.build (positions, "
+          "token_to_req and the block tables: the model runner's packed buffers or leading row slices of its "
+          "row-major persistent block table) (0.33.0, 0.34.0)"),
+)
 
 # --- ragged helpers (fuzz/ragged.py) --------------------------------------------------------------------------------
 
@@ -645,6 +665,12 @@ domain("epilogue-oracle-agreement", parts=("mxfp8", "rope"))
 
 # --- formats, dequant, dispatch, layer rope, int64 -------------------------------------------------------------------
 
+#: the codecs run on values a kernel loaded into registers from packed rows or packed cache bytes
+C_CODEC_TILE = ("vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py::_fused_kv_compress_norm_rope_insert_"
+                "sparse_attn (encodes the tile it computed; the readers decode bytes loaded through the cache's "
+                "block strides into a packed tile): no codec is handed a strided or transposed vector "
+                "(0.33.0, 0.34.0)")
+
 domain(
     "fp8-codec",
     Bound("finite-values", lambda c: all(_finite(v) for v in c.values), C_COMPRESSOR_FINITE, "adversarial"),
@@ -652,6 +678,8 @@ domain(
                                               if _finite(v)),
           "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py::_fused_kv_compress_norm_rope_insert_"
           "sparse_attn (x * 2^-exp clamped to +-448 before the fp8 cast) (0.33.0, 0.34.0)"),
+    # memory layouts (fuzz/formats.py CODEC_LAYOUTS, issue 30)
+    Bound("codec-input-packed", lambda c: getattr(c, "input_layout", "contiguous") == "contiguous", C_CODEC_TILE),
 )
 domain(
     "ue8m0-codec",
@@ -660,6 +688,7 @@ domain(
     Bound("cap-254-or-255", lambda c: c.cap in (254, 255),
           "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py::compress_norm_rope_store_triton "
           "(SANITIZE_CACHE_NANS = _ON_GFX950: cap 254, else 255) (0.33.0, 0.34.0)"),
+    Bound("codec-input-packed", lambda c: getattr(c, "input_layout", "contiguous") == "contiguous", C_CODEC_TILE),
 )
 domain("exhaustive")  # every code of a codec: the codec's whole domain, no caller bound narrows it
 domain(
@@ -674,6 +703,7 @@ domain(
     "fp8-ds-mla-dequant-exact",
     Bound("block-size", lambda c: c.block_size in (SWA_BLOCK, C128A_BLOCK), C_SWA_BLOCK + "; " + C_EXTRA_BLOCK),
     Bound("padded-stride", lambda c: c.padded, C_PADDED),
+    Bound("slots-packed", lambda c: getattr(c, "slots_layout", "contiguous") == "contiguous", C_PACKED_SLOTS),
 )
 domain(
     "dispatch-flags",

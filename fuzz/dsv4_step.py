@@ -26,7 +26,9 @@ the window: vLLM's sliding-window manager frees them and puts its null block in 
 reaches an out-of-window position reads poison, and a writer that lands there is seen); the ``mxfp8`` output
 epilogue
 (the inverse RoPE's rows MXFP8-quantized); and ``graph``: every layer's decode captured at step 0 (metadata from
-the builder's ``build_for_cudagraph_capture``) and replayed at every later step.
+the builder's ``build_for_cudagraph_capture``) and replayed at every later step. Its inputs may be laid out
+otherwise than packed (``input_layout``, :data:`STEP_LAYOUTS`): lane-padded query and insert rows, stride-2
+positions, every cache a view past its pool's first block.
 """
 from __future__ import annotations
 
@@ -61,6 +63,13 @@ ROPE_BASE = 10000.0
 #: the prefix of the ``invalid`` request (its step positions are unmapped)
 INVALID_CONTEXT = 5
 EPILOGUES = ("bf16", "mxfp8")
+#: the memory of a step's inputs, the values the same: packed (each cache view at a random block offset into its
+#: pool, as always); or "strided": every layer's query rows ``[T, H, 512]`` and SWA insert rows ``[T, 512]`` the first
+#: 512 lanes of 576-lane rows (the rest NaN), the step's positions a stride-2 view (gaps hold 0), and every cache
+#: (SWA, compressed, indexer-K) a view that starts past its pool's first block
+STEP_LAYOUTS = ("contiguous", "strided")
+#: lanes of a strided layout's padded query and insert rows
+STRIDED_ROW = 576
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,7 @@ class Dsv4StepCase(Case):
     CUs, softmax ``scale``, a sink of kind ``sink``, block strides padded (``padded``) or dense."""
 
     KIND = "dsv4-step"
-    ADDED_FIELDS = ('pad_tokens', 'invalid', 'freed', 'epilogue', 'graph')
+    ADDED_FIELDS = ('pad_tokens', 'invalid', 'freed', 'epilogue', 'graph', 'input_layout')
     seed: int
     contexts: tuple[int, ...]
     steps: int
@@ -92,6 +101,8 @@ class Dsv4StepCase(Case):
     freed: bool = False
     epilogue: str = "bf16"
     graph: bool = False
+    #: the memory of the step's inputs (:data:`STEP_LAYOUTS`)
+    input_layout: str = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -114,6 +125,8 @@ class Dsv4StepCase(Case):
             raise ValueError(f"pad_tokens: expected an int >= 0, got {self.pad_tokens!r}")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"epilogue: expected one of {EPILOGUES}, got {self.epilogue!r}")
+        if self.input_layout not in STEP_LAYOUTS:
+            raise ValueError(f"input_layout: expected one of {STEP_LAYOUTS}, got {self.input_layout!r}")
 
     @property
     def requests(self) -> tuple[int, ...]:
@@ -189,6 +202,7 @@ def step_cases(draw):
         freed=draw(st.booleans()),
         epilogue=draw(st.sampled_from(EPILOGUES[::-1])),
         graph=draw(st.booleans()),
+        input_layout=draw(st.sampled_from(STEP_LAYOUTS)),
     )
 
 
@@ -275,12 +289,14 @@ def write_ordinary_rows(view: torch.Tensor, slots: list[int], flavour: str, gen:
     formats.pack_fp8_ds_mla(view, slots, nope, scale, rope)
 
 
-def _paged_cache(gen, batch: int, needed: int, block_size: int, padded: bool, device) -> PagedCache:
+def _paged_cache(gen, batch: int, needed: int, block_size: int, padded: bool, device,
+                 pool_slice: bool = False) -> PagedCache:
     """A cache holding ``needed`` rows per request (at least one column each), plus a spare column per request
-    and SPARE_BLOCKS unreferenced blocks; all poisoned."""
+    and SPARE_BLOCKS unreferenced blocks; all poisoned. The view starts 0 or 1 blocks into its pool (1 with
+    ``pool_slice``)."""
     cols = max(1, -(-needed // block_size))
     nb = batch * (cols + 1) + SPARE_BLOCKS
-    before = int(torch.randint(0, 2, (1,), generator=gen))
+    before = max(int(torch.randint(0, 2, (1,), generator=gen)), int(pool_slice))
     pool, view = formats.allocate_fp8_ds_mla_pool(nb, block_size, padded=padded, extra_blocks_before=before,
                                                   fill=0xFF)
     poison_all(view)
@@ -332,7 +348,7 @@ def _indexer(gen, case: Dsv4StepCase, target: Target, extra: PagedCache, device)
     flavour = target.main_cache_fp8
     nb, bs = int(extra.view.shape[0]), extra.block_size
     stride = bs * INDEXER_TOKEN_BYTES + (16 if case.padded else 0)
-    before = int(torch.randint(0, 2, (1,), generator=gen))
+    before = max(int(torch.randint(0, 2, (1,), generator=gen)), int(case.input_layout == "strided"))
     pool = torch.empty((nb + before) * stride, dtype=torch.uint8)
     blocks = pool.as_strided((nb + before, stride), (stride, 1))
     blocks[:, : bs * 128] = INDEXER_NAN_CODE[flavour]
@@ -364,9 +380,10 @@ def build_step_inputs(case: Dsv4StepCase, target: Target, device: str | None = N
     B, H = case.batch, case.heads
     max_len = case.max_model_len
     layers = []
+    strided = case.input_layout == "strided"
     for name in case.layers:
         ratio = RATIOS[name]
-        swa = _paged_cache(gen, B, case.max_position + 1, case.swa_block_size, case.padded, device)
+        swa = _paged_cache(gen, B, case.max_position + 1, case.swa_block_size, case.padded, device, strided)
         # the SWA rows a step may read that the prefix wrote: positions ctx - window + 1 .. ctx - 1
         slots = [swa.slot(r, p) for r, ctx in enumerate(case.contexts)
                  for p in range(max(ctx - case.window + 1, 0), ctx)]
@@ -377,7 +394,7 @@ def build_step_inputs(case: Dsv4StepCase, target: Target, device: str | None = N
         if ratio > 1:
             block_size = case.c4a_block_size if ratio == 4 else case.c128a_block_size
             rows = (case.max_position + 1) // ratio
-            extra = _paged_cache(gen, B, rows, block_size // ratio, case.padded, device)
+            extra = _paged_cache(gen, B, rows, block_size // ratio, case.padded, device, strided)
             slots = [extra.slot(r, i) for r, ctx in enumerate(case.contexts) for i in range(ctx // ratio)]
             write_ordinary_rows(extra.view, slots, target.extra_cache_fp8, gen)
             state, state_table = _state(gen, case, ratio, device)
@@ -387,12 +404,32 @@ def build_step_inputs(case: Dsv4StepCase, target: Target, device: str | None = N
         T = case.num_tokens
         q = torch.randn(case.steps, T, H, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
         k = torch.randn(case.steps, T, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
+        if strided:
+            q, k = _padded_rows(q), _padded_rows(k)
         sink = make_sink(case.sink, H + int(torch.randint(0, 3, (1,), generator=gen)), gen)
         sink = sink.to(device) if sink is not None else None
         layers.append(LayerInputs(name, ratio, swa, extra, block_size, state, state_table, weight, q, k, sink,
                                   indexer))
     token_to_req = torch.tensor(case.token_requests(), dtype=torch.int32, device=device)
     return StepInputs(layers, _cos_sin(max_len).to(device), token_to_req, max_len)
+
+
+def _padded_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x [..., 512]`` as the first 512 lanes of NaN-filled :data:`STRIDED_ROW`-lane rows (the same values)."""
+    buf = torch.full(tuple(x.shape[:-1]) + (STRIDED_ROW,), math.nan, dtype=x.dtype, device=x.device)
+    view = buf[..., :x.shape[-1]]
+    view.copy_(x)
+    return view
+
+
+def step_positions(case: Dsv4StepCase, step: int, device) -> torch.Tensor:
+    """The positions of ``step`` (int64 [T]) in the case's layout: packed, or a stride-2 view (gaps hold 0)."""
+    pos = torch.tensor(case.positions(step), dtype=torch.int64)
+    if case.input_layout == "strided":
+        buf = torch.zeros(2 * pos.numel() + 1, dtype=torch.int64)
+        buf[1::2] = pos
+        return buf.to(device)[1::2]
+    return pos.to(device)
 
 
 def _unmap_swa_columns(swa: PagedCache, case: Dsv4StepCase) -> None:
@@ -453,6 +490,7 @@ def classify_step(case: Dsv4StepCase, target=None) -> dict:
                                       for c in case.contexts)
     out["epilogue"] = case.epilogue
     out["graph"] = case.graph
+    out["input_layout"] = case.input_layout
     return out
 
 
@@ -481,7 +519,7 @@ def force_step(case: Dsv4StepCase, combo: dict, target=None) -> Dsv4StepCase:
         f["c4a_block_size"] = {"odd": 12, "even": (16, 64)[s % 2]}[combo["c4a_rows"]]
     if "c128a_rows" in combo:
         f["c128a_block_size"] = 128 * int(combo["c128a_rows"])
-    for k in ("sink", "padded", "invalid", "freed", "epilogue", "graph"):
+    for k in ("sink", "padded", "invalid", "freed", "epilogue", "graph", "input_layout"):
         if k in combo:
             f[k] = combo[k]
     if "pad_tokens" in combo:
@@ -513,8 +551,11 @@ def _declare_step():
          Dimension("freed", (False, True), "SWA table columns wholly below the window at the null block (freed)"),
          Dimension("epilogue", EPILOGUES, "the output epilogue: inverse RoPE (bf16), then MXFP8 quantization"),
          Dimension("graph", (False, True), "every layer's decode eager, or captured at step 0 (the builder's "
-                                           "build_for_cudagraph_capture) and replayed at later steps")),
-        (), classify_step, force_step, None, step_family_examples), "dsv4-step-agreement")
+                                           "build_for_cudagraph_capture) and replayed at later steps"),
+         Dimension("input_layout", STEP_LAYOUTS, "query and insert rows packed or lane-padded, positions packed or "
+                                                 "stride-2, caches at a random or a past-the-first block offset")),
+        # the one interaction: a captured graph copies q into its own buffer, an eager decode reads the view
+        (("input_layout", "graph"),), classify_step, force_step, None, step_family_examples), "dsv4-step-agreement")
 
 
 STEP_DIMENSIONS = _declare_step()
@@ -531,13 +572,19 @@ BUILDER_RATIOS = (1, 4, 128, 0)
 class BuilderCase(Case):
     """One build of a layer's step metadata: the layer's ``compress_ratio``, ``capture`` (built with
     ``build_for_cudagraph_capture``, else ``build``), two requests at positions drawn from ``seed`` and
-    ``pad_tokens`` padding tokens (position -1)."""
+    ``pad_tokens`` padding tokens (position -1); positions and token_to_req laid out as ``vector_layout`` says,
+    both block tables as ``table_layout`` says."""
 
     KIND = "dsv4-builder"
+    ADDED_FIELDS = ("vector_layout", "table_layout")
     seed: int
     compress_ratio: int
     capture: bool
     pad_tokens: int = 0
+    #: the memory of positions and token_to_req (:data:`BUILDER_VECTOR_LAYOUTS`) and of both block tables
+    #: (:data:`BUILDER_TABLE_LAYOUTS`); the values the same in every layout
+    vector_layout: str = "contiguous"
+    table_layout: str = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
@@ -545,11 +592,55 @@ class BuilderCase(Case):
             raise ValueError(f"compress_ratio: expected one of {BUILDER_RATIOS}, got {self.compress_ratio!r}")
         if self.seed < 0 or self.pad_tokens < 0:
             raise ValueError(f"seed, pad_tokens: expected ints >= 0, got {self.seed!r}, {self.pad_tokens!r}")
+        if self.vector_layout not in BUILDER_VECTOR_LAYOUTS:
+            raise ValueError(f"vector_layout: expected one of {BUILDER_VECTOR_LAYOUTS}, got {self.vector_layout!r}")
+        if self.table_layout not in BUILDER_TABLE_LAYOUTS:
+            raise ValueError(f"table_layout: expected one of {BUILDER_TABLE_LAYOUTS}, got {self.table_layout!r}")
+
+
+#: positions and token_to_req packed, or stride-2 views starting one element into a buffer (the gaps hold other
+#: valid values: position 7, request row 1)
+BUILDER_VECTOR_LAYOUTS = ("contiguous", "strided")
+#: the SWA and compressed block tables packed, a [R, W] slice of a wider, row-offset table whose other entries are
+#: valid block ids, or column-major (the transpose of a packed [W, R])
+BUILDER_TABLE_LAYOUTS = ("contiguous", "slice", "column-major")
+#: the argument names of each layout dimension (a refusal must name one of them)
+BUILDER_LAYOUT_ARGS = {"vector_layout": ("positions", "token_to_req"),
+                       "table_layout": ("swa_block_table", "block_table")}
 
 
 def builder_cases():
     return st.builds(BuilderCase, seed=st.integers(0, 2 ** 31 - 1), compress_ratio=st.sampled_from(BUILDER_RATIOS),
-                     capture=st.booleans(), pad_tokens=st.sampled_from([0, 1, 2]))
+                     capture=st.booleans(), pad_tokens=st.sampled_from([0, 1, 2]),
+                     vector_layout=st.sampled_from(BUILDER_VECTOR_LAYOUTS),
+                     table_layout=st.sampled_from(BUILDER_TABLE_LAYOUTS))
+
+
+def _lay_out_vector(v: torch.Tensor, layout: str, gap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, view) of 1-D ``v``: packed, or a stride-2 view one element into a buffer whose gaps hold ``gap``."""
+    if layout == "contiguous":
+        return v, v
+    buf = torch.full((2 * v.numel() + 2,), gap, dtype=v.dtype, device=v.device)
+    view = buf[1:1 + 2 * v.numel():2]
+    view.copy_(v)
+    return buf, view
+
+
+def _lay_out_table(t: torch.Tensor, layout: str, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, view) of table ``t [R, W]``: packed; a slice one row and two columns into a wider table whose
+    other entries are valid block ids (not ``t``'s own neighbours: a reader of the slice as packed reads other
+    blocks); column-major."""
+    if layout == "contiguous":
+        return t, t
+    R, W = t.shape
+    if layout == "column-major":
+        buf = t.t().contiguous()
+        return buf, buf.t()
+    n = (R + 2) * (W + 5)
+    buf = (torch.arange(n, dtype=torch.int64).flip(0) * 7 % num_blocks).to(t.dtype).reshape(R + 2, W + 5).to(t.device)
+    view = buf[1:1 + R, 2:2 + W]
+    view.copy_(t)
+    return buf, view
 
 
 #: the builder's fixed sizes in the toy: SWA block size, attention block size of a compressed layer, model length
@@ -558,7 +649,14 @@ BUILDER_SIZES = {"swa_block_size": 3, "block_size": 256, "max_model_len": 512}
 
 def builder_inputs(case: BuilderCase, device: str | None = None):
     """(positions int64 [T], token_to_req int32 [T], swa_block_table int32 [2, 171], block_table int32 [2, 2] or
-    None) of a builder case."""
+    None) of a builder case, laid out as its ``vector_layout`` and ``table_layout`` say."""
+    return tuple(view for _, view in builder_buffers(case, device))
+
+
+def builder_buffers(case: BuilderCase, device: str | None = None) -> list:
+    """``[(buffer, view)]`` of positions, token_to_req, swa_block_table and block_table (``(None, None)`` for an
+    SWA-only layer's): each view the builder's argument in the case's layout, each buffer the whole memory under it.
+    The values come from the seed alone (every layout of a case holds the same ones)."""
     device = device or kernel_device()
     gen = torch.Generator().manual_seed(case.seed)
     pos = torch.randint(0, BUILDER_SIZES["max_model_len"], (2,), generator=gen).tolist() + [-1] * case.pad_tokens
@@ -568,16 +666,20 @@ def builder_inputs(case: BuilderCase, device: str | None = None):
     table = None
     if case.compress_ratio > 1:
         table = torch.randperm(4, generator=gen).reshape(2, 2).to(torch.int32).to(device)
-    return (torch.tensor(pos, dtype=torch.int64, device=device), torch.tensor(t2r, dtype=torch.int32, device=device),
-            swa.to(device), table)
+    vec, tab = case.vector_layout, case.table_layout
+    return [_lay_out_vector(torch.tensor(pos, dtype=torch.int64, device=device), vec, 7),
+            _lay_out_vector(torch.tensor(t2r, dtype=torch.int32, device=device), vec, 1),
+            _lay_out_table(swa.to(device), tab, 2 * cols),
+            _lay_out_table(table, tab, 4) if table is not None else (None, None)]
 
 
 def classify_builder(case: BuilderCase, target=None) -> dict:
-    return {"ratio": case.compress_ratio, "capture": case.capture, "pad_tokens": case.pad_tokens > 0}
+    return {"ratio": case.compress_ratio, "capture": case.capture, "pad_tokens": case.pad_tokens > 0,
+            "vector_layout": case.vector_layout, "table_layout": case.table_layout}
 
 
 def force_builder(case: BuilderCase, combo: dict, target=None) -> BuilderCase:
-    f = {}
+    f = {k: combo[k] for k in ("vector_layout", "table_layout") if k in combo}
     if "ratio" in combo:
         f["compress_ratio"] = combo["ratio"]
     if "capture" in combo:
@@ -599,8 +701,12 @@ def _declare_builder():
         "dsv4-builder",
         (Dimension("ratio", BUILDER_RATIOS, "the layer kind's compress ratio (0 and 1: SWA-only)"),
          Dimension("capture", (False, True), "build, or build_for_cudagraph_capture"),
-         Dimension("pad_tokens", (False, True), "padding tokens (position -1) in the batch")),
-        (("ratio", "capture"),), classify_builder, force_builder, None, builder_family_examples),
+         Dimension("pad_tokens", (False, True), "padding tokens (position -1) in the batch"),
+         Dimension("vector_layout", BUILDER_VECTOR_LAYOUTS, "positions and token_to_req packed or stride-2 views"),
+         Dimension("table_layout", BUILDER_TABLE_LAYOUTS, "both block tables packed, a slice of a wider table, "
+                                                          "column-major")),
+        (("ratio", "capture"), ("table_layout", "ratio"), ("vector_layout", "ratio")), classify_builder,
+        force_builder, None, builder_family_examples),
         "dsv4-builder-capture-flag")
 
 

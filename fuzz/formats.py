@@ -58,13 +58,50 @@ def fp8_boundary_values(flavour: str) -> list[float]:
     return [f32(v) for v in out]
 
 
+#: the memory of a codec's input tensor (the encode inputs, and the codes every decode reads), the values the same:
+#: packed; "strided": every other element of a larger buffer, starting 3 elements in (the gaps hold a poison value,
+#: so a reader that ignores the stride or the view's offset reads other values); "column-major": a 2-D ``[n, 2]``
+#: tensor (column 0 the values, column 1 them reversed) stored as the transpose of a packed ``[2, n]`` (a reader that
+#: walks memory instead of the logical order reads them interleaved)
+CODEC_LAYOUTS = ("contiguous", "strided", "column-major")
+
+
+def lay_out_codec_input(x, layout: str, fill):
+    """``x`` (1-D, CPU) in ``layout``'s memory (:data:`CODEC_LAYOUTS`; ``fill``: the strided view's gap value).
+    Returns ``(buffer, view)``: the whole buffer under the view (to check nothing wrote into it) and the view,
+    whose logical row-major elements are what the codec is handed (for "column-major", ``[n, 2]``)."""
+    import torch
+
+    if layout == "contiguous":
+        return x, x
+    if layout == "strided":
+        n = x.numel()
+        buf = torch.full((2 * n + 5,), fill, dtype=x.dtype)
+        view = buf[3:3 + 2 * n:2]
+        view.copy_(x)
+        return buf, view
+    if layout == "column-major":
+        packed = torch.stack([x, x.flip(0)])  # [2, n]
+        buf = packed.contiguous()
+        return buf, buf.t()
+    raise ValueError(f"layout: expected one of {CODEC_LAYOUTS}, got {layout!r}")
+
+
 @dataclass(frozen=True)
 class Fp8Case(Case):
-    """float32 inputs to encode in one fp8 flavour (decode is checked on all 256 codes whatever the inputs)."""
+    """float32 inputs to encode in one fp8 flavour (decode is checked on all 256 codes whatever the inputs); the
+    encode inputs and the decoded codes are laid out in memory as ``input_layout`` says (:data:`CODEC_LAYOUTS`)."""
 
     KIND = "fp8-codec"
+    ADDED_FIELDS = ("input_layout",)
     flavour: Fp8Flavour
     values: tuple[float, ...]
+    input_layout: str = "contiguous"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.input_layout not in CODEC_LAYOUTS:
+            raise ValueError(f"input_layout: expected one of {CODEC_LAYOUTS}, got {self.input_layout!r}")
 
 
 @dataclass(frozen=True)
@@ -72,13 +109,18 @@ class Ue8m0Case(Case):
     """Positive float32 scales to encode with the writer's code cap."""
 
     KIND = "ue8m0-codec"
+    ADDED_FIELDS = ("input_layout",)
     cap: int
     scales: tuple[float, ...]
+    #: the memory of the encoded scales and the decoded codes (:data:`CODEC_LAYOUTS`)
+    input_layout: str = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
         if self.cap not in (254, 255):
             raise ValueError(f"cap: expected 254 or 255, got {self.cap!r}")
+        if self.input_layout not in CODEC_LAYOUTS:
+            raise ValueError(f"input_layout: expected one of {CODEC_LAYOUTS}, got {self.input_layout!r}")
 
 
 @dataclass(frozen=True)
@@ -131,12 +173,14 @@ def ue8m0_scales():
 def fp8_cases(flavours):
     """An :class:`Fp8Case` per draw, in one of ``flavours`` (the ones a target's caches use)."""
     return st.sampled_from(sorted(flavours)).flatmap(
-        lambda fl: st.builds(Fp8Case, flavour=st.just(fl), values=fp8_values(fl)))
+        lambda fl: st.builds(Fp8Case, flavour=st.just(fl), values=fp8_values(fl),
+                             input_layout=st.sampled_from(CODEC_LAYOUTS)))
 
 
 def ue8m0_cases(writer_cap: int):
     """A :class:`Ue8m0Case` per draw: both caps and the target writer's own."""
-    return st.builds(Ue8m0Case, cap=st.sampled_from([254, 255, writer_cap]), scales=ue8m0_scales())
+    return st.builds(Ue8m0Case, cap=st.sampled_from([254, 255, writer_cap]), scales=ue8m0_scales(),
+                     input_layout=st.sampled_from(CODEC_LAYOUTS))
 
 
 @st.composite
@@ -254,7 +298,7 @@ def classify_fp8(case: Fp8Case, target=None) -> dict:
     """The flavour, and the class and sign of the first input."""
     x = case.values[0]
     return {"flavour": case.flavour, "value": fp8_value_class(x, case.flavour),
-            "sign": "-" if math.copysign(1.0, x) < 0 else "+"}
+            "sign": "-" if math.copysign(1.0, x) < 0 else "+", "input_layout": case.input_layout}
 
 
 def force_fp8(case: Fp8Case, combo: dict, target=None) -> Fp8Case:
@@ -266,7 +310,8 @@ def force_fp8(case: Fp8Case, combo: dict, target=None) -> Fp8Case:
     cands = _fp8_class_values(cls, flavour)
     v = cands[(len(case.values) * 7) % len(cands)]
     v = math.copysign(v, -1.0 if sign == "-" else 1.0)
-    return Fp8Case(flavour=flavour, values=(f32(v),) + tuple(case.values[1:]))
+    return Fp8Case(flavour=flavour, values=(f32(v),) + tuple(case.values[1:]),
+                   input_layout=combo.get("input_layout", case.input_layout))
 
 
 #: the class of a UE8M0 encode scale: a power of two, one ulp above or below one, another normal value, an fp32
@@ -300,14 +345,15 @@ def _ue8m0_class_value(cls: str, k: int) -> float:
 
 
 def classify_ue8m0(case: Ue8m0Case, target=None) -> dict:
-    return {"cap": case.cap, "scale": ue8m0_scale_class(case.scales[0])}
+    return {"cap": case.cap, "scale": ue8m0_scale_class(case.scales[0]), "input_layout": case.input_layout}
 
 
 def force_ue8m0(case: Ue8m0Case, combo: dict, target=None) -> Ue8m0Case:
     """``case`` with ``combo``'s cap, its first scale replaced by one of the class; the other scales as drawn."""
     cls = combo.get("scale", ue8m0_scale_class(case.scales[0]))
     v = _ue8m0_class_value(cls, len(case.scales) * 37)
-    return Ue8m0Case(cap=combo.get("cap", case.cap), scales=(f32(v),) + tuple(case.scales[1:]))
+    return Ue8m0Case(cap=combo.get("cap", case.cap), scales=(f32(v),) + tuple(case.scales[1:]),
+                     input_layout=combo.get("input_layout", case.input_layout))
 
 
 LAYOUT_BLOCKS = {"1": 1, "odd": 5, "16": 16, "64": 64}
@@ -388,15 +434,20 @@ def _declare_formats():
         "fp8-codec",
         (Dimension("flavour", ("ocp", "fnuz"), "the flavours of the target's caches (FNUZ: gfx942's main cache)"),
          Dimension("value", FP8_VALUE_CLASSES, "the first encode input's class"),
-         Dimension("sign", ("+", "-"), "its sign (-0, -NaN and -inf included)")),
-        (("flavour", "value"), ("value", "sign")),
+         Dimension("sign", ("+", "-"), "its sign (-0, -NaN and -inf included)"),
+         Dimension("input_layout", CODEC_LAYOUTS, "the memory of the encode inputs and the decoded codes: packed, a "
+                                                  "stride-2 view past a buffer's start, column-major 2-D")),
+        (("flavour", "value"), ("value", "sign"), ("input_layout", "flavour")),
         classify_fp8, force_fp8, lambda c, t: c.get("flavour", "ocp") in _fp8_flavours(t), fp8_examples),
         "fp8-codec-exact")
     declare(Family(
         "ue8m0-codec",
         (Dimension("cap", (254, 255), "the writer's code cap"),
-         Dimension("scale", UE8M0_SCALE_CLASSES, "the first scale's class around the binade edges")),
-        (("cap", "scale"),), classify_ue8m0, force_ue8m0, None, ue8m0_examples), "ue8m0-codec-exact")
+         Dimension("scale", UE8M0_SCALE_CLASSES, "the first scale's class around the binade edges"),
+         Dimension("input_layout", CODEC_LAYOUTS, "the memory of the encoded scales and the decoded codes: packed, "
+                                                  "a stride-2 view past a buffer's start, column-major 2-D")),
+        (("cap", "scale"), ("input_layout", "cap")), classify_ue8m0, force_ue8m0, None, ue8m0_examples),
+        "ue8m0-codec-exact")
     declare(Family(
         "cache-layout",
         (Dimension("layout", ("fp8_ds_mla", "indexer-normal", "indexer-shuffle")),

@@ -21,7 +21,8 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz.cases import Case
-from fuzz.decode import INT32_MAX, INT32_MIN, POISON_NOPE, POISON_ROPE_BITS, POISON_SCALE
+from fuzz.decode import (CACHE_LAYOUTS, INDEX_LAYOUTS, INT32_MAX, INT32_MIN, POISON_NOPE, POISON_ROPE_BITS,
+                         POISON_SCALE, Q_LAYOUTS, SINK_LAYOUTS, laid_out_1d)
 from impl import formats
 from impl.runtime import kernel_device
 from impl.targets import Target
@@ -70,9 +71,13 @@ class GraphCase(Case):
     ``compress_ratio`` (0 or 1: SWA only, ``max_extra`` None), ``batch`` rows of ``heads`` heads, at most
     ``max_main`` / ``max_extra`` entries per row (the graph buffers' capacity), caches of ``main_bs`` / ``extra_bs``
     tokens per block (``padded``: strides wider than a block), a sink of kind ``sink``, q heads-major in memory when
-    ``q_transposed``, ``cu_count`` CUs; each entry invalid with probability ``invalid_rate``."""
+    ``q_transposed``, ``cu_count`` CUs; each entry invalid with probability ``invalid_rate``.
+    Memory layouts (issue 30; fuzz.decode's, the values the same in each): ``q_layout`` of every step's q (None:
+    ``q_transposed`` says, values drawn as before), ``cache_layout`` of both caches (None: ``padded`` says),
+    ``index_layout`` of every step's indices and indptr, ``sink_layout``."""
 
     KIND = "graph-replay"
+    ADDED_FIELDS = ("q_layout", "cache_layout", "index_layout", "sink_layout")
     seed: int
     batch: int
     heads: int
@@ -89,9 +94,17 @@ class GraphCase(Case):
     cu_count: int
     capture: GraphStep
     replays: tuple[GraphStep, ...]
+    q_layout: str | None = None
+    cache_layout: str | None = None
+    index_layout: str = "contiguous"
+    sink_layout: str = "contiguous"
 
     def __post_init__(self):
         super().__post_init__()
+        for name, allowed in (("q_layout", Q_LAYOUTS + (None,)), ("cache_layout", CACHE_LAYOUTS + (None,)),
+                              ("index_layout", INDEX_LAYOUTS), ("sink_layout", SINK_LAYOUTS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")
         for name in ("batch", "heads", "max_main", "main_bs", "extra_bs", "cu_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {getattr(self, name)!r}")
@@ -159,7 +172,7 @@ def graph_replay_cases(draw, target: Target, *, max_batch: int = 3, max_heads: i
     for kind in kinds:
         rows = batch if kind == "max" else draw(st.integers(1, batch))
         replays.append(_step(draw, rows, max_main, max_extra, cap_main, cap_extra, kind))
-    return GraphCase(
+    case = GraphCase(
         seed=draw(st.integers(0, 2 ** 31 - 1)),
         batch=batch,
         heads=draw(st.integers(1, max_heads)),
@@ -177,6 +190,12 @@ def graph_replay_cases(draw, target: Target, *, max_batch: int = 3, max_heads: i
         capture=capture,
         replays=tuple(replays),
     )
+    # the layouts drawn after every older field (the older derandomized draws stay as they were)
+    q_layout = draw(st.sampled_from(Q_LAYOUTS))
+    cache_layout = draw(st.sampled_from(CACHE_LAYOUTS))
+    return case.replace(q_layout=q_layout, q_transposed=q_layout == "transposed", cache_layout=cache_layout,
+                        padded=cache_layout != "packed", index_layout=draw(st.sampled_from(INDEX_LAYOUTS)),
+                        sink_layout=draw(st.sampled_from(SINK_LAYOUTS)))
 
 
 @dataclass
@@ -208,10 +227,13 @@ class StepInputs:
     extra_indptr: torch.Tensor | None
 
 
-def _make_graph_cache(gen: torch.Generator, flavour: str, block_size: int, padded: bool, device) -> GraphCache:
+def _make_graph_cache(gen: torch.Generator, flavour: str, block_size: int, padded: bool, device,
+                      before: int = 0) -> GraphCache:
+    """``before``: poisoned (0xFF) blocks of the pool before the view (a pool slice: an offset base)."""
     data_slots = 10
     nb = -(-(data_slots + POISONED_SLOTS) // block_size)
-    pool, big = formats.allocate_fp8_ds_mla_pool(nb + TAIL_BLOCKS, block_size, padded=padded, fill=0xFF)
+    pool, big = formats.allocate_fp8_ds_mla_pool(nb + TAIL_BLOCKS, block_size, padded=padded, fill=0xFF,
+                                                 extra_blocks_before=before)
     n_all = (nb + TAIL_BLOCKS) * block_size
     formats.pack_fp8_ds_mla(big, list(range(n_all)),
                             torch.full((n_all, formats.DSV4_NOPE_DIM), POISON_NOPE, dtype=torch.uint8),
@@ -234,10 +256,12 @@ def build_graph_case(case: GraphCase, target: Target, device: str | None = None)
     """The persistent part of a case (caches, sink, scale), from ``case.seed``."""
     device = device or kernel_device()
     gen = torch.Generator().manual_seed(case.seed)
-    main = _make_graph_cache(gen, target.main_cache_fp8, case.main_bs, case.padded, device)
+    layout = effective_cache_layout(case)
+    padded, before = layout != "packed", int(layout == "pool-slice")
+    main = _make_graph_cache(gen, target.main_cache_fp8, case.main_bs, padded, device, before)
     extra = None
     if case.max_extra is not None:
-        extra = _make_graph_cache(gen, target.extra_cache_fp8, case.extra_bs, case.padded, device)
+        extra = _make_graph_cache(gen, target.extra_cache_fp8, case.extra_bs, padded, device, before)
     h = case.heads
     sink = None
     if case.sink == "-inf":
@@ -247,11 +271,12 @@ def build_graph_case(case: GraphCase, target: Target, device: str | None = None)
     elif case.sink == "large":
         sink = 30.0 + torch.rand(h, generator=gen) * 10.0
     if sink is not None:
-        sink = sink.to(torch.float32).to(device)
+        sink = laid_out_1d(sink.to(torch.float32), case.sink_layout, math.nan, device)
     return GraphCaseInputs(main, extra, sink, case.scale)
 
 
-def _ragged(gen: torch.Generator, cache: GraphCache, lens: list[int], slack: int, invalid_rate: float, device):
+def _ragged(gen: torch.Generator, cache: GraphCache, lens: list[int], slack: int, invalid_rate: float, device,
+            layout: str = "contiguous"):
     invalid = [-1, INT32_MIN, INT32_MAX, cache.num_slots, cache.num_slots + 1]
     flat, indptr = [], [0]
     for n in lens:
@@ -262,8 +287,9 @@ def _ragged(gen: torch.Generator, cache: GraphCache, lens: list[int], slack: int
                 flat.append(int(torch.randint(0, cache.data_slots, (1,), generator=gen)))
         indptr.append(len(flat))
     flat += [cache.data_slots + int(torch.randint(0, POISONED_SLOTS, (1,), generator=gen)) for _ in range(slack)]
-    return (torch.tensor(flat, dtype=torch.int32, device=device),
-            torch.tensor(indptr, dtype=torch.int32, device=device))
+    # elements no view reaches: a poisoned slot (indices), 0 (indptr: a read of one shows as a wrong row)
+    return (laid_out_1d(torch.tensor(flat, dtype=torch.int32), layout, cache.data_slots, device),
+            laid_out_1d(torch.tensor(indptr, dtype=torch.int32), layout, 0, device))
 
 
 def build_step(case: GraphCase, step: GraphStep, index: int, inputs: GraphCaseInputs,
@@ -271,16 +297,82 @@ def build_step(case: GraphCase, step: GraphStep, index: int, inputs: GraphCaseIn
     """Step ``index`` (0 = the capture) of a case: q and the ragged segments, from the case's seed and the index."""
     device = device or kernel_device()
     gen = torch.Generator().manual_seed(case.seed * 31 + 7 * index + 1)
-    rows, h = step.rows, case.heads
-    if case.q_transposed:
-        q = torch.randn(h, rows, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device).transpose(0, 1)
+    rows, h, d = step.rows, case.heads, formats.DSV4_HEAD_DIM
+    if case.q_layout is None:  # cases saved before q_layout: q_transposed says, values drawn in that order
+        if case.q_transposed:
+            q = torch.randn(h, rows, d, generator=gen).to(torch.bfloat16).to(device).transpose(0, 1)
+        else:
+            q = torch.randn(rows, h, d, generator=gen).to(torch.bfloat16).to(device)
     else:
-        q = torch.randn(rows, h, formats.DSV4_HEAD_DIM, generator=gen).to(torch.bfloat16).to(device)
-    mi, mp = _ragged(gen, inputs.main, list(step.main_lens), step.main_slack, case.invalid_rate, device)
+        q = _laid_out_q(torch.randn(rows, h, d, generator=gen).to(torch.bfloat16), case.q_layout, device)
+    lay = case.index_layout
+    mi, mp = _ragged(gen, inputs.main, list(step.main_lens), step.main_slack, case.invalid_rate, device, lay)
     ei = ep = None
     if inputs.extra is not None:
-        ei, ep = _ragged(gen, inputs.extra, list(step.extra_lens), step.extra_slack, case.invalid_rate, device)
+        ei, ep = _ragged(gen, inputs.extra, list(step.extra_lens), step.extra_slack, case.invalid_rate, device, lay)
     return StepInputs(q, mi, mp, ei, ep)
+
+
+def _laid_out_q(v: torch.Tensor, layout: str, device) -> torch.Tensor:
+    """``v [rows, h, 512]`` on ``device`` as ``layout`` (fuzz.decode.Q_LAYOUTS); lanes no view reaches NaN."""
+    if layout == "contiguous":
+        return v.to(device)
+    if layout == "transposed":
+        return v.transpose(0, 1).contiguous().to(device).transpose(0, 1)
+    d = v.shape[-1]
+    wide = 576 if layout == "padded" else 2 * d
+    buf = torch.full((*v.shape[:2], wide), math.nan, dtype=v.dtype)
+    lanes = slice(0, d) if layout == "padded" else slice(0, 2 * d, 2)
+    buf[..., lanes] = v
+    return buf.to(device)[..., lanes]
+
+
+def effective_q_layout(case: GraphCase) -> str:
+    return case.q_layout or ("transposed" if case.q_transposed else "contiguous")
+
+
+def effective_cache_layout(case: GraphCase) -> str:
+    return case.cache_layout or ("padded" if case.padded else "packed")
+
+
+#: each layout dimension's packed value
+PACKED = {"q_layout": "contiguous", "cache_layout": "packed", "index_layout": "contiguous",
+          "sink_layout": "contiguous"}
+#: layouts the capture may refuse (a ValueError/TypeError naming the argument, before anything is allocated): a
+#: strided sink (the graph keeps it by reference and its kernels read sink + head)
+MAY_REFUSE = {"sink_layout": ("strided",)}
+
+
+def graph_layouts(case: GraphCase) -> dict:
+    """The layout dimensions' values (a sink layout without a sink reads as packed)."""
+    return {"q_layout": effective_q_layout(case), "cache_layout": effective_cache_layout(case),
+            "index_layout": case.index_layout,
+            "sink_layout": case.sink_layout if case.sink != "none" else "contiguous"}
+
+
+def non_packed(case: GraphCase) -> dict:
+    return {k: v for k, v in graph_layouts(case).items() if v != PACKED[k]}
+
+
+def with_layouts(case: GraphCase, layouts: dict) -> GraphCase:
+    """``case`` with these layouts (the others as they were), the legacy flags kept in step."""
+    f = dict(layouts)
+    if "q_layout" in f:
+        f["q_transposed"] = f["q_layout"] == "transposed"
+    if "cache_layout" in f:
+        f["padded"] = f["cache_layout"] != "packed"
+    return case.replace(**f)
+
+
+def packed_except(case: GraphCase, keep: dict) -> GraphCase:
+    """``case`` with every layout packed but those in ``keep``; the same values (q drawn as a packed q is)."""
+    return with_layouts(case, {**PACKED, **keep})
+
+
+def refusable(case: GraphCase) -> dict:
+    """``{dimension: argument names}`` of the case's layouts the capture may refuse (:data:`MAY_REFUSE`)."""
+    got = graph_layouts(case)
+    return {"sink_layout": "attn_sink"} if got["sink_layout"] in MAY_REFUSE["sink_layout"] else {}
 
 
 # --- declared dimensions (fuzz.dimensions): the pairs the ci profile reaches on purpose ---------------------------
@@ -318,7 +410,7 @@ def classify_graph(case: GraphCase, target: Target) -> dict:
         steps = "zero-then-max" if zero is not None and (full is None or zero < full) else "max-then-zero"
     return {"ratio": case.compress_ratio, "steps": steps, "main_bs": _bs_class(case.main_bs),
             "slack": "wide" if case.capture.main_slack or case.capture.extra_slack else "none",
-            "sink": case.sink, "invalid": "none" if case.invalid_rate == 0 else "some"}
+            "sink": case.sink, "invalid": "none" if case.invalid_rate == 0 else "some", **graph_layouts(case)}
 
 
 def force_graph(case: GraphCase, combo: dict, target: Target) -> GraphCase:
@@ -362,9 +454,20 @@ def force_graph(case: GraphCase, combo: dict, target: Target) -> GraphCase:
         bs = {"1": 1, "odd": 5, "even": 2}[combo["main_bs"]]
     inv = combo.get("invalid")
     rate = case.invalid_rate if inv is None else (0.0 if inv == "none" else (case.invalid_rate or 0.2))
-    return dataclasses.replace(case, batch=batch, compress_ratio=ratio, max_extra=max_extra, main_bs=bs,
-                               invalid_rate=rate, sink=combo.get("sink", case.sink), capture=capture,
-                               replays=tuple(replays))
+    heads = case.heads
+    sink_layout = combo.get("sink_layout", case.sink_layout)
+    sink = combo.get("sink", case.sink)
+    if sink_layout != "contiguous":
+        heads = max(heads, 2)  # head 0 reads the same element whatever the layout: a second head reads across it
+        if sink == "none":
+            sink = "ordinary"
+    forced = dataclasses.replace(case, batch=batch, heads=heads, compress_ratio=ratio, max_extra=max_extra,
+                                 main_bs=bs, invalid_rate=rate, sink=sink, capture=capture, replays=tuple(replays))
+    return with_layouts(forced, {k: combo[k] for k in PACKED if k in combo})
+
+
+def _graph_allowed(c: dict, target=None) -> bool:
+    return not (c.get("sink") == "none" and c.get("sink_layout", "contiguous") != "contiguous")
 
 
 def graph_examples(target: Target) -> list[GraphCase]:
@@ -388,11 +491,22 @@ def _declare_graph():
          Dimension("main_bs", GRAPH_BLOCKS, "SWA cache block-size class"),
          Dimension("slack", ("none", "wide"), "the capture's sources wider than their NNZ (poisoned entries past)"),
          Dimension("sink", SINK_KINDS),
-         Dimension("invalid", ("none", "some"), "invalid entries: -1, INT32 extremes, past the view")),
-        # no interacting pairs: each value once keeps the array within the contract's six cases (a captured and
-        # replayed case costs 2-4 s here); pairs such as ratio x steps are left to the random cases that follow
-        (),
-        classify_graph, force_graph, examples=graph_examples), "graph-replay-agreement")
+         Dimension("invalid", ("none", "some"), "invalid entries: -1, INT32 extremes, past the view"),
+         Dimension("index_layout", INDEX_LAYOUTS, "every step's indices and indptr packed, a slice of a larger "
+                                                  "poisoned buffer, every other element: copied into the "
+                                                  "persistent buffers (indptr padded for fewer rows)"),
+         Dimension("q_layout", Q_LAYOUTS, "every step's q packed, heads-major, rows padded, lanes at stride 2: "
+                                          "copied into the persistent q"),
+         Dimension("cache_layout", CACHE_LAYOUTS, "both caches packed, padded blocks, a padded view one block "
+                                                  "into a pool: read by reference at the captured address"),
+         Dimension("sink_layout", SINK_LAYOUTS, "the sink packed, a slice, stride 2 (refusable: kept by "
+                                                "reference and read at sink + head)")),
+        # one interacting pair: the replay sequence against the index layout (a fewer-rows replay pads a laid-out
+        # indptr, an empty one copies nothing): nine rows, a few more than the contract's six cases (a captured
+        # and replayed case costs 2-4 s here, up to 10 s on gfx950); every other value once, the rest of the pairs
+        # (ratio x steps, say) left to the random cases
+        (("steps", "index_layout"),),
+        classify_graph, force_graph, _graph_allowed, graph_examples), "graph-replay-agreement")
 
 
 GRAPH_DIMENSIONS = _declare_graph()

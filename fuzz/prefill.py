@@ -166,12 +166,13 @@ class PrefillCase(Case):
 
 
 def prefill_cases(*, max_sq: int = 6, max_heads: int = 3, max_width: int = 12, max_skv: int = 20,
-                  long_width: int = LONG_WIDTH, wide_heads: int = WIDE_HEADS, layouts: bool = True):
+                  long_width: int = LONG_WIDTH, wide_heads: int = WIDE_HEADS, layouts: bool | str = True):
     """Mostly one tile and one head block; about one case in three has rows up to ``long_width`` entries (most of
     them THREE_TILES or more, some any length) over up to 2 * long_width kv rows, and about one in
     five has ``wide_heads`` heads. Each costs the interpreter a few programs more, not a bigger shape everywhere.
-    ``layouts``: also draw the index, topk_length, sink and out layouts and the absolute logit regimes (the routing
-    families, about what is routed, keep them packed and ordinary)."""
+    ``layouts``: also draw the index, topk_length, sink and out layouts and the absolute logit regimes; "memory":
+    the layouts only, the regime ordinary (the routing families: about what is routed and where it is read, not
+    about the softmax's absolute regimes); False: every layout packed."""
     @st.composite
     def build(draw):
         sq = draw(_rotated(1, max_sq, 3))
@@ -215,7 +216,12 @@ def prefill_cases(*, max_sq: int = 6, max_heads: int = 3, max_width: int = 12, m
             magnitude=draw(st.sampled_from([1.0, 1.0, 4.0])),
             out_dtype=draw(st.sampled_from([None, None, None, "float32", "float16", "bfloat16"])),
         )
-        return case.replace(**_draw_layouts(draw, mode)) if layouts else case
+        if not layouts:
+            return case
+        drawn = _draw_layouts(draw, mode)
+        if layouts == "memory":
+            drawn["logits"] = "ordinary"
+        return case.replace(**drawn)
 
     return build()
 
@@ -674,7 +680,7 @@ def routing_cases():
     return st.builds(
         RoutingCase,
         # the routed call hands OPUS attn_sink[:h]: the inputs always have a sink
-        inputs=prefill_cases(max_sq=4, max_heads=3, max_width=10, max_skv=14, layouts=False).map(
+        inputs=prefill_cases(max_sq=4, max_heads=3, max_width=10, max_skv=14, layouts="memory").map(
             lambda c: c.replace(sink="ordinary") if c.sink == "none" else c),
         fallback=st.sampled_from(FALLBACK_SCENARIOS),
         guard=guard_cases(),
@@ -902,6 +908,61 @@ FIRST_ROW_CLASSES = ("empty", "one", "several")
 FALLBACK_ORDER = ("op_raises", "no_op", "guard_false")
 
 
+#: the routing families' layout dimensions: every tensor input of the entry they route (the guard's fake tensors
+#: vary their layouts through its perturbations instead). The routes read the dense indices and topk_length
+#: through a dense->ragged conversion or pass a ragged list on as it is, hand q, kv, attn_sink[:h] and out to the
+#: op as they are (the gfx942 route copies into an out AITER does not accept), and the Triton fallback reads each
+#: in place; a strided ragged list or a strided sink is refused before anything is routed (MAY_REFUSE)
+ROUTING_LAYOUT_DIMS = ("index_layout", "topk_layout", "out_layout", "sink_layout", "q_layout", "kv_layout")
+
+
+def _routing_layout_dimensions():
+    from fuzz.dimensions import Dimension
+
+    return (Dimension("index_layout", INDEX_LAYOUTS, "indices (and indptr) packed, a slice of a larger table, "
+                                                     "strided (ragged: refusable), column-major: what the "
+                                                     "dense->ragged conversion reads, or the list passed on"),
+            Dimension("topk_layout", TOPK_LAYOUTS, "topk_length packed, a slice, stride 2 (read by the conversion)"),
+            Dimension("out_layout", OUT_LAYOUTS, "out packed, rows padded, heads-major: handed to the op, or "
+                                                 "the op's result copied into it, or written by Triton"),
+            Dimension("sink_layout", SINK_LAYOUTS, "the sink packed, a slice, stride 2 (refusable): attn_sink[:h] "
+                                                   "handed to the op"),
+            Dimension("q_layout", Q_LAYOUTS, "q as the caller laid it out, handed to the op as it is"),
+            Dimension("kv_layout", KV_LAYOUTS, "kv handed to the op as [skv, d] over the caller's memory"))
+
+
+def _routing_layouts(inp: PrefillCase) -> dict:
+    """The layout dimensions' values of a routing case's inputs (an argument not passed reads as packed)."""
+    got = {**_layouts(inp), "q_layout": inp.q_layout, "kv_layout": inp.kv_layout}
+    return {k: got[k] for k in ROUTING_LAYOUT_DIMS}
+
+
+def _force_routing_layouts(f: dict, combo: dict) -> None:
+    """``f`` (a PrefillCase's fields, index fields already forced) laid out as ``combo`` says; a sink layout other
+    than packed brings a sink (and a second head, which reads across it) where the case had neither."""
+    for k in ROUTING_LAYOUT_DIMS:
+        if k in combo:
+            f[k] = combo[k]
+    if f["mode"] == "ragged" and f["index_layout"] == "transposed":
+        f["index_layout"] = "strided"  # (a drawn dense case's layout, its mode forced ragged: no 2-D layout left)
+    if f["out_layout"] is not None:
+        f["out_padded"] = f["out_layout"] == "padded"
+    if f["sink_layout"] != "contiguous":
+        if f["sink"] == "none":
+            f["sink"] = "ordinary"
+        f["heads"] = max(f["heads"], 2)
+
+
+def _routing_layouts_allowed(c: dict) -> bool:
+    if c.get("index_mode") == "ragged" and c.get("index_layout") == "transposed":
+        return False  # 1-D ragged indices have no transposed layout
+    if c.get("index_mode", "dense-topk") != "dense-topk" and c.get("topk_layout", "contiguous") != "contiguous":
+        return False  # no topk_length, no layout of it
+    if c.get("out_write") == "inplace" and c.get("out_layout", "contiguous") != "contiguous":
+        return False  # AITER writes in place only into a contiguous out
+    return True
+
+
 def _guard_sq_class(sq: int) -> str:
     return "below" if sq < 1024 else ("at" if sq == 1024 else "above")
 
@@ -917,13 +978,16 @@ def classify_routing(case: RoutingCase, target=None) -> dict:
         "guard_sq": _guard_sq_class(case.guard.sq),
         "guard_dtype": case.guard.dtype,
         "guard_d": case.guard.d,
+        **_routing_layouts(inp),
     }
 
 
 def force_routing(case: RoutingCase, combo: dict, target=None) -> RoutingCase:
     """``case`` rewritten to hit ``combo``: the fallback scenario, the inputs' index mode, invalid entries and
     first row, the guard base's sq class, dtype and head dim; the rest as drawn."""
-    inputs = PrefillCase(**_set_index_fields(case.inputs, combo))
+    f = _set_index_fields(case.inputs, combo)
+    _force_routing_layouts(f, combo)
+    inputs = PrefillCase(**f)
     g = case.guard
     if "guard_sq" in combo:
         cls = combo["guard_sq"]
@@ -958,9 +1022,15 @@ def _declare_routing():
          Dimension("first_row", FIRST_ROW_CLASSES, "the first row empty (indptr repeats), one entry, several"),
          Dimension("guard_sq", GUARD_SQ_CLASSES, "the guard base's sq against the 1024-row threshold"),
          Dimension("guard_dtype", DTYPE_NAMES, "the guard base's dtype"),
-         Dimension("guard_d", HEAD_DIMS, "the guard base's head dim")),
-        (("fallback", "index_mode"), ("index_mode", "invalid"), ("index_mode", "first_row")),
-        classify_routing, force_routing, None, routing_family_examples), "opus-routing-guard")
+         Dimension("guard_d", HEAD_DIMS, "the guard base's head dim"),
+         *_routing_layout_dimensions()),
+        (("fallback", "index_mode"), ("index_mode", "invalid"), ("index_mode", "first_row"),
+         # the index mode picks the conversion (dense: strides read) or the list passed on (ragged: a strided one
+         # refused); the fallback scenario picks who writes out (OPUS in place, Triton through its strides, or
+         # both: OPUS's failure first). q, kv and the sink reach the op and Triton alike: each value once
+         ("index_mode", "index_layout"), ("index_mode", "topk_layout"), ("fallback", "out_layout")),
+        classify_routing, force_routing, lambda c, t=None: _routing_layouts_allowed(c), routing_family_examples),
+        "opus-routing-guard")
 
 
 ROUTING_DIMENSIONS = _declare_routing()
@@ -1098,7 +1168,7 @@ def large_inputs(case: PrefillCase) -> PrefillCase:
 
 def _aiter_inputs():
     # tiny: 1-2 heads (a second head block is not the route's business), the sink may be absent (the op gets None)
-    return prefill_cases(max_sq=4, max_heads=2, max_width=10, max_skv=14, wide_heads=2, layouts=False)
+    return prefill_cases(max_sq=4, max_heads=2, max_width=10, max_skv=14, wide_heads=2, layouts="memory")
 
 
 def _has_route(target) -> bool:
@@ -1126,20 +1196,26 @@ AITER_GUARD_SQ_CLASSES = ("at", "above", "below")
 
 def _out_write(case: PrefillCase) -> str:
     same = case.out_dtype in (None, case.dtype)
-    return "inplace" if case.out_width == "full" and not case.out_padded and same else "copied"
+    packed = effective_out_layout(case) == "contiguous"
+    return "inplace" if case.out_width == "full" and packed and same else "copied"
 
 
-def _force_out_write(f: dict, want: str, seed: int) -> None:
+def _force_out_write(f: dict, want: str, seed: int, layout: str | None = None) -> None:
+    """``f`` rewritten so its out is written as ``want`` says; ``layout``: an out layout the combo forced (kept)."""
     if want == "inplace":
         f.update(out_width="full", out_padded=False, out_dtype=None)
+        if f["out_layout"] is not None:
+            f["out_layout"] = "contiguous"
     elif _out_write(PrefillCase(**f)) == "inplace":
         # a copied result: nope wide, or full width but not contiguous (padded: AITER's out must be contiguous),
         # or of another dtype
         which = seed % 3
         if which == 0:
             f["out_width"] = "nope"
-        elif which == 1:
+        elif which == 1 and layout is None:
             f["out_padded"] = True
+            if f["out_layout"] is not None:
+                f["out_layout"] = "padded"
         else:
             f["out_dtype"] = "float32"
 
@@ -1159,13 +1235,15 @@ def classify_aiter_routing(case: AiterRoutingCase, target=None) -> dict:
         "out_write": _out_write(inp),
         "guard_sq": _aiter_guard_sq_class(case.guard.sq),
         "guard_dtype": case.guard.dtype,
+        **_routing_layouts(inp),
     }
 
 
 def force_aiter_routing(case: AiterRoutingCase, combo: dict, target=None) -> AiterRoutingCase:
     f = _set_index_fields(case.inputs, combo)
+    _force_routing_layouts(f, combo)
     if "out_write" in combo:
-        _force_out_write(f, combo["out_write"], case.inputs.seed)
+        _force_out_write(f, combo["out_write"], case.inputs.seed, combo.get("out_layout"))
     g = case.guard
     if "guard_sq" in combo:
         cls = combo["guard_sq"]
@@ -1177,7 +1255,7 @@ def force_aiter_routing(case: AiterRoutingCase, combo: dict, target=None) -> Ait
 
 
 def _aiter_routing_allowed(c: dict, target=None) -> bool:
-    return not (c.get("large") is True and not _has_route(target))
+    return not (c.get("large") is True and not _has_route(target)) and _routing_layouts_allowed(c)
 
 
 def aiter_routing_family_examples(target=None) -> list[AiterRoutingCase]:
@@ -1201,9 +1279,13 @@ def _declare_aiter_routing():
          Dimension("out_write", OUT_WRITES, "the op writes out in place, or its result is copied into a nope-wide, "
                                             "padded or other-dtype out"),
          Dimension("guard_sq", AITER_GUARD_SQ_CLASSES, "the guard base's sq against the 512-row threshold"),
-         Dimension("guard_dtype", DTYPE_NAMES, "the guard base's dtype")),
+         Dimension("guard_dtype", DTYPE_NAMES, "the guard base's dtype"),
+         *_routing_layout_dimensions()),
         (("index_mode", "invalid"), ("index_mode", "first_row"), ("index_mode", "large"),
-         ("index_mode", "out_write")),
+         ("index_mode", "out_write"),
+         # the index mode picks the conversion (dense) or the list passed on (ragged); out's layout decides, with
+         # its width and dtype, whether AITER writes it in place or its result is copied in
+         ("index_mode", "index_layout"), ("index_mode", "topk_layout"), ("out_write", "out_layout")),
         classify_aiter_routing, force_aiter_routing, _aiter_routing_allowed, aiter_routing_family_examples),
         "aiter-prefill-routing")
 
@@ -1212,13 +1294,15 @@ AITER_ROUTING_DIMENSIONS = _declare_aiter_routing()
 
 
 def classify_aiter_fallback(case: AiterFallbackCase, target=None) -> dict:
-    return {"failure": case.failure, "index_mode": _index_mode(case.inputs), "out_write": _out_write(case.inputs)}
+    return {"failure": case.failure, "index_mode": _index_mode(case.inputs), "out_write": _out_write(case.inputs),
+            **_routing_layouts(case.inputs)}
 
 
 def force_aiter_fallback(case: AiterFallbackCase, combo: dict, target=None) -> AiterFallbackCase:
     f = _set_index_fields(case.inputs, combo)
+    _force_routing_layouts(f, combo)
     if "out_write" in combo:
-        _force_out_write(f, combo["out_write"], case.inputs.seed)
+        _force_out_write(f, combo["out_write"], case.inputs.seed, combo.get("out_layout"))
     return AiterFallbackCase(inputs=PrefillCase(**f), failure=combo.get("failure", case.failure))
 
 
@@ -1236,9 +1320,14 @@ def _declare_aiter_fallback():
         (Dimension("failure", AITER_FAILURES, "the op absent, or raising what AITER's builds raise for what they "
                                               "cannot serve"),
          Dimension("index_mode", INDEX_MODES, "dense rows with topk_length, counted dense rows, ragged"),
-         Dimension("out_write", OUT_WRITES, "the failing op was handed out (and may have written it) or not")),
-        (("failure", "index_mode"), ("failure", "out_write")),
-        classify_aiter_fallback, force_aiter_fallback, None, aiter_fallback_family_examples),
+         Dimension("out_write", OUT_WRITES, "the failing op was handed out (and may have written it) or not"),
+         *_routing_layout_dimensions()),
+        (("failure", "index_mode"), ("failure", "out_write"),
+         # the conversion reads the dense layouts before the op fails; out's layout decides whether the failing op
+         # was handed it, and Triton then writes it through its strides
+         ("index_mode", "index_layout"), ("index_mode", "topk_layout"), ("out_write", "out_layout")),
+        classify_aiter_fallback, force_aiter_fallback, lambda c, t=None: _routing_layouts_allowed(c),
+        aiter_fallback_family_examples),
         "aiter-prefill-fallback")
 
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
@@ -757,6 +757,8 @@ def _launch_variant(plan: "DecodePlan", batch: int, num_heads: int, t: "Target",
     v = _variants[plan.family]
     if not isinstance(v, SizeRule):
         return v
+    if plan.build is not None:  # picked when the plan was made: every launch of that plan runs the same build
+        return v.wide if plan.build == "wide" else v.narrow
     cu = cu_count if isinstance(cu_count, int) and not isinstance(cu_count, bool) and cu_count >= 1 \
         else effective_cu_count(t)
     return v.pick(batch, plan.num_splits, num_heads, cu)
@@ -780,6 +782,11 @@ class DecodePlan:
     head_blocks: int
     adaptive: bool = False
     one_wave: int = 1
+    #: where the family's default is a ``SizeRule``: the build ("wide" or "narrow") picked for the size the plan was
+    #: made for (``plan_decode``), so a frozen plan launches one build whatever the rows of a later launch (a graph
+    #: replay with fewer rows, an eager decode handed the graph's plan): natively the builds' bits differ (warps).
+    #: None: picked per launch. Not part of the plan's identity (equality compares the launch grid).
+    build: "str | None" = field(default=None, compare=False)
 
 
 @dataclass
@@ -811,13 +818,21 @@ def plan_decode(target: "Target | str | None", batch: int, num_heads: int, main_
         raise ValueError(f"cu_count: expected a positive int, got {cu!r}")
     hb = _splits.head_blocks(num_heads)
     if t.split_selector is None:
-        return DecodePlan(t.decode_family, 1, hb)
+        return _with_build(DecodePlan(t.decode_family, 1, hb), batch, num_heads, cu)
     s = _splits.select_num_splits(t.split_selector, batch, num_heads, main_numel, extra_numel, cu)
     if adaptive_splits:
         ap = _splits.adaptive_plan(s, batch, num_heads, cu)
         if ap.enabled:
-            return DecodePlan(t.decode_family, s, hb, True, ap.one_wave)
-    return DecodePlan(t.decode_family, s, hb)
+            return _with_build(DecodePlan(t.decode_family, s, hb, True, ap.one_wave), batch, num_heads, cu)
+    return _with_build(DecodePlan(t.decode_family, s, hb), batch, num_heads, cu)
+
+
+def _with_build(plan: DecodePlan, batch: int, num_heads: int, cu: int) -> DecodePlan:
+    """``plan`` with the build its family's ``SizeRule`` picks for this size recorded (unchanged otherwise)."""
+    v = _variants.get(plan.family)
+    if not isinstance(v, SizeRule):
+        return plan
+    return replace(plan, build="wide" if v.pick(batch, plan.num_splits, num_heads, cu) is v.wide else "narrow")
 
 
 def _check_tensor(name: str, t, dtype: torch.dtype, dims: int, device) -> None:

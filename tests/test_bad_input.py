@@ -11,6 +11,7 @@ from contracts.subjects.base import Subject
 from fuzz import bad_input as fz
 from fuzz import domains
 from fuzz.bad_input import BadInputCase
+from impl.runtime import kernel_device
 from impl.targets import TARGETS
 
 T942 = TARGETS["gfx942"]
@@ -196,6 +197,6 @@ def test_build_call_copies_all_but_shared_arguments():
     for name in ("graph_capture.DecodeGraph.replay", "sparse_metadata.SparseMLAMetadataBuilder.build"):
         e = fz.ENTRIES[name]
         inner = fz.valid_draw(e, 0, T942)
-        a, b = fz.build_call(e, inner, "cpu", T942), fz.build_call(e, inner, "cpu", T942)
+        a, b = fz.build_call(e, inner, kernel_device(), T942), fz.build_call(e, inner, kernel_device(), T942)
         assert (a["self"] is b["self"]) == ("self" in e.shared)
         assert all(a[k] is not b[k] for k, v in a.items() if isinstance(v, torch.Tensor))

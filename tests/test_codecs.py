@@ -148,6 +148,8 @@ def test_ue8m0_case_round_trips_through_json(case):
                                   Ue8m0Case(cap=255, scales=(2.0 ** -130,))], ids=lambda c: c.KIND)
 def test_codec_case_rejects_a_missing_field(case):
     for f in dataclasses.fields(case):
+        if f.name in type(case).ADDED_FIELDS:  # added later, with a default (older reproducers replay)
+            continue
         doc = case.to_json()
         del doc[f.name]
         with pytest.raises(CaseError, match=f"missing field {f.name}"):

@@ -116,6 +116,16 @@ def _softmax_with_sink(logits, v, sink):
 
 # --- the spec and the skips ----------------------------------------------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def _no_flashmla_imported_yet(monkeypatch):
+    """Each test sees the package its own search path finds: on a GPU host an earlier test in the same worker may
+    have imported the real flash_mla, which ``package_info`` would otherwise report (the process imports that one)."""
+    import sys
+
+    for name in [m for m in sys.modules if m == fm.PACKAGE or m.startswith(fm.PACKAGE + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
 def _fake_package(tmp_path) -> Path:
     """A folder holding a ``flash_mla`` package that is found but whose kernels cannot run here."""
     pkg = tmp_path / "fmla" / "flash_mla"

@@ -17,9 +17,13 @@ from fuzz import decode as fz
 from fuzz import decode_reduce as fr
 from fuzz import domains
 from fuzz import splits as fs
+from impl.runtime import kernel_device
 from impl import decode as impl_decode
 from impl.targets import TARGET_NAMES, get_target
 from oracles.decode import dequantize_rows, valid_slots_all
+
+#: where the kernels run (the host under the interpreter, the GPU natively): inputs that reach a kernel live there
+DEV = kernel_device()
 
 GFX950 = get_target("gfx950")
 
@@ -70,8 +74,8 @@ def test_every_layout_and_regime_value_classifies_and_forces(target):
 def test_a_layout_changes_memory_only(dim, value):
     """The view holds the values the packed build holds (q, sink, the index values, every referenced cache row),
     and it is really another layout."""
-    packed = fz.build_decode_inputs(_case(), GFX950, "cpu")
-    other = fz.build_decode_inputs(_case(**{dim: value}), GFX950, "cpu")
+    packed = fz.build_decode_inputs(_case(), GFX950, DEV)
+    other = fz.build_decode_inputs(_case(**{dim: value}), GFX950, DEV)
     assert torch.equal(packed.q.view(torch.int16), other.q.view(torch.int16))
     assert torch.equal(packed.attn_sink, other.attn_sink)
     for a, b in ((packed.main_indices, other.main_indices), (packed.main_indptr, other.main_indptr),
@@ -91,7 +95,7 @@ def test_a_layout_changes_memory_only(dim, value):
 
 def test_out_layouts_are_views_of_a_nan_buffer():
     for layout in fz.OUT_LAYOUTS:
-        out, base = fz.make_out(_case(out_layout=layout), "cpu")
+        out, base = fz.make_out(_case(out_layout=layout), DEV)
         assert tuple(out.shape) == (2, 3, 512) and bool(torch.isnan(base.float()).all())
         assert out.is_contiguous() == (layout == "contiguous")
 
@@ -163,7 +167,7 @@ def test_reduce_refuses_padded_partials_and_a_stride_ignoring_reduce_is_caught()
     case = fr.ReduceCase(seed=2, batch=2, heads=3, splits=3, adaptive=False, sink="below", ws_layout="padded",
                          sink_layout="strided", out_layout="heads-major")
     p = fr.build_partials(case)
-    ws = impl_decode.DecodeWorkspace(*(fr.lay_out(p[k], "padded", "cpu") for k in ("part_m", "part_l", "part_acc")))
+    ws = impl_decode.DecodeWorkspace(*(fr.lay_out(p[k], "padded", DEV) for k in ("part_m", "part_l", "part_acc")))
     with pytest.raises(ValueError, match="workspace"):
         impl_decode.decode_reduce(ws)
     out_case = case.replace(ws_layout="contiguous", sink_layout="contiguous")
@@ -187,7 +191,7 @@ def test_reduce_refuses_padded_partials_and_a_stride_ignoring_reduce_is_caught()
 def test_underflow_tied_and_signed_zero_regimes_sit_where_they_say():
     for logits in ("underflow", "tied", "signed-zero"):
         case = _case(logits=logits, scale=512 ** -0.5)
-        inp = fz.build_decode_inputs(case, GFX950, "cpu")
+        inp = fz.build_decode_inputs(case, GFX950, DEV)
         q = inp.q.to(torch.float64)
         rows = _rows(inp, GFX950)
         if logits == "signed-zero":
@@ -279,8 +283,8 @@ def _prefill_values(inp):
 def test_a_prefill_layout_changes_memory_only(mode, dim, value):
     """The view holds the values the packed build holds, and it is really another layout."""
     kw = dict(mode=mode, indptr_offset=1, tail_junk=1, topk_given=mode == "dense")
-    packed = fp.build_prefill_inputs(_pcase(**kw), "cpu")
-    other = fp.build_prefill_inputs(_pcase(**kw, **{dim: value}), "cpu")
+    packed = fp.build_prefill_inputs(_pcase(**kw), DEV)
+    other = fp.build_prefill_inputs(_pcase(**kw, **{dim: value}), DEV)
     for a, b in zip(_prefill_values(packed), _prefill_values(other)):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
     assert (packed.dense, packed.topk_list, packed.ragged, packed.indptr_list) == \
@@ -295,7 +299,7 @@ def test_a_prefill_layout_changes_memory_only(mode, dim, value):
 
 def test_prefill_out_layouts_are_views_of_a_nan_buffer():
     for layout in fp.OUT_LAYOUTS:
-        inp = fp.build_prefill_inputs(_pcase(out_layout=layout, out_padded=layout == "padded"), "cpu")
+        inp = fp.build_prefill_inputs(_pcase(out_layout=layout, out_padded=layout == "padded"), DEV)
         assert tuple(inp.out.shape) == (3, 3, 512) and bool(torch.isnan(inp.out_buffer.float()).all())
         assert inp.out.is_contiguous() == (layout == "contiguous")
 
@@ -359,7 +363,7 @@ def test_ours_refuses_strided_ragged_indices_and_sinks_cleanly_and_unclean_refus
 def test_prefill_regimes_sit_where_they_say():
     for logits in ("underflow", "tied", "signed-zero"):
         case = _pcase(logits=logits, invalid_rate=0.0)
-        inp = fp.build_prefill_inputs(case, "cpu")
+        inp = fp.build_prefill_inputs(case, DEV)
         kv = inp.kv.double()
         live = [i for i in range(case.skv) if not bool(torch.isnan(kv[i]).any())]
         assert len(live) >= 2
@@ -398,7 +402,7 @@ def test_graph_buffer_sources_change_memory_only_and_strided_buffers_are_refused
     case = fgb.GraphBufferCase(seed=1, num_rows=2, max_per_row=3, lens=(2, 1), source_extra=1)
     inp = fgb.graph_buffer_inputs(case)
     for layout in fgb.SOURCE_LAYOUTS:
-        src = fgb.lay_out_source(inp.source, layout, "cpu")
+        src = fgb.lay_out_source(inp.source, layout, DEV)
         assert torch.equal(src, inp.source) and src.is_contiguous() == (layout != "strided")
         assert cgb.ragged_view_capacity(case.replace(source_layout=layout), GFX950) == []
     assert cgb.ragged_view_capacity(case.replace(buffer_layout="strided"), GFX950) == []
@@ -418,8 +422,8 @@ from impl import ragged as impl_ragged  # noqa: E402
 def test_ragged_input_layouts_change_memory_only_and_ours_passes(layout):
     case = frg.ragged_family_examples()[1].replace(input_layout=layout)
     for helper in ("dense", "global", "swa"):
-        packed = frg.make_inputs(case.replace(input_layout="contiguous"), helper, "cpu")
-        other = frg.make_inputs(case, helper, "cpu")
+        packed = frg.make_inputs(case.replace(input_layout="contiguous"), helper, DEV)
+        other = frg.make_inputs(case, helper, DEV)
         for k, v in packed.items():
             if isinstance(v, torch.Tensor):
                 assert torch.equal(v, other[k]), (helper, k)
@@ -452,6 +456,7 @@ def test_a_ragged_helper_that_reads_rows_packed_is_named_by_its_layout():
 # --- the decode paths' layout invariance (fuzz/metamorphic.py) -----------------------------------------------------
 
 from fuzz import metamorphic as fmm  # noqa: E402
+
 
 
 @pytest.mark.parametrize("target", ("gfx942", "gfx950"))

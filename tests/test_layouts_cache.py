@@ -16,6 +16,9 @@ from impl.runtime import kernel_device
 from impl.targets import get_target
 from oracles.formats import storage_bytes
 
+#: where the kernels run (the host under the interpreter, the GPU natively): inputs that reach a kernel live there
+DEV = kernel_device()
+
 TARGETS = ("gfx942", "gfx950")
 
 
@@ -38,8 +41,8 @@ def _swa(layout: str) -> SwaCase:
 
 @pytest.mark.parametrize("layout", ["strided", "strided-index"])
 def test_a_layout_keeps_the_values_and_changes_the_memory(layout):
-    base_k, base_slots = fw.build_swa_inputs(_swa("contiguous"), "cpu")
-    k, slots = fw.build_swa_inputs(_swa(layout), "cpu")
+    base_k, base_slots = fw.build_swa_inputs(_swa("contiguous"), DEV)
+    k, slots = fw.build_swa_inputs(_swa(layout), DEV)
     assert torch.equal(k.view(torch.int16), base_k.view(torch.int16)) and torch.equal(slots, base_slots)
     if layout == "strided":
         assert k.stride(0) > k.shape[1] and k.storage_offset() > 0
@@ -47,8 +50,8 @@ def test_a_layout_keeps_the_values_and_changes_the_memory(layout):
         assert slots.stride(0) == 2
     comp = CompressorCase(seed=4, ratio=4, state_block_size=4, positions=(3, 7, 11), reqs=(0, 1, 0), num_reqs=2,
                           slots=(0, 1, 2), num_blocks=3)
-    a = fw.build_compressor_inputs(comp, "cpu")
-    b = fw.build_compressor_inputs(dataclasses.replace(comp, input_layout=layout), "cpu")
+    a = fw.build_compressor_inputs(comp, DEV)
+    b = fw.build_compressor_inputs(dataclasses.replace(comp, input_layout=layout), DEV)
     for name in a:
         assert torch.equal(a[name], b[name]), name
     assert any(not b[n].is_contiguous() for n in b)
@@ -70,7 +73,7 @@ def test_a_strided_slot_mapping_is_refused_before_launch_pool_untouched():
 
 def test_a_pool_slice_keeps_the_bytes_on_both_sides_of_the_view():
     case = dataclasses.replace(_swa("contiguous"), extra_blocks_before=1, padded=True)
-    pool, view = fw.build_cache(case, "cpu", fill=0xAB)
+    pool, view = fw.build_cache(case, DEV, fill=0xAB)
     _, base = storage_bytes(view)
     assert base > 0 and pool.numel() > base + view.shape[0] * view.stride(0)
 
@@ -133,6 +136,7 @@ from fuzz import sparse_metadata as fsm  # noqa: E402
 from impl import cp_gather as impl_cg  # noqa: E402
 
 
+
 def _gather(**kw) -> fg.CpGatherCase:
     return fg.CpGatherCase(seed=5, layout="normal", block_size=16, num_blocks=3, seq_lens=(20, 5), table_width=2,
                            table=((2, 0), (1, 2)), **kw)
@@ -142,8 +146,8 @@ def _gather(**kw) -> fg.CpGatherCase:
                                     "out_layout=strided"])
 def test_gather_layouts_keep_the_values(layout):
     field, value = layout.split("=")
-    base = fg.build_gather_inputs(_gather(), "cpu")
-    inp = fg.build_gather_inputs(_gather(**{field: value}), "cpu")
+    base = fg.build_gather_inputs(_gather(), DEV)
+    inp = fg.build_gather_inputs(_gather(**{field: value}), DEV)
     for name in ("block_table", "cu_seqlen", "token_to_seq", "k_fp8", "k_scale"):
         assert torch.equal(inp[name], base[name]), name
     assert any(not inp[n].is_contiguous() for n in ("block_table", "cu_seqlen", "k_fp8"))
@@ -152,7 +156,7 @@ def test_gather_layouts_keep_the_values(layout):
 @pytest.mark.parametrize("target", TARGETS)
 def test_gather_refuses_strided_metadata_before_launch_and_reads_the_other_layouts(target):
     t = get_target(target)
-    inp = fg.build_gather_inputs(_gather(seq_layout="strided"), "cpu")
+    inp = fg.build_gather_inputs(_gather(seq_layout="strided"), DEV)
     before = inp["k_fp8"].clone()
     with pytest.raises(ValueError, match="cu_seqlen: expected a contiguous vector"):
         impl_cg.cp_gather_indexer_k_quant_cache(inp["k_cache"], inp["k_fp8"], inp["k_scale"], inp["block_table"],
@@ -184,7 +188,7 @@ def _logits(**kw) -> fl.IndexerLogitsCase:
 
 @pytest.mark.parametrize("q_layout", fl.Q_LAYOUTS)
 def test_q_layouts_keep_the_codes(q_layout):
-    inp = fl.build_decode_inputs(_logits(), "ocp", "cpu")
+    inp = fl.build_decode_inputs(_logits(), "ocp", DEV)
     q = fl.lay_out_q(inp.q, q_layout, "ocp")
     assert torch.equal(q.view(torch.uint8), inp.q.view(torch.uint8))
     assert q.is_contiguous() == (q_layout == "contiguous")
@@ -205,7 +209,7 @@ def test_logits_that_ignore_the_lane_stride_are_caught():
 
     t = get_target("gfx950")
     case = _logits(q_layout="lane-strided")
-    inp = fl.build_decode_inputs(case, "ocp", "cpu")
+    inp = fl.build_decode_inputs(case, "ocp", DEV)
 
     def run(q, w):
         codes = q.view(torch.uint8)
@@ -224,7 +228,7 @@ def test_rope_tail_overlap_is_refused_and_layouts_are_read_right_by_ours():
     base = fe.RopeCase(seed=2, tokens=2, heads=2, width=128, max_pos=4, positions=(0, 3))
     for case in (base.replace(alias="tail"), *(base.replace(layout=lay) for lay in fe.ROPE_LAYOUTS)):
         assert ce.epilogue_oracle_agreement(fe.EpilogueCase(epilogue="rope", rope=case), t) == []
-    x, _, _ = fe.rope_input(base, "cpu")
+    x, _, _ = fe.rope_input(base, DEV)
     xv, out = fe.rope_out(base.replace(alias="tail"), x, x.dtype)
     assert out.data_ptr() == xv.reshape(-1)[-1:].data_ptr()  # exactly one shared element
 
