@@ -122,7 +122,7 @@ def test_detection_twin_without_feature_flags():
 
 def check_contract_on_device(arch: str, contract_id: str, props: FakeDeviceProperties | None, repro_dir: str, *,
                              max_examples: int | None = None, use_examples: bool = True, profile: str = "ci",
-                             seed: int | None = None) -> None:
+                             seed: int | None = None, min_cases: int | None = None) -> None:
     t = device_target(props)
     assert t.name == arch
     assert t.cu_count == device_facts(props).multi_processor_count
@@ -131,9 +131,13 @@ def check_contract_on_device(arch: str, contract_id: str, props: FakeDevicePrope
     c = CONTRACTS[contract_id]
     row = run_contract(c, t, profile=profile, budget=ROW_BUDGET, repro_dir=repro_dir, max_examples=max_examples,
                        use_examples=use_examples, seed=seed)
-    if row.status != "pass":
+    # a twin's deliberately small case limit leaves the row "incomplete" (below the contract's minimum): that is
+    # the limit's doing, and its cases passed
+    limited = min_cases is not None and row.status == "incomplete" and not row.violations \
+        and row.reason.startswith("the case limit stopped the row")
+    if row.status != "pass" and not limited:
         pytest.fail(row_failure(row), pytrace=False)
-    assert row.cases >= c.min_cases
+    assert row.cases >= (c.min_cases if min_cases is None else min_cases)
 
 
 # subject-agreement compares a subject with ours: on ours it is skipped by design (tests/test_vllm_decode.py)
@@ -150,11 +154,11 @@ def test_contract_natively(arch, contract_id, smv_repro_dir):
 @pytest.mark.parametrize(("arch", "contract_id"), [pytest.param(a, cid, id=f"{a}-{cid}") for a, cid in ROWS])
 def test_contract_natively_twin(arch, contract_id, smv_repro_dir):
     # pinned examples and the covering arrays already run on every emulated target in tests/test_contracts.py; the
-    # twin proves the path from a device's properties to its target, so a few seeded draws (dev: no covering
-    # array, which would repeat test_contracts' rows at their cost) are enough
-    c = CONTRACTS[contract_id]
-    check_contract_on_device(arch, contract_id, FAKE_DEVICES[arch], smv_repro_dir, max_examples=c.min_cases,
-                             use_examples=False, profile="dev", seed=0)
+    # twin proves the path from a device's properties to its target (the target it detects, the CU count it reads)
+    # into a contract's run, so one seeded draw is enough (dev: no covering array, which would repeat
+    # test_contracts' rows at their cost; the real device's run above keeps every row's minimum)
+    check_contract_on_device(arch, contract_id, FAKE_DEVICES[arch], smv_repro_dir, max_examples=1,
+                             use_examples=False, profile="dev", seed=0, min_cases=1)
 
 
 # --- the AITER OPUS prefill route -------------------------------------------------------------------------------
