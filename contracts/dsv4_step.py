@@ -203,6 +203,7 @@ def _layer_step(case, target, ent, inp, bufs, s, li, layer) -> list[Violation]:
 
     # ================= the reference, after every kernel ran =================
     v = _flag_violations(where, case, target, layer, meta, capture, dispatch)
+    v += _slot_mapping_violations(where, case, layer, meta, pos_list)
     v += _write_violations(where, case, target, inp, layer, s, pos_list, before)
     c4a_rows = None
     if layer.indexer is not None:
@@ -337,6 +338,33 @@ def _flag_violations(where, case, target, layer, meta, capture: bool, dispatch) 
             v.append(Violation(f"{where}: the captured decode's adaptive splits differ from SPEC 2's (gfx950, "
                                f"C128A, under capture)", "DecodeGraph.dispatch.adaptive_splits", str(want),
                                str(dispatch.adaptive_splits)))
+    return v
+
+
+def _slot_mapping_violations(where, case, layer, meta, pos_list) -> list[Violation]:
+    """(0) the metadata's slot mappings, which any writer is handed (one that trusts them writes wherever they
+    point): SPEC 1.3's SWA slot of each token (-1 for a padding token or an unmapped block), and on a compressed
+    layer the compressed slot of row pos // ratio for a valid token that completes it ((pos + 1) % ratio == 0),
+    -1 for every other token (impl.dsv4_step's module docstring)."""
+    reqs = case.token_requests()
+    swa = layer.swa.table.cpu().tolist()
+    want = {"swa_slot_mapping": [ref.slot_of(swa, reqs[t], p, case.swa_block_size) for t, p in enumerate(pos_list)]}
+    if layer.extra is not None:
+        table = layer.extra.table.cpu().tolist()
+        cbs = layer.block_size // layer.ratio
+        want["compressed_slot_mapping"] = [
+            ref.slot_of(table, reqs[t], p // layer.ratio, cbs)
+            if want["swa_slot_mapping"][t] >= 0 and ref.completes_row(p, layer.ratio) else -1
+            for t, p in enumerate(pos_list)]
+    v = []
+    for name, w in want.items():
+        got = [int(x) for x in getattr(meta, name).cpu().tolist()]
+        bad = [t for t, (g, e) in enumerate(zip(got, w)) if g != e]
+        if bad or len(got) != len(w):
+            t = bad[0] if bad else min(len(got), len(w))
+            v.append(Violation(f"{where}: the metadata's {name} differs from SPEC 1.3's slots",
+                               f"token {t} (position {pos_list[t] if t < len(pos_list) else '-'}; "
+                               f"{len(bad)} tokens differ)", str(w), str(got)))
     return v
 
 

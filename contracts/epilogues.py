@@ -204,6 +204,11 @@ def _epilogue_examples(target: Target) -> list[EpilogueCase]:
         EpilogueCase(epilogue="rope", rope=RopeCase(
             seed=3, tokens=2, heads=2, width=512, max_pos=5, positions=(4, 0), scale=1.0, in_dtype="float32",
             out_dtype="bfloat16", cos_sin="angles")),
+        # a width whose copied lanes end inside a copy block (96 - 64 = 32 of 64), float32 and in place: the block's
+        # lanes past the copied ones are RoPE lanes of the same row, which the kernel reads after the copy
+        EpilogueCase(epilogue="rope", rope=RopeCase(
+            seed=4, tokens=2, heads=2, width=96, max_pos=5, positions=(4, 1), scale=1.0, in_dtype="float32",
+            out_dtype="float32", cos_sin="angles", alias="in-place")),
     ]
 
 

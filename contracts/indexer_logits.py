@@ -29,8 +29,8 @@ import torch
 
 from contracts.core import ALL_TARGETS, Violation, contract, fmt, record_margin, single_threaded
 from contracts.subjects import EntryMissing, bound
-from fuzz.indexer_logits import (IndexerLogitsCase, build_decode_inputs, build_prefill_inputs,
-                                 indexer_logits_cases, lay_out_q, lay_out_weights, long_context_lens,
+from fuzz.indexer_logits import (OUT_POISON, IndexerLogitsCase, build_decode_inputs, build_prefill_inputs,
+                                 indexer_logits_cases, lay_out_q, lay_out_weights, long_context_lens, padded_out,
                                  padded_rows_view)
 from impl.targets import Target
 from oracles import indexer_logits as oracle
@@ -232,6 +232,10 @@ def _examples(target: Target) -> list[IndexerLogitsCase]:
                      max_model_len=70, topk=70, heads=2, values="wide"),
         IndexerLogitsCase(seed=14, mode="prefill", heads=8, topk=12, keys=20, row_starts=(0, 4, 9, 20),
                           row_ends=(5, 4, 20, 20), values="ties"),
+        # into a caller's out whose rows are padded: row 0 sees nothing (its one 32-wide tile is all -inf, 12
+        # columns wider than the row), and no store may reach the padding
+        IndexerLogitsCase(seed=17, mode="prefill", heads=3, topk=6, keys=20, row_starts=(0, 2, 0),
+                          row_ends=(0, 20, 7), out_rows="padded"),
         base.replace(seed=15, next_n=1, block_size=1, layout="normal", context_lens=(5, 3), max_model_len=6,
                      nan_q=True, nan_k=True, bad_scale="inf", topk=8),
         # token rows 136 bytes apart (refused or read as the view says), per-row lengths flattened (refused)
@@ -258,7 +262,8 @@ def indexer_logits_agreement(case: IndexerLogitsCase, target: Target) -> list[Vi
     NaN codes); at next_n 2 a 1-D ``context_lens`` of the per-row lengths flattened (more entries than q has
     requests) is refused with ValueError or TypeError. A q or weights in another memory layout (head slots
     padded, heads outermost, lanes strided; a wider weights table, column-major) is refused naming it or gives
-    exactly the packed call's logits. A subject without top-k entry points (``topk_indices``, ``topk_indices_prefill``) is
+    exactly the packed call's logits. Into a caller's ``out`` whose rows are a slice of a wider buffer, the logits
+    are written there and no store reaches the padding after a row's last column. A subject without top-k entry points (``topk_indices``, ``topk_indices_prefill``) is
     judged on its logits alone (vLLM 0.33.0's top-k is a compiled op, outside the audited modules)."""
     with single_threaded():
         return _check(case, target)
@@ -312,6 +317,35 @@ def compare_layouts(case: IndexerLogitsCase, run, q, weights, got: torch.Tensor,
                       fmt(a[tuple(bad)]), fmt(b[tuple(bad)]))]
 
 
+def _out_buffer(case: IndexerLogitsCase, rows: int, cols: int, device):
+    """(wide, out) for the call: (None, None) for a "fresh" case (the subject allocates), else a padded out."""
+    if case.out_rows != "padded":
+        return None, None
+    return padded_out(rows, cols, device)
+
+
+OUT_PADDING_WRITTEN = ("a store past a row's last column reached the padding of a caller's out (rows a slice of a "
+                       "wider buffer)")
+OUT_NOT_WRITTEN = "the logits returned are not what the caller's out holds"
+
+
+def _out_violations(wide, out, got, label: str) -> list[Violation]:
+    """A padded out: the columns past each row still hold OUT_POISON, and ``out`` holds the returned logits."""
+    if wide is None:
+        return []
+    v = []
+    pad = wide[:, out.shape[1]:].detach().cpu()
+    bad = pad != OUT_POISON
+    if bool(bad.any()):
+        r, c = bad.nonzero()[0].tolist()
+        v.append(Violation(f"{label}: {OUT_PADDING_WRITTEN}", f"row {r}, column {out.shape[1] + c} "
+                           f"({int(bad.sum())} padding entries changed)", repr(OUT_POISON), repr(pad[r, c].item())))
+    a, b = out.detach().cpu(), got.detach().cpu()
+    if a.shape == b.shape and not bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all()):
+        v.append(Violation(f"{label}: {OUT_NOT_WRITTEN}", "out", "the returned logits", "other values"))
+    return v
+
+
 def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
     from impl.targets import get_target
 
@@ -321,23 +355,29 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
     if case.mode == "decode":
         inp = build_decode_inputs(case, flavour)
 
-        def call(cache, context_lens):
+        def call(cache, context_lens, out=None):
+            # max_model_len by keyword, as callers may pass it (a positional-or-keyword parameter)
             return fam.fp8_paged_mqa_logits(inp.q, cache, inp.weights, context_lens, inp.block_table,
-                                            case.max_model_len, layout=case.layout, target=tgt)
+                                            max_model_len=case.max_model_len, layout=case.layout, out=out,
+                                            target=tgt)
 
         pre = _refusals(case, call, inp, flavour)
+        rows_out = case.batch * case.next_n
         got = None
         if case.cache_view == "padded-rows":
             try:
-                got = call(padded_rows_view(inp.cache, flavour), inp.context_lens)
+                wide, out = _out_buffer(case, rows_out, case.max_model_len, inp.q.device)
+                got = call(padded_rows_view(inp.cache, flavour), inp.context_lens, out)
             except Exception as exc:  # noqa: BLE001 - above block size 1 any refusal will do
                 if case.block_size == 1:
                     pre.append(Violation("decode: a block-contiguous cache view (block size 1, its one token row "
                                          "not 132 bytes from the next block's) was refused", "kv_cache",
                                          "logits", f"{type(exc).__name__}: {exc}"))
         if got is None:
-            got = call(inp.cache, inp.context_lens)
+            wide, out = _out_buffer(case, rows_out, case.max_model_len, inp.q.device)
+            got = call(inp.cache, inp.context_lens, out)
         got_cpu = got.detach().cpu().clone()
+        pre += _out_violations(wide, out, got, "decode")
         pre += compare_layouts(case, lambda q, w: fam.fp8_paged_mqa_logits(
             q, inp.cache, w, inp.context_lens, inp.block_table, case.max_model_len, layout=case.layout, target=tgt),
             inp.q, inp.weights, got_cpu, flavour)
@@ -367,8 +407,10 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
     else:
         pre = []
         inp = build_prefill_inputs(case, flavour)
-        got = fam.fp8_mqa_logits(inp.q, inp.k_fp8, inp.k_scale, inp.weights, inp.ks, inp.ke, target=tgt)
+        wide, out = _out_buffer(case, len(case.row_starts), case.keys, inp.q.device)
+        got = fam.fp8_mqa_logits(inp.q, inp.k_fp8, inp.k_scale, inp.weights, inp.ks, inp.ke, out=out, target=tgt)
         got_cpu = got.detach().cpu().clone()
+        pre += _out_violations(wide, out, got, "prefill")
         pre += compare_layouts(case, lambda q, w: fam.fp8_mqa_logits(q, inp.k_fp8, inp.k_scale, w, inp.ks, inp.ke,
                                                                      target=tgt), inp.q, inp.weights, got_cpu, flavour)
         def prefill(**variant):

@@ -3,9 +3,10 @@
 SPEC 1.2: the product passes 2^31 at about 57K blocks. Each probe writes or reads tokens at the far end of a pool
 larger than 2^32 bytes, whose block offset computed in 32 bits would wrap to a small positive value inside the same
 pool: a wrong read or write, not a crash. The pool's start is poisoned so a wrapped access cannot agree by accident.
-Probes: the SWA insert and the compressor (writers), the decode (readers, every kernel family), the indexer-K
-gather (both variants), the sparse prefill (kv rows, ragged and dense indices) and the decode's epilogues (inverse
-RoPE and MXFP8 input rows). Those rows are 1.6 G bf16 elements apart, a stride that still fits an int32 (Triton
+Probes: the SWA insert and the compressor (writers), the decode (readers, every kernel family; and its q and out
+rows and heads, ``decode-views``), the indexer-K gather (both variants), the sparse prefill (kv rows, ragged and
+dense indices, and a strided topk_length), the decode's epilogues (inverse
+RoPE and MXFP8 input rows) and the prefill indexer logits (q rows). Those rows are 1.6 G bf16 elements apart, a stride that still fits an int32 (Triton
 passes it as one), so only the kernel's own widening keeps ``row * stride`` in 64 bits. A component adds its
 own with :func:`int64_probe`, naming the entry points it runs; a case names the probes whose entry points the current
 subject has (``bound(target)``), so a subject without an SWA insert is probed through its compressor and decode.
@@ -13,6 +14,7 @@ subject has (``bound(target)``), so a subject without an SWA insert is probed th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import tempfile
@@ -247,6 +249,74 @@ def _decode_far_end(seed: int, bs: int, target: Target) -> list[Violation]:
     return oracle_violations("decode at the far end of a >2^32-byte pool vs oracle", got, ref, plan.num_splits)
 
 
+@int64_probe("decode-views", ("decode.plan_decode", "decode.sparse_attn_decode"))
+def int64_decode_views_probe(target: Target) -> list[Violation]:
+    """The decode addresses q and out in int64 (``row * stride`` and ``head * stride``; sparse_attn_decode takes
+    any strides of q and any of out with a unit last stride): a [3, 3, 512] q and out whose rows, or whose heads,
+    lie :data:`FAR_ROW_STRIDE` elements apart in one bf16 pool (index 2 past 2^31 elements, where an int32 product
+    wraps onto poisoned words) give the oracle's output of the packed q. Two calls: q heads far with out rows far,
+    then q rows far with out heads far; the cache is small and packed."""
+    dec = bound(target).decode
+    dev = kernel_device()
+    gen = torch.Generator().manual_seed(13)
+    B = H = 3
+    D = formats.DSV4_HEAD_DIM
+    bs, nb = 2, 4
+    n = nb * bs
+    stride = formats.Fp8DsMlaLayout(bs).padded_block_bytes
+    cache = torch.zeros(nb * stride, dtype=torch.uint8).as_strided((nb, bs, formats.DSV4_TOKEN_BYTES),
+                                                                 (stride, formats.DSV4_TOKEN_BYTES, 1))
+    formats.pack_fp8_ds_mla(cache, list(range(n)),
+                            formats.fp8_encode(torch.randn(n, 448, generator=gen) * 4, target.main_cache_fp8),
+                            torch.randint(123, 128, (n, formats.DSV4_NUM_GROUPS), generator=gen).to(torch.uint8),
+                            torch.randn(n, formats.DSV4_ROPE_DIM, generator=gen).to(torch.bfloat16))
+    rows = [[0, 3, 5], [1, 7], [2, 4, 6, 0, n]]  # n: one past the last slot, masked
+    mi = torch.tensor([s for r in rows for s in r], dtype=torch.int32)
+    mp = torch.tensor([0, 3, 5, 10], dtype=torch.int32)
+    sink = torch.tensor([0.5, -math.inf, 1.0], dtype=torch.float32)
+    qs = [torch.randn(B, H, D, generator=gen).to(torch.bfloat16) for _ in range(2)]
+    S = FAR_ROW_STRIDE
+    # (name of the far dimension of q, of out) -> lanes of each far row: q at `lane`, out after it
+    calls = (("heads", "rows"), ("rows", "heads"))
+    got = []
+    flat, pool = far_rows_pool(2 * (B * D + H * D), dev, rows=3)
+    try:
+        lane = 0
+
+        def view(far: str):
+            nonlocal lane
+            strides = (D, S, 1) if far == "heads" else (S, D, 1)
+            v = pool.as_strided((B, H, D), strides, FAR_ROW_BASE + lane)
+            lane += 3 * D
+            return v
+
+        cache_d = cache.to(dev)
+        plan = dec.plan_decode(target, B, H, mi.numel(), 0, cu_count=2)
+        for (q_far, out_far), qv in zip(calls, qs):
+            q = view(q_far)
+            q.copy_(qv.to(dev))
+            out = view(out_far)
+            out.fill_(math.nan)
+            ws = (dec.DecodeWorkspace.allocate(B, plan.num_splits, H, dev, fill=math.nan)
+                  if plan.family != "generic" else None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                dec.sparse_attn_decode(q, cache_d, mi.to(dev), mp.to(dev), attn_sink=sink.to(dev),
+                                       softmax_scale=0.09, target=target, cu_count=2, plan=plan, workspace=ws,
+                                       out=out)
+            got.append(out.cpu().clone())
+    finally:
+        del flat, pool  # release the ~9 GB pool before the next probe allocates its own
+    out_v: list[Violation] = []
+    for (q_far, out_far), qv, g in zip(calls, qs, got):
+        ref = ref_decode.ref_sparse_attn_decode(qv, cache, mi, mp, attn_sink=sink, softmax_scale=0.09,
+                                                main_flavour=target.main_cache_fp8,
+                                                extra_flavour=target.extra_cache_fp8, scrub_extra=True)
+        out_v += oracle_violations(f"decode with q's {q_far} and out's {out_far} 1.6 G elements apart (index 2 "
+                                   "past 2^31) vs oracle", g, ref, plan.num_splits)
+    return out_v
+
+
 # --- the indexer-K gather's probe ----------------------------------------------------------------------------
 
 #: byte written over the indexer pool's start, where a 32-bit block offset would land
@@ -353,7 +423,8 @@ def int64_prefill_probe(target: Target) -> list[Violation]:
     """The sparse prefill addresses kv in int64 (``slot * stride(0)``): index rows naming every row of a
     ``[4, d]`` kv whose rows are 1.6 G elements apart (row 2 past 2^31 elements, row 3 past 2^32) give the oracle's
     output on a small copy of the same rows, ragged and dense; a 32-bit row offset would read the poisoned words it
-    wraps to."""
+    wraps to. Then a dense call whose topk_length entries lie 1.6 G elements apart (``row * stride_len``; a
+    strided topk_length is the entry point's to take) over packed kv rows."""
     pre = bound(target).prefill
     dev = kernel_device()
     gen = torch.Generator().manual_seed(11)
@@ -380,6 +451,7 @@ def int64_prefill_probe(target: Target) -> list[Violation]:
             got["dense"] = out.cpu().clone()
     finally:
         del flat, kv  # release the ~12 GB pool before the next probe allocates its own
+    got["dense, far-strided topk_length"], q3, lens3 = _prefill_far_lengths(pre, target, dev, rows, gen, h, d, rope)
     from contracts.decode import attention_violations
     from impl.runtime import triton_mode
     from oracles import prefill as ref_prefill
@@ -387,10 +459,48 @@ def int64_prefill_probe(target: Target) -> list[Violation]:
                                               indices=[3, 1, 2, 0, 1, 3], indptr=[0, 4, 6])
     tol = ref_prefill.prefill_tolerance(ref, "bfloat16", triton_mode(), d, "bfloat16")
     out: list[Violation] = []
+    far_lens = got.pop("dense, far-strided topk_length")
     for kind, g in got.items():
         out += attention_violations(f"prefill ({kind} indices) reading kv rows past 2^31 elements vs oracle", g,
                                     ref.out, tol)
+    ref3 = ref_prefill.ref_sparse_attn_prefill(q3, rows, softmax_scale=0.1, attn_sink=None, out_width=d,
+                                               indices=[s for r, n in zip(FAR_LENGTH_ROWS, lens3) for s in r[:n]],
+                                               indptr=[0, *itertools.accumulate(lens3)])
+    tol3 = ref_prefill.prefill_tolerance(ref3, "bfloat16", triton_mode(), d, "bfloat16")
+    out += attention_violations("prefill (dense indices) with topk_length entries 1.6 G elements apart (entry 2 "
+                                "past 2^31) vs oracle", far_lens, ref3.out, tol3)
     return out
+
+
+#: the dense rows of the far-strided topk_length call; row 2's length is 1, so a wrapped (poisoned) read of it,
+#: clamped to the width, reads all four
+FAR_LENGTH_ROWS = ([3, 1, 2, 0], [1, 3, -1, 0], [2, 0, 3, 1])
+FAR_LENGTHS = (4, 2, 1)
+
+
+def _prefill_far_lengths(pre, target, dev, rows, gen, h, d, rope):
+    """The dense prefill over the packed kv ``rows`` with ``topk_length`` a [3] int32 view whose entries lie
+    FAR_ROW_STRIDE elements apart (sparse_attn_prefill takes a strided topk_length): entry 2 lies past 2^31
+    elements, and a 32-bit ``row * stride`` wraps onto poisoned words (a huge length, clamped to the width) in
+    the same pool of about 17 GB (pages committed only where touched). Returns (out on the CPU, q, lengths)."""
+    q3 = torch.randn(3, h, d, generator=gen).to(torch.bfloat16)
+    S = FAR_ROW_STRIDE
+    wrapped = FAR_ROW_BASE + ((2 * S + 2 ** 31) % 2 ** 32 - 2 ** 31)
+    flat = torch.empty(FAR_ROW_BASE + 2 * S + 64, dtype=torch.int32, device=dev)
+    try:
+        flat[wrapped - 64: wrapped + 64] = 0x7E7E7E7E
+        lens = flat.as_strided((3,), (S,), FAR_ROW_BASE)
+        lens.copy_(torch.tensor(FAR_LENGTHS, dtype=torch.int32))
+        out = torch.full((3, h, d), math.nan, dtype=torch.bfloat16, device=dev)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            pre.sparse_attn_prefill(q3.to(dev), rows.to(dev), torch.tensor(FAR_LENGTH_ROWS, dtype=torch.int32,
+                                                                            device=dev),
+                                    0.1, None, out, topk_length=lens, rope_head_dim=rope, target=target)
+        got = out.cpu().clone()
+    finally:
+        del flat  # release the pool before the next probe allocates its own
+    return got, q3, FAR_LENGTHS
 
 
 @int64_probe("epilogues", ("epilogues.inverse_rope_gptj", "epilogues.mxfp8_quantize"))
@@ -444,6 +554,60 @@ def int64_epilogue_probe(target: Target) -> list[Violation]:
     return out
 
 
+# --- the prefill indexer logits' probe: q rows 1.6 G bytes apart ------------------------------------------------------
+
+def far_byte_rows_pool(width: int, device, poison: int, rows: int = 4):
+    """:func:`far_rows_pool` in bytes: a ``[rows, width]`` uint8 view over an uninitialised pool of about 6 GB
+    (pages are only committed where touched), rows ``FAR_ROW_STRIDE`` bytes apart (a stride below 2^31, passed as
+    an int32), so row 2 lies past 2^31 bytes and row 3 past 2^32; the places a row offset computed in int32 wraps to
+    (before the view for row 2, after it for row 3, inside the pool) hold ``poison``. Returns (flat, view)."""
+    assert rows in (3, 4)
+    end = FAR_ROW_BASE + (rows - 1) * FAR_ROW_STRIDE + width
+    flat = torch.empty(end + 64, dtype=torch.uint8, device=device)
+    for row in range(2, rows):
+        wrapped = FAR_ROW_BASE + ((row * FAR_ROW_STRIDE + 2 ** 31) % 2 ** 32 - 2 ** 31)
+        assert 0 <= wrapped - 64 and wrapped + width + 64 <= end
+        flat[wrapped - 64: wrapped + width + 64] = poison
+    return flat, flat.as_strided((rows, width), (FAR_ROW_STRIDE, 1), FAR_ROW_BASE)
+
+
+@int64_probe("indexer-logits", ("indexer_logits.fp8_mqa_logits",))
+def int64_indexer_logits_probe(target: Target) -> list[Violation]:
+    """The prefill indexer logits address q in int64 (``t * stride(0)``): a ``[4, H, 128]`` q whose rows are 1.6 G
+    bytes apart (a q carved from a wider activation; row 2 past 2^31 bytes, where an int32 product turns negative,
+    row 3 past 2^32) scores every key as the oracle does on the same codes; a 32-bit row offset would read the NaN
+    codes it wraps to (NaN logits)."""
+    from contracts.indexer_logits import judge_logits
+    from fuzz.indexer_logits import FP8_TORCH, NAN_CODE
+    from impl.formats import fp8_encode
+    from oracles import indexer_logits as ref_logits
+
+    fam = bound(target).indexer_logits
+    flavour = target.main_cache_fp8
+    dev = kernel_device()
+    gen = torch.Generator().manual_seed(13)
+    T, H, S = 4, 4, 8
+    q_codes = fp8_encode(torch.randn(T, H, 128, generator=gen), flavour)
+    k_codes = fp8_encode(torch.randn(S, 128, generator=gen), flavour)
+    k_scale = (torch.rand(S, generator=gen) + 0.5).to(torch.float32)
+    weights = (torch.randn(T, H, generator=gen) * 0.5).to(torch.float32)
+    starts, ends = [0, 1, 0, 2], [S, S, 5, S]
+    flat, rows = far_byte_rows_pool(H * 128, dev, NAN_CODE[flavour], rows=T)
+    try:
+        for t in range(T):
+            rows[t].copy_(q_codes[t].reshape(-1).to(dev))
+        q = rows.as_strided((T, H, 128), (FAR_ROW_STRIDE, 128, 1), FAR_ROW_BASE).view(FP8_TORCH[flavour])
+        fp8 = FP8_TORCH[flavour]
+        got = fam.fp8_mqa_logits(q, k_codes.to(dev).view(fp8), k_scale.to(dev), weights.to(dev),
+                                 torch.tensor(starts, dtype=torch.int32, device=dev),
+                                 torch.tensor(ends, dtype=torch.int32, device=dev), target=target)
+        got = got.detach().cpu().clone()
+    finally:
+        del flat, rows  # release the ~6 GB pool before the next probe allocates its own
+    ref = ref_logits.prefill_logits(q_codes, k_codes, k_scale, weights, starts, ends, flavour)
+    return judge_logits(got, ref, H, "prefill logits of q rows past 2^31 bytes")
+
+
 @dataclass(frozen=True)
 class Int64Case(Case):
     """The probes to run, by their names in :data:`INT64_PROBES` (the generator names every registered one)."""
@@ -474,7 +638,8 @@ def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     insert, compressor) store a token at the far end of a pool larger than 2^32 bytes, whose block offset wraps to
     a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
     reads far-end tokens and agrees with the oracle; the indexer-K gather copies far-end tokens exactly; the prefill
-    and the epilogues read rows past 2^31 elements and agree with the oracle. A case runs the probes whose entry
+    and the epilogues read rows past 2^31 elements and the prefill indexer logits q rows past 2^31 bytes, and agree
+    with the oracle. A case runs the probes whose entry
     points the subject has; under ``--profile ci`` each probe is a case of its own (the declared dimension
     ``probe``)."""
     out = []

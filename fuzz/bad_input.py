@@ -61,7 +61,9 @@ RANGE_BREAKAGES = ("range-high", "range-low")
 #: an output that shares exactly one element with an input: its first element is the input's last (``tail``), or
 #: its last element is the input's first (``head``)
 OVERLAP_BREAKAGES = ("overlap-tail", "overlap-head")
-BREAKAGES = DIM_BREAKAGES + ("dtype", "device", "noncontig") + RANGE_BREAKAGES + OVERLAP_BREAKAGES
+#: ``padded``: the same values in a view whose rows (last dimension) lie one element further apart than their
+#: width, each row itself packed (a cache whose tokens are not back to back)
+BREAKAGES = DIM_BREAKAGES + ("dtype", "device", "noncontig", "padded") + RANGE_BREAKAGES + OVERLAP_BREAKAGES
 #: breakages that make a well-typed call with corrupt ids (the rest misuse the signature)
 ID_BREAKAGES = frozenset(RANGE_BREAKAGES)
 
@@ -117,12 +119,15 @@ class Arg:
     needs: Callable[[Any], bool] | None = None
     #: an output that must not partly overlap this input argument (an exact in-place call aside)
     overlaps: str | None = None
+    #: rows that must be back to back (a padded view, each row unit-strided, must be refused)
+    packed_rows: bool = False
 
     def breakages(self) -> tuple[str, ...]:
         out = [f"dim{d}-{s}" for d in self.dims for s in ("small", "large")]
         out += ["dtype"] if self.bad_dtype is not None else []
         out += ["device"] if self.device else []
         out += ["noncontig"] if self.contiguous else []
+        out += ["padded"] if self.packed_rows else []
         out += list(OVERLAP_BREAKAGES) if self.overlaps else []
         return tuple(out) + tuple(k for k in RANGE_BREAKAGES if k in self.ranges)
 
@@ -169,6 +174,15 @@ def _strided(t: torch.Tensor) -> torch.Tensor:
     return view
 
 
+def _padded(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a view whose last dimension keeps a unit stride but whose rows lie one element further
+    apart than their width (a slice of a wider buffer)."""
+    wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype, device=t.device)
+    view = wide[..., :t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
 def break_inputs(entry: str, arg: str, kind: str, seed: int, inputs: dict, inner) -> str:
     """Apply breakage ``kind`` to ``inputs[arg]`` in place of the valid value; returns what was done (for the
     violation's ``where``). Raises ``LookupError`` when the valid call cannot carry the breakage (a range breakage
@@ -205,6 +219,11 @@ def break_inputs(entry: str, arg: str, kind: str, seed: int, inputs: dict, inner
     if kind == "device":
         inputs[arg] = t.to("meta")
         return f"{arg} device {t.device} -> meta"
+    if kind == "padded":
+        if t.dim() < 2 or t.numel() == 0:
+            raise LookupError(f"{arg}: {t.dim()} dimension(s), {t.numel()} elements: no rows to pad apart")
+        inputs[arg] = _padded(t)
+        return f"{arg} strides {list(t.stride())} -> {list(inputs[arg].stride())}"
     if t.dim() == 0 or t.shape[-1] <= 1:
         raise LookupError(f"{arg}: a last dimension of {t.shape[-1] if t.dim() else 0} elements has no stride to break")
     inputs[arg] = _strided(t)
@@ -1384,7 +1403,10 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         "cache": Arg(dims=(2,), bad_dtype=torch.int8),
     }, _direct_plain),
     Entry("indexer_writer.compress_norm_rope_store_indexer", fiw.IndexerCompressorCase, _indexer_compressor_cases,
-          _build_indexer_compressor, _window_args(("positions",), None), _indexer_compressor_plain),
+          _build_indexer_compressor,
+          # the cache's tokens back to back (FP8 132 B, MXFP4 68 B records): a padded view is refused
+          {**_window_args(("positions",), None), "cache": Arg(dims=(2,), bad_dtype=torch.int8, packed_rows=True)},
+          _indexer_compressor_plain),
     *_more_entries(),
 )}
 
@@ -1517,10 +1539,16 @@ def force_bad_input(case: BadInputCase, combo: dict, target=None) -> BadInputCas
 def _examples(target=None) -> list[BadInputCase]:
     """Pinned cases (the valid call found from the seed when checked): the two breakages issue 30's surviving
     mutants let through - an fp8_ds_mla cache view one byte narrower per token (strides of the 584-byte cache), and
-    a writing token's request id one past the indexer compressor's state table."""
+    a writing token's request id one past the indexer compressor's state table - and the MXFP4 indexer cache
+    with its tokens padded apart, which a block check that refuses only when both of its strides are wrong lets
+    through."""
     return [BadInputCase(entry="formats.pack_fp8_ds_mla", arg="cache", breakage="dim2-small"),
             BadInputCase(entry="indexer_writer.compress_norm_rope_store_indexer", arg="token_to_req",
-                         breakage="range-high")]
+                         breakage="range-high"),
+            # the MXFP4 indexer cache with its 68-byte tokens padded apart (each token unit-strided): its block
+            # check must refuse a token stride other than 68 on its own
+            BadInputCase(entry="indexer_writer.compress_norm_rope_store_indexer", arg="cache", breakage="padded",
+                         inner=_indexer_compressor_plain().replace(kv_format="mxfp4").to_json())]
 
 
 #: one dimension: the entry point. Each case checks every argument x breakage of its entry point (exhaustive

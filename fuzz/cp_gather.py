@@ -241,7 +241,8 @@ def gather_cases(draw):
 
 def gather_examples() -> list[CpGatherCase]:
     """Pinned cases, first in every run: each break of the chain at once (NORMAL, odd block size, padded pool
-    view), SHUFFLE positions past the first tile across two blocks, and the default layout at block size 1."""
+    view), SHUFFLE positions past the first tile across two blocks, the default layout at block size 1, and a
+    gather with no sequences (a block table without storage)."""
     return [
         CpGatherCase(seed=11, layout="normal", block_size=3, num_blocks=4, seq_lens=(5, 0, 7, 2), table_width=2,
                      table=((3, 1), (2, 2), (0, -1), (4, INT32_MAX)), stride_pad=12, offset_blocks=1,
@@ -250,6 +251,10 @@ def gather_examples() -> list[CpGatherCase]:
                      table=((2, 0), (1, 3)), stride_pad=4, offset_blocks=2, extra_tokens=1),
         CpGatherCase(seed=13, layout="default", block_size=1, num_blocks=5, seq_lens=(3, 2), table_width=3,
                      table=((4, 0, 2), (1, -1, 3)), index_dtype="int64"),
+        # no sequences at all: every token is invalid and the [0, 1] block table has no storage (a null pointer
+        # on every device), so a table read that is not masked by its token's validity faults
+        CpGatherCase(seed=14, layout="normal", block_size=3, num_blocks=2, seq_lens=(), table_width=1, table=(),
+                     extra_tokens=3, token_to_seq_edits=((1, -1),)),
     ]
 
 

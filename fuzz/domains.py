@@ -540,6 +540,11 @@ domain(
           "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::rocm_aiter_sparse_attn_indexer (q_fp8 from the "
           "indexer's per-token quantization and weights from weights_proj(hidden) * scale: fresh packed tensors, "
           "viewed [B, next_n, H, 128] / [B * next_n, H]) (0.33.0, 0.34.0)"),
+    # the logits' memory (fuzz/indexer_logits.py out_rows): a caller's out whose rows are padded is caller-contract
+    Bound("logits-out-fresh", lambda c: getattr(c, "out_rows", "fresh") == "fresh",
+          "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py::rocm_aiter_sparse_attn_indexer (the logits are the "
+          "fresh tensors rocm_fp8_paged_mqa_logits / rocm_fp8_mqa_logits return; no out buffer is passed) "
+          "(0.33.0, 0.34.0)"),
 )
 
 # --- prefill (fuzz/prefill.py, prefill_assembly.py) -----------------------------------------------------------------

@@ -7,7 +7,8 @@ the tail of each request's last page, and the table columns past its pages, whic
 kernel that reads past a row's length returns NaN instead of -inf); prefill rows with empty ranges and keys no row
 sees (poisoned too); a top-k larger than the candidate count; exact ties (values on a coarse grid, keys repeating
 three rows: runs of equal logits at the top-k boundary, many exact zeros after the relu); NaN codes in q or in a visible key, infinite, NaN and negative key scales; heads
-counts below and at the MMA tile (1..16).
+counts below and at the MMA tile (1..16); the logits into a caller's ``out`` whose rows are padded (poisoned columns
+after each row, which no store may reach).
 """
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ BLOCK_SIZES = (1, 3, 16, 64)
 #: poisoned bytes between the token rows of a "padded-rows" cache view
 ROW_PAD = 4
 HEADS = (1, 2, 4, 8, 16)
+#: columns after each row of a "padded" out (at least a tile's width, so a store spilling past a row's last column
+#: lands in that row's padding, not in the next row, which rewrites it), and the value they hold
+OUT_PAD = 64
+OUT_POISON = -12345.5
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class IndexerLogitsCase(Case):
     inf, NaN or negative (bytes a writer never stores; the formula still holds)."""
 
     KIND: ClassVar[str] = "indexer-logits-agreement"
-    ADDED_FIELDS = ('q_layout', 'weights_layout')
+    ADDED_FIELDS = ('q_layout', 'weights_layout', 'out_rows')
 
     seed: int
     mode: Literal["decode", "prefill"]
@@ -75,6 +80,9 @@ class IndexerLogitsCase(Case):
     #: the memory q and the head weights are handed in (the same values): :data:`Q_LAYOUTS`, :data:`WEIGHTS_LAYOUTS`
     q_layout: Literal["contiguous", "padded", "heads-major", "lane-strided"] = "contiguous"
     weights_layout: Literal["contiguous", "padded", "column-major"] = "contiguous"
+    #: the logits' memory: "fresh" (the subject allocates it, ``out=None``) or "padded" (``out=`` a slice of a wider
+    #: buffer: each row followed by ``OUT_PAD`` columns of ``OUT_POISON``, which no store may touch)
+    out_rows: Literal["fresh", "padded"] = "fresh"
 
     def __post_init__(self):
         super().__post_init__()
@@ -141,6 +149,7 @@ def _common(draw) -> dict:
         bad_scale=draw(st.sampled_from(["none", "none", "inf", "nan", "negative"])),
         q_layout=draw(st.sampled_from(["contiguous", "contiguous"] + list(Q_LAYOUTS[1:]))),
         weights_layout=draw(st.sampled_from(["contiguous", "contiguous"] + list(WEIGHTS_LAYOUTS[1:]))),
+        out_rows=draw(st.sampled_from(["fresh", "fresh", "fresh", "padded"])),
     )
 
 
@@ -362,6 +371,13 @@ def build_prefill_inputs(case: IndexerLogitsCase, flavour: str, device: str | No
                          ke=torch.tensor(case.row_ends, dtype=torch.int32).to(device))
 
 
+def padded_out(rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(wide, out): an fp32 ``out [rows, cols]`` (unit column stride, rows ``cols + OUT_PAD`` apart) carved from
+    ``wide``, whose columns past ``cols`` hold ``OUT_POISON`` (the "padded" out of :class:`IndexerLogitsCase`)."""
+    wide = torch.full((rows, cols + OUT_PAD), OUT_POISON, dtype=torch.float32, device=device)
+    return wide, wide[:, :cols]
+
+
 # --- memory layouts of q and the weights (issue 30 item 1) --------------------------------------------------------
 
 #: q's codes packed; each head's 128 lanes in a 144-byte slot (head and row strides padded, lanes unit-stride);
@@ -453,7 +469,7 @@ def force_logits(case: IndexerLogitsCase, combo: dict, target) -> IndexerLogitsC
     poison = combo.get("poison")
     common = dict(seed=case.seed, heads=case.heads, values=combo.get("values", case.values),
                   q_layout=combo.get("q_layout", case.q_layout),
-                  weights_layout=combo.get("weights_layout", case.weights_layout))
+                  weights_layout=combo.get("weights_layout", case.weights_layout), out_rows=case.out_rows)
     if poison is not None:
         common.update(nan_q=poison == "nan-q", nan_k=poison == "nan-k",
                       bad_scale=poison[:-len("-scale")] if poison.endswith("-scale") else "none")
