@@ -5,11 +5,14 @@ larger than 2^32 bytes, whose block offset computed in 32 bits would wrap to a s
 pool: a wrong read or write, not a crash. The pool's start is poisoned so a wrapped access cannot agree by accident.
 Probes: the SWA insert and the compressor (writers), the decode (readers, every kernel family; and its q and out
 rows and heads, ``decode-views``), the indexer-K gather (both variants), the sparse prefill (kv rows, ragged and
-dense indices, and a strided topk_length), the decode's epilogues (inverse
-RoPE and MXFP8 input rows) and the prefill indexer logits (q rows). Those rows are 1.6 G bf16 elements apart, a stride that still fits an int32 (Triton
-passes it as one), so only the kernel's own widening keeps ``row * stride`` in 64 bits. A component adds its
-own with :func:`int64_probe`, naming the entry points it runs; a case names the probes whose entry points the current
-subject has (``bound(target)``), so a subject without an SWA insert is probed through its compressor and decode.
+dense indices, and a strided topk_length), the decode's epilogues (inverse RoPE and MXFP8 input rows) and the
+indexer logits (the prefill's q rows and key scales, the decode's cache blocks), and the indexer-K writers (the
+direct writer at the far end of a pool, ``indexer-k-quant``; the head-128 compressor's state block table rows far
+apart, ``indexer-compress``). Those rows are 1.6 G bf16 elements
+apart, a stride that still fits an int32 (Triton passes it as one), so only the kernel's own widening keeps
+``row * stride`` in 64 bits. A component adds its own with :func:`int64_probe`, naming the entry points it runs; a
+case names the probes whose entry points the current subject has (``bound(target)``), so a subject without an SWA
+insert is probed through its compressor and decode.
 """
 from __future__ import annotations
 
@@ -397,19 +400,20 @@ FAR_ROW_BASE = 2 ** 30 + 2 ** 20
 ROW_POISON = 0x7E7E
 
 
-def far_rows_pool(width: int, device, rows: int = 4):
+def far_rows_pool(width: int, device, rows: int = 4, dtype: torch.dtype = torch.bfloat16, poison: int = ROW_POISON):
     """A ``[rows, width]`` bf16 view (3 or 4 rows) over an uninitialised pool of up to about 12 GB (pages are only
     committed where touched), rows FAR_ROW_STRIDE elements apart, so row 2 lies past 2^31 elements and row 3 past
     2^32: a row offset computed in int32 wraps to a place inside the same pool (before the view for row 2, after
-    it for row 3), which is poisoned. Returns (flat, view)."""
+    it for row 3), which is poisoned. ``dtype`` torch.int32 (``poison`` an int32 word) gives an int32 view over a
+    pool twice as large (a table whose rows lie far apart). Returns (flat, view)."""
     assert rows in (3, 4)
     end = FAR_ROW_BASE + (rows - 1) * FAR_ROW_STRIDE + width
-    flat = torch.empty(end + 64, dtype=torch.int16, device=device)
+    flat = torch.empty(end + 64, dtype=torch.int16 if dtype == torch.bfloat16 else dtype, device=device)
     for row in range(2, rows):
         wrapped = FAR_ROW_BASE + ((row * FAR_ROW_STRIDE + 2 ** 31) % 2 ** 32 - 2 ** 31)
         assert 0 <= wrapped - 64 and wrapped + width + 64 <= end
-        flat[wrapped - 64: wrapped + width + 64] = ROW_POISON
-    view = flat.view(torch.bfloat16).as_strided((rows, width), (FAR_ROW_STRIDE, 1), FAR_ROW_BASE)
+        flat[wrapped - 64: wrapped + width + 64] = poison
+    view = flat.view(dtype).as_strided((rows, width), (FAR_ROW_STRIDE, 1), FAR_ROW_BASE)
     return flat, view
 
 
@@ -571,8 +575,16 @@ def far_byte_rows_pool(width: int, device, poison: int, rows: int = 4):
     return flat, flat.as_strided((rows, width), (FAR_ROW_STRIDE, 1), FAR_ROW_BASE)
 
 
-@int64_probe("indexer-logits", ("indexer_logits.fp8_mqa_logits",))
+@int64_probe("indexer-logits", ("indexer_logits.fp8_mqa_logits", "indexer_logits.fp8_paged_mqa_logits"))
 def int64_indexer_logits_probe(target: Target) -> list[Violation]:
+    """The indexer logits address in int64: the prefill's q rows (``t * stride(0)``) and key scales
+    (``s * k_scale.stride(0)``) past 2^31 elements, and the decode's cache blocks (``block * stride(0)``) past 2^32
+    bytes, each scored as the oracle does on the same bytes (a 32-bit offset reads the NaN poison it wraps to)."""
+    return (_indexer_logits_far_q(target) + _indexer_logits_far_scales(target)
+            + _indexer_logits_far_blocks(target))
+
+
+def _indexer_logits_far_q(target: Target) -> list[Violation]:
     """The prefill indexer logits address q in int64 (``t * stride(0)``): a ``[4, H, 128]`` q whose rows are 1.6 G
     bytes apart (a q carved from a wider activation; row 2 past 2^31 bytes, where an int32 product turns negative,
     row 3 past 2^32) scores every key as the oracle does on the same codes; a 32-bit row offset would read the NaN
@@ -608,6 +620,173 @@ def int64_indexer_logits_probe(target: Target) -> list[Violation]:
     return judge_logits(got, ref, H, "prefill logits of q rows past 2^31 bytes")
 
 
+#: fp32 elements between consecutive key scales of the far-scales view: below 2^31 (an int32 launch argument), so
+#: key 2's offset 2 * stride = 2^32 - 2^13 computed in 32 bits wraps to -2^13, which lands FAR_SCALE_BASE - 2^13
+#: elements into the pool (poisoned), before the view
+FAR_SCALE_STRIDE = 2 ** 31 - 2 ** 12
+FAR_SCALE_BASE = 2 ** 13 + 2 ** 10
+
+
+def _indexer_logits_far_scales(target: Target) -> list[Violation]:
+    """The prefill indexer logits address the key scales in int64 (``s * k_scale.stride(0)``, a strided [S] fp32
+    k_scale the entry point accepts): three scales 2^31 - 2^12 elements apart (a pool of 16 GiB of uncommitted
+    pages), key 2's offset past 2^31 elements; its logits agree with the oracle where a 32-bit offset reads the NaN
+    poison before the view (NaN logits)."""
+    from contracts.indexer_logits import judge_logits
+    from fuzz.indexer_logits import FP8_TORCH
+    from impl.formats import fp8_encode
+    from oracles import indexer_logits as ref_logits
+
+    fam = bound(target).indexer_logits
+    flavour = target.main_cache_fp8
+    fp8 = FP8_TORCH[flavour]
+    dev = kernel_device()
+    gen = torch.Generator().manual_seed(14)
+    T, H, S = 2, 4, 3
+    q_codes = fp8_encode(torch.randn(T, H, 128, generator=gen), flavour)
+    k_codes = fp8_encode(torch.randn(S, 128, generator=gen), flavour)
+    k_scale = (torch.rand(S, generator=gen) + 0.5).to(torch.float32)
+    weights = (torch.randn(T, H, generator=gen) * 0.5).to(torch.float32)
+    starts, ends = [0, 1], [S, S]
+    flat = torch.empty(FAR_SCALE_BASE + (S - 1) * FAR_SCALE_STRIDE + 64, dtype=torch.float32, device=dev)
+    try:
+        flat[:FAR_SCALE_BASE] = float("nan")
+        scales = flat.as_strided((S,), (FAR_SCALE_STRIDE,), FAR_SCALE_BASE)
+        scales.copy_(k_scale.to(dev))
+        got = fam.fp8_mqa_logits(q_codes.to(dev).view(fp8), k_codes.to(dev).view(fp8), scales, weights.to(dev),
+                                 torch.tensor(starts, dtype=torch.int32, device=dev),
+                                 torch.tensor(ends, dtype=torch.int32, device=dev), target=target)
+        got = got.detach().cpu().clone()
+    finally:
+        del flat  # release the 16 GiB pool before the next probe allocates its own
+    ref = ref_logits.prefill_logits(q_codes, k_codes, k_scale, weights, starts, ends, flavour)
+    return judge_logits(got, ref, H, "prefill logits of key scales past 2^31 elements")
+
+
+def _indexer_logits_far_blocks(target: Target) -> list[Violation]:
+    """The decode indexer logits address the paged indexer-K cache in int64 (``block * stride(0)``): two requests
+    whose tables name the last blocks of a pool larger than 2^32 bytes (block size 1, NORMAL) score every visible
+    position as the oracle does on the same bytes, while the pool's start (where a wrapped block offset lands)
+    holds NaN codes."""
+    from contracts.indexer_logits import judge_logits
+    from fuzz.indexer_logits import FP8_TORCH, NAN_CODE
+    from impl.formats import fp8_encode
+    from oracles import indexer_logits as ref_logits
+
+    fam = bound(target).indexer_logits
+    flavour = target.main_cache_fp8
+    dev = kernel_device()
+    gen = torch.Generator().manual_seed(15)
+    bs, H, lens, max_model_len = 1, 4, [5, 3], 8
+    n = sum(lens)
+    q_codes = fp8_encode(torch.randn(len(lens), 1, H, 128, generator=gen), flavour)
+    weights = (torch.randn(len(lens), H, generator=gen) * 0.5).to(torch.float32)
+    compact = torch.full((n, bs, formats.INDEXER_TOKEN_BYTES), NAN_CODE[flavour], dtype=torch.uint8)
+    formats.pack_indexer_k(compact, list(range(n)), fp8_encode(torch.randn(n, 128, generator=gen), flavour),
+                           (torch.rand(n, generator=gen) + 0.5).to(torch.float32), layout="normal")
+    # the compact cache's block i lies at the pool's block nb - 1 - i: request 0 reads the last five blocks, request 1
+    # the three before them (all past 2^32 bytes); table columns past a request's pages name a block too
+    W = max(lens)
+    compact_table = [[sum(lens[:b]) + min(c, lens[b] - 1) for c in range(W)] for b in range(len(lens))]
+    flat, view, wrapped = far_end_indexer_pool(bs, dev)
+    try:
+        nb = int(view.shape[0])
+        assert (nb - n) * view.stride(0) >= 2 ** 32
+        flat[: wrapped + 2 * view.stride(0)] = NAN_CODE[flavour]
+        for i in range(n):
+            view[nb - 1 - i].copy_(compact[i].to(dev))
+        table = torch.tensor([[nb - 1 - c for c in row] for row in compact_table], dtype=torch.int32, device=dev)
+        got = fam.fp8_paged_mqa_logits(q_codes.to(dev).view(FP8_TORCH[flavour]), view, weights.to(dev),
+                                       torch.tensor(lens, dtype=torch.int32, device=dev), table, max_model_len,
+                                       layout="normal", target=target)
+        got = got.detach().cpu().clone()
+    finally:
+        del flat, view  # release the > 4 GiB pool before the next probe allocates its own
+    ref = ref_logits.paged_logits(q_codes, compact, weights, [[x] for x in lens], compact_table, max_model_len,
+                                  "normal", flavour)
+    return judge_logits(got, ref, H, "decode logits of cache blocks past 2^32 bytes")
+
+
+# --- the indexer-K writers' probes -------------------------------------------------------------------------------
+
+@int64_probe("indexer-k-quant", ("indexer_writer.indexer_k_quant_and_cache",))
+def int64_indexer_k_quant_probe(target: Target) -> list[Violation]:
+    """The direct indexer-K writer addresses its cache in int64 (``block * stride(0)``): bf16 rows written to the
+    last two slots of a NORMAL indexer pool (block size 1, whose default layout is NORMAL) larger than 2^32 bytes
+    hold exactly the bytes the same call writes into a small pool (whose bytes ``indexer-writer-exact`` judges);
+    a skipped token (slot -1) writes nothing, and the pool's start, where a 32-bit block offset wraps to, keeps its
+    poison."""
+    write = bound(target).indexer_writer.indexer_k_quant_and_cache
+    dev = kernel_device()
+    gen = torch.Generator().manual_seed(15)
+    k = (torch.randn(3, 128, generator=gen) * 3).to(torch.bfloat16).to(dev)
+    small = torch.full((2, 1, formats.INDEXER_TOKEN_BYTES), 0xEE, dtype=torch.uint8, device=dev)
+    write(k, small, torch.tensor([1, -1, 0], dtype=torch.int64, device=dev), target=target)
+    want = small.cpu()
+    flat, view, wrapped = far_end_indexer_pool(1, dev)
+    try:
+        nb = int(view.shape[0])
+        head = wrapped + 2 * view.stride(0)
+        flat[:head] = GATHER_HEAD_POISON
+        write(k, view, torch.tensor([nb - 1, -1, nb - 2], dtype=torch.int64, device=dev), target=target)
+        got = view[nb - 2:].cpu().clone()
+        touched = int((flat[:head] != GATHER_HEAD_POISON).sum())
+    finally:
+        del flat, view  # release the > 4 GiB pool before the next probe allocates its own
+    out = []
+    for i in range(2):
+        if not torch.equal(got[i], want[i]):
+            out.append(Violation("indexer-K writer: a token at the far end of a >2^32-byte pool differs from the "
+                                 "same row written into a small pool", f"token {2 - 2 * i} (last slot - {1 - i})",
+                                 "the small pool's bytes", f"{int((got[i] != want[i]).sum())} bytes differ"))
+    if touched:
+        out.append(Violation("indexer-K writer: bytes at the pool's start changed (an int32 block offset wrapped)",
+                             f"first {head} bytes", "untouched", f"{touched} bytes changed"))
+    return out
+
+
+@int64_probe("indexer-compress", ("indexer_writer.compress_norm_rope_store_indexer",))
+def int64_indexer_compress_probe(target: Target) -> list[Violation]:
+    """The head-128 compressor addresses its state block table in int64 (``req * stride(0)``: the table's rows
+    need only be contiguous, so a caller may hand rows of a wider table): three requests whose int32 table rows lie
+    FAR_ROW_STRIDE elements apart (row 2 past 2^31 elements, where a 32-bit product wraps onto a poisoned row that
+    names another state block), their token_to_req int32, write exactly the bytes the same call writes with the
+    table packed (whose bytes ``indexer-writer-exact`` judges)."""
+    from fuzz import indexer_writer as fiw
+
+    comp = bound(target).indexer_writer.compress_norm_rope_store_indexer
+    dev = kernel_device()
+    case = fiw.IndexerCompressorCase(seed=16, positions=(7, 11, 7), reqs=(0, 1, 2), slots=(2, 0, 1), block_size=1,
+                                     num_blocks=3, num_reqs=3, state_block_size=4)
+    inp = fiw.build_compressor_inputs(case, dev)
+    table = inp["state_block_table"].cpu()
+    assert table.dtype == torch.int32 and inp["token_to_req"].dtype == torch.int32
+    # a wrapped read of row 2 finds a block id that row 2 does not name
+    other = min(set(range(int(inp["state"].shape[0]))) - set(table[2].tolist()))
+
+    def run(tab):
+        pool, cache = fiw.build_pool(case, fiw.TOKEN_BYTES["fp8"], dev)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            comp(inp["state"], tab, inp["token_to_req"], inp["positions"], inp["slot_mapping"], inp["norm_weight"],
+                 inp["cos_sin_cache"], cache, ratio=case.ratio, eps=case.eps, target=target)
+        return pool.cpu()
+
+    want = run(inp["state_block_table"])
+    flat, far = far_rows_pool(int(table.shape[1]), dev, rows=3, dtype=torch.int32, poison=other)
+    try:
+        far.copy_(table.to(dev))
+        got = run(far)
+    finally:
+        del flat, far  # release the ~17 GB pool before the next probe allocates its own
+    if torch.equal(got, want):
+        return []
+    diff = (got != want).nonzero().flatten()
+    return [Violation("indexer compressor: a state block table whose rows lie 1.6 G elements apart (row 2 past "
+                      "2^31) writes other bytes than the packed table", f"pool byte {int(diff[0])}",
+                      "the packed table's bytes", f"{diff.numel()} bytes differ")]
+
+
 @dataclass(frozen=True)
 class Int64Case(Case):
     """The probes to run, by their names in :data:`INT64_PROBES` (the generator names every registered one)."""
@@ -638,10 +817,11 @@ def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     insert, compressor) store a token at the far end of a pool larger than 2^32 bytes, whose block offset wraps to
     a small positive int32, and it reads back exactly with the pool's first blocks untouched; the decode
     reads far-end tokens and agrees with the oracle; the indexer-K gather copies far-end tokens exactly; the prefill
-    and the epilogues read rows past 2^31 elements and the prefill indexer logits q rows past 2^31 bytes, and agree
-    with the oracle. A case runs the probes whose entry
-    points the subject has; under ``--profile ci`` each probe is a case of its own (the declared dimension
-    ``probe``)."""
+    and the epilogues read rows past 2^31 elements, the prefill indexer logits q rows past 2^31 bytes and key scales
+    past 2^31 elements, the decode indexer logits cache blocks past 2^32 bytes, and agree with the oracle; the
+    indexer-K writers write the far end of a pool, or read state block table rows past 2^31 elements, exactly as
+    they write a small pool or read a packed table. A case runs the probes whose entry points the subject has; under ``--profile ci`` each probe is a case of its own (the
+    declared dimension ``probe``)."""
     out = []
     with one_big_pool_at_a_time():
         for name in case.probes:
@@ -651,7 +831,7 @@ def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
 
 @contextlib.contextmanager
 def one_big_pool_at_a_time():
-    """On an accelerator, hold a lock file per device while the probes' pools (up to about 12 GB each) exist, so
+    """On an accelerator, hold a lock file per device while the probes' pools (up to about 16 GiB each) exist, so
     the processes of one run (audit rows on --jobs workers, pytest-xdist workers) take turns instead of running the
     device out of memory side by side. On the host (the interpreter's pools are uncommitted pages) no lock."""
     dev = kernel_device()

@@ -627,6 +627,8 @@ class DecodeVariant:
             v = getattr(self, nm)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{nm}: expected None or a positive int, got {v!r}")
+        if self.num_warps is not None and self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"num_warps: expected a power of 2 (what the compilers accept), got {self.num_warps!r}")
 
 
 @dataclass(frozen=True)

@@ -325,6 +325,8 @@ class LogitsVariant:
             v = getattr(self, nm)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{nm}: expected None or a positive int, got {v!r}")
+        if self.num_warps is not None and self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"num_warps: expected a power of 2 (what the compilers accept), got {self.num_warps!r}")
         if isinstance(self.fill, bool) or not isinstance(self.fill, (int, float)) or self.fill < 0:
             raise ValueError(f"fill: expected a number >= 0, got {self.fill!r}")
 

@@ -95,7 +95,7 @@ def test_the_swa_insert_is_missing_with_its_reason_and_the_contracts_leave_it_ou
     with using(vllm_subject):
         assert all(c.swa is None for c in cw._writer_examples(t))
         assert ci.subject_probes(t) == ("compressor", "cp-gather", "decode", "decode-views", "epilogues",
-                                          "indexer-logits", "prefill")
+                                          "indexer-compress", "indexer-k-quant", "indexer-logits", "prefill")
         with pytest.raises(EntryMissing, match="formats.fp8_decode"):
             cf.fp8_codec_exact(cf._fp8_examples(t)[0], t)
         assert cf._subject_layouts(t) == ["indexer-normal", "indexer-shuffle"]

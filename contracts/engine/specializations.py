@@ -131,6 +131,11 @@ def _install_launch_hook() -> None:
         return
 
     def run(self, *args, grid, warmup, **kwargs):
+        # the interpreter ignores launch options a native compiler refuses (NVIDIA's and AMD's alike): a warp count
+        # that is not a power of two fails every native launch, so it fails here too
+        nw = kwargs.get("num_warps")
+        if isinstance(nw, int) and (nw < 1 or nw & (nw - 1)):
+            raise AssertionError(f"{kernel_name(self)}: num_warps must be a power of 2, got {nw}")
         if _ACTIVE is not None:
             try:
                 _record(self, specialization_key(self, args, kwargs))
