@@ -241,6 +241,9 @@ def _examples(target: Target) -> list[IndexerLogitsCase]:
         # token rows 136 bytes apart (refused or read as the view says), per-row lengths flattened (refused)
         base.replace(seed=16, block_size=3, layout="normal", context_lens=(7, 4), max_model_len=8, topk=5,
                      cache_view="padded-rows", ctx_count="long"),
+        # the cache as upstream's [nb, bs, 1, 132] view (how vLLM's indexer hands it): read as the flat bytes
+        base.replace(seed=18, next_n=1, block_size=3, layout="normal", context_lens=(5, 2), max_model_len=6, topk=4,
+                     cache_view="unit-heads"),
     ]
 
 
@@ -259,7 +262,8 @@ def indexer_logits_agreement(case: IndexerLogitsCase, target: Target) -> list[Vi
     own logits, and differs from the exact logits' top-k only where the swapped columns' oracle logits are within
     their summed bounds. A cache view whose token rows are not 132 bytes apart is read as the view says at block
     size 1 (the block is still contiguous), and above it either refused or read as the view says (the gaps hold
-    NaN codes); at next_n 2 a 1-D ``context_lens`` of the per-row lengths flattened (more entries than q has
+    NaN codes); upstream's [nb, bs, 1, 132] view of the flat cache is read as the flat cache; at next_n 2 a 1-D
+    ``context_lens`` of the per-row lengths flattened (more entries than q has
     requests) is refused with ValueError or TypeError. A q or weights in another memory layout (head slots
     padded, heads outermost, lanes strided; a wider weights table, column-major) is refused naming it or gives
     exactly the packed call's logits. Into a caller's ``out`` whose rows are a slice of a wider buffer, the logits
@@ -375,7 +379,9 @@ def _check(case: IndexerLogitsCase, target: "Target | str") -> list[Violation]:
                                          "logits", f"{type(exc).__name__}: {exc}"))
         if got is None:
             wide, out = _out_buffer(case, rows_out, case.max_model_len, inp.q.device)
-            got = call(inp.cache, inp.context_lens, out)
+            # "unit-heads": upstream's [nb, bs, 1, 132] view of the same bytes, which the entry point accepts
+            got = call(inp.cache.unsqueeze(2) if case.cache_view == "unit-heads" else inp.cache, inp.context_lens,
+                       out)
         got_cpu = got.detach().cpu().clone()
         pre += _out_violations(wide, out, got, "decode")
         pre += compare_layouts(case, lambda q, w: fam.fp8_paged_mqa_logits(

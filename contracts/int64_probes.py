@@ -6,8 +6,8 @@ pool: a wrong read or write, not a crash. The pool's start is poisoned so a wrap
 Probes: the SWA insert and the compressor (writers), the decode (readers, every kernel family; and its q and out
 rows and heads, ``decode-views``), the indexer-K gather (both variants), the sparse prefill (kv rows, ragged and
 dense indices, and a strided topk_length), the decode's epilogues (inverse RoPE and MXFP8 input rows) and the
-indexer logits (the prefill's q rows and key scales, the decode's cache blocks), and the indexer-K writers (the
-direct writer at the far end of a pool, ``indexer-k-quant``; the head-128 compressor's state block table rows far
+indexer logits (the prefill's q rows, key scales and out rows, the decode's cache blocks), and the indexer-K writers
+(the direct writer at the far end of a pool, ``indexer-k-quant``; the head-128 compressor's state block table rows far
 apart, ``indexer-compress``). Those rows are 1.6 G bf16 elements
 apart, a stride that still fits an int32 (Triton passes it as one), so only the kernel's own widening keeps
 ``row * stride`` in 64 bits. A component adds its own with :func:`int64_probe`, naming the entry points it runs; a
@@ -577,11 +577,12 @@ def far_byte_rows_pool(width: int, device, poison: int, rows: int = 4):
 
 @int64_probe("indexer-logits", ("indexer_logits.fp8_mqa_logits", "indexer_logits.fp8_paged_mqa_logits"))
 def int64_indexer_logits_probe(target: Target) -> list[Violation]:
-    """The indexer logits address in int64: the prefill's q rows (``t * stride(0)``) and key scales
-    (``s * k_scale.stride(0)``) past 2^31 elements, and the decode's cache blocks (``block * stride(0)``) past 2^32
-    bytes, each scored as the oracle does on the same bytes (a 32-bit offset reads the NaN poison it wraps to)."""
+    """The indexer logits address in int64: the prefill's q rows (``t * stride(0)``), key scales
+    (``s * k_scale.stride(0)``) and out rows (``t * out.stride(0)``) past 2^31 elements, and the decode's cache
+    blocks (``block * stride(0)``) past 2^32 bytes, each scored as the oracle does on the same bytes (a 32-bit offset
+    reads the NaN poison it wraps to, or stores a row there)."""
     return (_indexer_logits_far_q(target) + _indexer_logits_far_scales(target)
-            + _indexer_logits_far_blocks(target))
+            + _indexer_logits_far_out(target) + _indexer_logits_far_blocks(target))
 
 
 def _indexer_logits_far_q(target: Target) -> list[Violation]:
@@ -661,6 +662,43 @@ def _indexer_logits_far_scales(target: Target) -> list[Violation]:
         del flat  # release the 16 GiB pool before the next probe allocates its own
     ref = ref_logits.prefill_logits(q_codes, k_codes, k_scale, weights, starts, ends, flavour)
     return judge_logits(got, ref, H, "prefill logits of key scales past 2^31 elements")
+
+
+def _indexer_logits_far_out(target: Target) -> list[Violation]:
+    """The prefill indexer logits address their output rows in int64 (``t * out.stride(0)``): into a caller's
+    ``out [3, S]`` (unit column stride, as the entry point accepts) whose rows are 2^31 - 2^12 fp32 elements apart (a
+    pool of 16 GiB of uncommitted pages), row 2's offset past 2^31 elements; every row holds the oracle's logits
+    (the rows start as NaN), where a 32-bit row offset would store row 2 before the view (in the NaN poison) and
+    leave its row NaN."""
+    from contracts.indexer_logits import judge_logits
+    from fuzz.indexer_logits import FP8_TORCH
+    from impl.formats import fp8_encode
+    from oracles import indexer_logits as ref_logits
+
+    fam = bound(target).indexer_logits
+    flavour = target.main_cache_fp8
+    fp8 = FP8_TORCH[flavour]
+    dev = kernel_device()
+    gen = torch.Generator().manual_seed(16)
+    T, H, S = 3, 4, 4
+    q_codes = fp8_encode(torch.randn(T, H, 128, generator=gen), flavour)
+    k_codes = fp8_encode(torch.randn(S, 128, generator=gen), flavour)
+    k_scale = (torch.rand(S, generator=gen) + 0.5).to(torch.float32)
+    weights = (torch.randn(T, H, generator=gen) * 0.5).to(torch.float32)
+    starts, ends = [0, 1, 0], [S, S, 3]
+    flat = torch.empty(FAR_SCALE_BASE + (T - 1) * FAR_SCALE_STRIDE + S + 64, dtype=torch.float32, device=dev)
+    try:
+        flat[:FAR_SCALE_BASE] = float("nan")
+        out = flat.as_strided((T, S), (FAR_SCALE_STRIDE, 1), FAR_SCALE_BASE)
+        out.fill_(float("nan"))
+        fam.fp8_mqa_logits(q_codes.to(dev).view(fp8), k_codes.to(dev).view(fp8), k_scale.to(dev), weights.to(dev),
+                           torch.tensor(starts, dtype=torch.int32, device=dev),
+                           torch.tensor(ends, dtype=torch.int32, device=dev), out=out, target=target)
+        got = out.detach().cpu().clone()  # what the caller's out holds (the entry point writes every column)
+    finally:
+        del flat, out  # release the 16 GiB pool before the next probe allocates its own
+    ref = ref_logits.prefill_logits(q_codes, k_codes, k_scale, weights, starts, ends, flavour)
+    return judge_logits(got, ref, H, "prefill logits into out rows past 2^31 elements")
 
 
 def _indexer_logits_far_blocks(target: Target) -> list[Violation]:

@@ -527,7 +527,8 @@ domain(
     Bound("next-n-1-or-2", lambda c: c.mode == "prefill" or c.next_n in (1, 2),
           "vllm/v1/attention/backends/mla/indexer.py::DeepseekV32IndexerMetadataBuilder._supports_native_decode "
           "(ROCm: next_n in (1, 2), else flattened to 1) (0.33.0, 0.34.0)"),
-    Bound("block-contiguous-cache-view", lambda c: c.mode == "prefill" or c.cache_view == "flat",
+    # "unit-heads" is the same bytes as [nb, bs, 1, 132] (the 4-D form the decode's callers hand the op)
+    Bound("block-contiguous-cache-view", lambda c: c.mode == "prefill" or c.cache_view in ("flat", "unit-heads"),
           "vllm/v1/attention/backends/mla/indexer.py::DeepseekV32IndexerBackend.get_kv_cache_shape ([nb, bs, 132] "
           "rows of 132 B) -> " + C_LOGITS),
     Bound("context-lens-shape", lambda c: c.mode == "prefill" or c.ctx_count == "exact",

@@ -72,8 +72,9 @@ class IndexerLogitsCase(Case):
     row_ends: tuple[int, ...] = ()
     #: decode: "padded-rows" hands the subject a view of the cache whose token rows lie ``ROW_PAD`` poisoned bytes
     #: apart (row stride 132 + ROW_PAD, not 132): block-contiguous only at block size 1, else a view the subject must
-    #: refuse or read as the view says
-    cache_view: Literal["flat", "padded-rows"] = "flat"
+    #: refuse or read as the view says; "unit-heads" hands it as upstream's ``[nb, bs, 1, 132]`` view of the same
+    #: flat bytes (``unsqueeze(2)``, the form the entry point documents besides ``[nb, bs, 132]``), read the same
+    cache_view: Literal["flat", "padded-rows", "unit-heads"] = "flat"
     #: decode at next_n >= 2: "long" first calls with a 1-D ``context_lens`` longer than q's requests (the per-row
     #: lengths flattened, B * next_n entries), which the subject must refuse
     ctx_count: Literal["exact", "long"] = "exact"
@@ -454,7 +455,9 @@ def classify_logits(case: IndexerLogitsCase, target) -> dict:
     bs = case.block_size
     out["geometry"] = f"bs{bs}" + ("-shuffle" if case.layout == "shuffle" else "")
     out["shape"] = "single" if case.next_n == 1 else ("mtp-per-row" if case.per_row else "mtp")
-    out["view"] = "flat" if case.cache_view == "flat" else ("padded-bs1" if bs == 1 else "padded-blocks")
+    # "unit-heads" is the flat bytes (token rows 132 bytes apart) with a unit heads dim: the "flat" class
+    out["view"] = "flat" if case.cache_view in ("flat", "unit-heads") else (
+        "padded-bs1" if bs == 1 else "padded-blocks")
     out["ctx_count"] = case.ctx_count
     c = case.context_lens[0]
     out["ctx"] = next((k for k, n in (("0", 0), ("page-1", bs - 1), ("page", bs), ("page+1", bs + 1)) if c == n),
