@@ -167,7 +167,8 @@ def gather_oracle_exact(case: CpGatherCase, target: Target) -> list[Violation]:
     outside its sequence's range, or a row past the last sequence) keeps both rows; no cache byte changes. Metadata
     the subject may refuse before launching (a sequence longer than its table row) is either refused with a
     ValueError/TypeError and untouched outputs, then judged again with ``check_metadata=False`` (the kernel's masks),
-    or masked as above. A case whose block table, cu_seqlen / token_to_seq or outputs are not packed
+    or masked as above. An empty cache (no blocks) may be refused (ValueError/TypeError/RuntimeError, outputs
+    untouched) or gathered as above (every block invalid). A case whose block table, cu_seqlen / token_to_seq or outputs are not packed
     (:func:`compare_layout`) is refused naming one of them, or gives exactly the bytes of packed copies and writes
     nothing between the output rows."""
     gather = bound(target).cp_gather.cp_gather_indexer_k_quant_cache
@@ -178,6 +179,17 @@ def gather_oracle_exact(case: CpGatherCase, target: Target) -> list[Violation]:
     k_fp8_before, k_scale_before = inp["k_fp8"].cpu().clone(), inp["k_scale"].cpu().clone()
     pool_before = inp["pool"].cpu().clone()
     refusable = host_refusal_reasons(case)
+    if case.num_blocks == 0:
+        # an empty cache (no pool has one in production): a subject may refuse it loudly before writing anything
+        # (upstream's host code fails reshaping it); one that gathers must give every valid token a zero scale
+        try:
+            _run_gather(gather, inp, target, True)
+        except (ValueError, TypeError, RuntimeError):
+            if torch.equal(inp["k_fp8"].cpu(), k_fp8_before) and torch.equal(inp["k_scale"].cpu(), k_scale_before):
+                return []
+            return [Violation("a gather that refused an empty cache changed its outputs", "k_fp8 / k_scale",
+                              "untouched", "written")]
+        return _compare("", case, inp, k_fp8_before, k_scale_before, pool_before)
     try:
         _run_gather(gather, inp, target, True)
     except (ValueError, TypeError) as exc:

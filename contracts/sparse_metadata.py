@@ -63,7 +63,7 @@ def _step_inputs(cfg: MetadataConfig, step: MetadataStep) -> dict:
     topk, bs = cfg.topk, cfg.block_size
     R, T = len(q_lens), sum(q_lens)
     blocks = [max(1, math.ceil(s / bs)) for s in seq_lens]
-    width = max(blocks)
+    width = max(blocks, default=1)
     num_blocks = sum(blocks) + 2
     perm = torch.randperm(num_blocks, generator=g).tolist()
     table = []
@@ -119,7 +119,7 @@ def _common(step: MetadataStep, block_table: list[list[int]], common_cls=None):
     starts = [0]
     for q in q_lens:
         starts.append(starts[-1] + q)
-    table = [list(r) for r in block_table]
+    table = [list(r) for r in block_table] or [[0]]  # no request: one row of the persistent table
     if step.pad:
         # a batch padded past R (as for a captured graph): the offsets repeat T, the padded requests have lengths
         # no real request has, and their table rows name a block of the pool; the builder reads the first R only
@@ -133,7 +133,7 @@ def _common(step: MetadataStep, block_table: list[list[int]], common_cls=None):
         query_start_loc=fsm.lay_out_ints(qsl, lay, 9999), query_start_loc_cpu=fsm.lay_out_ints(qsl, lay, 9999),
         seq_lens=fsm.lay_out_ints(seq, lay, 9999),
         seq_lens_cpu=fsm.lay_out_ints(seq, lay, 9999) if step.host_lens else None, num_reqs=len(q_lens),
-        num_actual_tokens=starts[len(q_lens)], max_query_len=max(q_lens),
+        num_actual_tokens=starts[len(q_lens)], max_query_len=max(q_lens, default=0),
         block_table=fsm.lay_out_ints(torch.tensor(table, dtype=torch.int32), lay, table[-1][-1]))
 
 
@@ -170,7 +170,10 @@ class MetadataReplay:
         b.fill_global_indices(md, fsm.lay_out_ints(rows, step.layout, -1))
         holed = _holed_tokens(cfg, step, inp["topk_rows"])
         out_impl = None
-        if staleness:
+        # a step with no token has no work: nothing consumes its partition (upstream skips the partition call and
+        # hands none), so its partition buffers and its attention are not judged; the next step's are
+        no_work = not sum(step.q_lens)
+        if staleness and not no_work:
             T, H = md.num_tokens, cfg.num_heads
             Hp = md.num_heads
             q_pad = torch.zeros(T, Hp, HEAD_DIM, dtype=torch.bfloat16)
@@ -184,11 +187,11 @@ class MetadataReplay:
             granularity=int(b.kv_granularity), q_lens=list(step.q_lens), seq_lens=list(step.seq_lens),
             topk_rows=inp["topk_rows"], block_table=inp["block_table"])
         v: list[Violation] = []
-        if staleness:
+        if staleness and not no_work:
             v += self._check_staleness(md, fresh, inp, out_impl, where, step, b.counters.host_syncs - syncs_before,
                                        holed)
         if extents:
-            v += self._check_extents(fresh, where, holed)
+            v += self._check_extents(fresh, where, holed, partition=not no_work)
             v += self._check_views(md, fresh, where, step)
         return v
 
@@ -274,13 +277,16 @@ class MetadataReplay:
                                    "bound)"))
         return v
 
-    def _check_extents(self, fresh, where, holed=frozenset()) -> list[Violation]:
+    def _check_extents(self, fresh, where, holed=frozenset(), partition: bool = True) -> list[Violation]:
         """Per buffer: the first difference in the live region and the first past the extent. In
         ``paged_kv_indices``' live region, the first difference in a range of a token whose row has holes and the
-        first in any other token's range are each named."""
+        first in any other token's range are each named. ``partition`` False: the work partition's buffers are
+        not judged (a step with no token)."""
         v: list[Violation] = []
         live_ends = fresh["_live_ends"]
         for name, buf in self.builder.buffers().items():
+            if not partition and name.startswith("partition."):
+                continue
             exp = fresh[name]
             got = buf.to(torch.int64)
             if tuple(got.shape) != tuple(exp.shape):
@@ -369,6 +375,9 @@ def _staleness_examples(target: Target) -> list[MetadataCase]:
         _case(_st([2, 1], [6, 7], holes="anywhere")),
         # a batch padded past R (offsets, lengths and table rows), then the same step unpadded: a hit.
         _case(_st([2, 1], [6, 9], pad=2), _st([2, 1], [6, 9], host=False, seed=2)),
+        # a batch that drains to no request at all (num_reqs 0, no token, max_query_len 0: the builder accepts it;
+        # a step with no token has no partition to judge), then the first batch again: a hit or a fresh partition
+        _case(_st([2, 2, 1], [6, 9, 3]), _st([], [], seed=2), _st([2, 2, 1], [6, 9, 3], seed=3)),
     ]
 
 

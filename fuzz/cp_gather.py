@@ -52,7 +52,7 @@ class CpGatherCase(Case):
     ``out_layout`` for k_fp8 and k_scale (:data:`OUT_LAYOUTS`)."""
 
     KIND: ClassVar[str] = "cp-gather"
-    ADDED_FIELDS = ('table_layout', 'seq_layout', 'out_layout')
+    ADDED_FIELDS = ('table_layout', 'seq_layout', 'out_layout', 'seq_guard')
 
     seed: int
     layout: GatherLayout
@@ -69,12 +69,15 @@ class CpGatherCase(Case):
     table_layout: Literal["contiguous", "slice", "column-major"] = "contiguous"
     seq_layout: Literal["contiguous", "strided"] = "contiguous"
     out_layout: Literal["contiguous", "strided"] = "contiguous"
+    #: on a CPU device, cu_seqlen and token_to_seq (packed) end where an unreadable page begins, so a read past
+    #: either (a load not masked by its lane's validity) faults; elsewhere they are allocated as usual
+    seq_guard: bool = False
 
     def __post_init__(self):
         super().__post_init__()
         _check_layout(self.layout, self.block_size)
-        if self.num_blocks < 1:
-            raise ValueError(f"num_blocks: expected a positive int, got {self.num_blocks!r}")
+        if self.num_blocks < 0:
+            raise ValueError(f"num_blocks: expected an int >= 0, got {self.num_blocks!r}")
         if self.stride_pad < 0 or self.stride_pad % 4 or self.offset_blocks < 0 or self.extra_tokens < 0:
             raise ValueError("stride_pad (a multiple of 4), offset_blocks and extra_tokens must be >= 0")
         if any(n < 0 for n in self.seq_lens):
@@ -175,6 +178,8 @@ def build_gather_inputs(case: CpGatherCase, device) -> dict:
     pool = torch.randint(0, 256, (pool_blocks * stride,), dtype=torch.uint8, generator=g).to(device)
     cache = pool[case.offset_blocks * stride:].as_strided((case.num_blocks, case.block_size, TOKEN_BYTES),
                                                           (stride, TOKEN_BYTES, 1))
+    if case.num_blocks == 0:  # an empty cache has no storage at all (a null pointer on every device)
+        cache = torch.empty((0, case.block_size, TOKEN_BYTES), dtype=torch.uint8, device=device)
     T = case.num_tokens
     k_fp8 = torch.randint(0, 256, (T, HEAD_BYTES), dtype=torch.uint8, generator=g).to(device)
     k_scale = torch.randint(0, 256, (T, 4), dtype=torch.uint8, generator=g).to(device)
@@ -188,10 +193,36 @@ def build_gather_inputs(case: CpGatherCase, device) -> dict:
         k_fp8_buf, k_scale_buf = k_fp8, k_scale
     cu = torch.tensor(case.cu_seqlen, dtype=idx).to(device)
     tts = torch.tensor(case.token_to_seq, dtype=idx).to(device)
+    if case.seq_guard and cu.device.type == "cpu" and case.seq_layout == "contiguous":
+        cu, tts = before_guard_page(cu), before_guard_page(tts)
     return {"pool": pool, "k_cache": cache, "k_fp8": k_fp8, "k_scale": k_scale, "block_table": table,
             "cu_seqlen": lay_out_vector(cu, case.seq_layout), "token_to_seq": lay_out_vector(tts, case.seq_layout),
             "layout": None if case.layout == "default" else case.layout,
             "k_fp8_buf": k_fp8_buf, "k_scale_buf": k_scale_buf}
+
+
+def before_guard_page(t: torch.Tensor) -> torch.Tensor:
+    """A packed CPU copy of ``t`` whose last byte is the last readable byte before a PROT_NONE page (Linux; on
+    other systems, or if mprotect fails, the copy without a guard): reading one element past it faults. The
+    tensor keeps its anonymous mapping alive."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    nbytes = t.numel() * t.element_size()
+    data_pages = max(1, -(-nbytes // page))
+    mm = mmap.mmap(-1, (data_pages + 1) * page)
+    flat = torch.frombuffer(mm, dtype=torch.uint8)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        libc.mprotect(flat.data_ptr() + data_pages * page, page, 0)  # PROT_NONE
+    except (OSError, AttributeError):
+        pass
+    start = data_pages * page - nbytes
+    out = flat[start:start + nbytes].view(t.dtype)
+    out.copy_(t.reshape(-1))
+    return out
 
 
 def _invalid_blocks(nb: int) -> list[int]:
@@ -242,7 +273,7 @@ def gather_cases(draw):
 def gather_examples() -> list[CpGatherCase]:
     """Pinned cases, first in every run: each break of the chain at once (NORMAL, odd block size, padded pool
     view), SHUFFLE positions past the first tile across two blocks, the default layout at block size 1, and a
-    gather with no sequences (a block table without storage)."""
+    gather with no sequences (a block table without storage), and one from an empty cache (no storage either)."""
     return [
         CpGatherCase(seed=11, layout="normal", block_size=3, num_blocks=4, seq_lens=(5, 0, 7, 2), table_width=2,
                      table=((3, 1), (2, 2), (0, -1), (4, INT32_MAX)), stride_pad=12, offset_blocks=1,
@@ -255,6 +286,14 @@ def gather_examples() -> list[CpGatherCase]:
         # on every device), so a table read that is not masked by its token's validity faults
         CpGatherCase(seed=14, layout="normal", block_size=3, num_blocks=2, seq_lens=(), table_width=1, table=(),
                      extra_tokens=3, token_to_seq_edits=((1, -1),)),
+        # no sequences (cu_seqlen is the one entry 0) with cu_seqlen and token_to_seq ending where an unreadable
+        # page begins: a metadata read past them (cu_seqlen[1], token_to_seq[T]) not masked by its lane faults
+        CpGatherCase(seed=16, layout="normal", block_size=3, num_blocks=2, seq_lens=(), table_width=1, table=(),
+                     extra_tokens=3, token_to_seq_edits=((1, -1),), seq_guard=True),
+        # an empty cache (no blocks, no storage: a null pointer on every device): every table entry is an invalid
+        # block, so each valid token gets a zero scale, and a cache read not masked by its block's validity faults
+        CpGatherCase(seed=15, layout="normal", block_size=3, num_blocks=0, seq_lens=(4, 2), table_width=2,
+                     table=((0, 1), (-1, 0)), extra_tokens=1),
     ]
 
 

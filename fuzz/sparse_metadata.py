@@ -76,8 +76,9 @@ class MetadataStep(Case):
         super().__post_init__()
         if self.pad < 0:
             raise ValueError("pad: must be >= 0")
-        if not self.q_lens or len(self.seq_lens) != len(self.q_lens):
-            raise ValueError("q_lens and seq_lens need one entry per request (at least one)")
+        # no request at all is a step too (num_reqs 0: the builder accepts it); generated steps keep at least one
+        if len(self.seq_lens) != len(self.q_lens):
+            raise ValueError("q_lens and seq_lens need one entry per request")
         bad = [r for r, (q, s) in enumerate(zip(self.q_lens, self.seq_lens)) if q < 1 or not (s == 0 or s >= q)]
         if bad:
             raise ValueError(f"requests {bad}: need q_len >= 1 and seq_len 0 or >= q_len")
