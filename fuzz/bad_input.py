@@ -13,7 +13,8 @@ view where contiguity is required, an id one past its range (``range-high``) or 
 the skip value where only -1 skips, or negative where no entry may skip), an output that shares exactly one element
 with an input (``overlap-tail``: its first element is the input's last; ``overlap-head``: its last is the input's
 first). A count or a size passed as a number (``num_reqs``, ``block_size``, ``kv_lora_rank``) takes ``dtype`` (a
-float or an int in its place) and range breakages (negative, zero, one past). The contract calls the broken case and
+float or an int in its place) and range breakages (negative, zero, one past; a two-stage compressor's ``splits``:
+zero and 32). The contract calls the broken case and
 expects a ``ValueError`` / ``TypeError`` naming the argument before any launch, every buffer untouched.
 
 An entry may be a method (``family.Class.method``): its builder puts the instance (a metadata builder after or
@@ -453,7 +454,23 @@ def _compressor_plain() -> fcw.CompressorCase:
 
 def _build_compressor(c: fcw.CompressorCase, device, target=None) -> dict:
     _, cache = fcw.build_cache(c, device)
-    return {**fcw.build_compressor_inputs(c, device), "cache": cache, "ratio": c.ratio}
+    # a two-stage call passes its variant and split count (absent: the single pass, which takes no splits)
+    stage = {"two_stage": True, "splits": c.splits} if c.two_stage else {}
+    return {**fcw.build_compressor_inputs(c, device), "cache": cache, "ratio": c.ratio, **stage}
+
+
+def _two_stage_plain() -> fcw.CompressorCase:
+    """A ratio-128 two-stage call with an explicit split count (the ``splits`` breakages need one passed)."""
+    return fcw.CompressorCase(seed=5, ratio=128, state_block_size=8, positions=(127,), reqs=(0,), slots=(1,),
+                              num_reqs=1, block_size=2, num_blocks=1, two_stage=True, splits=4)
+
+
+def _splits_arg() -> Arg:
+    """``splits`` of a two-stage compressor call: a power of two in [1, TWO_STAGE_MAX_SPLITS = 16]; 0 must be refused
+    by the check itself, not by the division by zero that follows it (a ZeroDivisionError is no refusal)."""
+    return Arg(bad_dtype=float, device=False, needs=lambda c: c.two_stage and c.splits is not None, ranges={
+        "range-low": _set("splits", lambda v, i: 0, "; zero splits"),
+        "range-high": _set("splits", lambda v, i: 32, "; past the 16 a two-stage call may take")})
 
 
 def _direct_plain() -> fiw.DirectCase:
@@ -1393,7 +1410,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         "cache": Arg(dims=(2,), bad_dtype=torch.int8),
     }, _swa_plain),
     Entry("compressor.compress_norm_rope_store", fcw.CompressorCase, _compressor_cases, _build_compressor,
-          _window_args(("positions",), -2), _compressor_plain),
+          {**_window_args(("positions",), -2), "splits": _splits_arg()}, _compressor_plain),
     Entry("indexer_writer.indexer_k_quant_and_cache", fiw.DirectCase, _direct_cases, _build_direct, {
         "k": Arg(dims=(0, 1), contiguous=True, bad_dtype=torch.float16, partners=("slot_mapping",)),
         "slot_mapping": Arg(dims=(0,), bad_dtype=torch.int32, partners=("k",),
@@ -1548,7 +1565,10 @@ def _examples(target=None) -> list[BadInputCase]:
             # the MXFP4 indexer cache with its 68-byte tokens padded apart (each token unit-strided): its block
             # check must refuse a token stride other than 68 on its own
             BadInputCase(entry="indexer_writer.compress_norm_rope_store_indexer", arg="cache", breakage="padded",
-                         inner=_indexer_compressor_plain().replace(kv_format="mxfp4").to_json())]
+                         inner=_indexer_compressor_plain().replace(kv_format="mxfp4").to_json()),
+            # zero splits of a two-stage compressor call: refused by the splits check, not by a division by zero
+            BadInputCase(entry="compressor.compress_norm_rope_store", arg="splits", breakage="range-low",
+                         inner=_two_stage_plain().to_json())]
 
 
 #: one dimension: the entry point. Each case checks every argument x breakage of its entry point (exhaustive

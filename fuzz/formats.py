@@ -59,7 +59,7 @@ def fp8_boundary_values(flavour: str) -> list[float]:
 
 
 #: the memory of a codec's input tensor (the encode inputs, and the codes every decode reads), the values the same:
-#: packed; "strided": every other element of a larger buffer, starting 3 elements in (the gaps hold a poison value,
+#: packed (ending where an unreadable page begins); "strided": every other element of a larger buffer, starting 3 elements in (the gaps hold a poison value,
 #: so a reader that ignores the stride or the view's offset reads other values); "column-major": a 2-D ``[n, 2]``
 #: tensor (column 0 the values, column 1 them reversed) stored as the transpose of a packed ``[2, n]`` (a reader that
 #: walks memory instead of the logical order reads them interleaved)
@@ -73,7 +73,13 @@ def lay_out_codec_input(x, layout: str, fill):
     import torch
 
     if layout == "contiguous":
-        return x, x
+        # a packed copy whose last byte is the last readable one before a PROT_NONE page (Linux, CPU): a kernel
+        # that reads its tail block unmasked (past the n elements it was handed) faults instead of reading garbage
+        # it then drops (the Triton kernels run on the CPU tensor itself under the interpreter)
+        from fuzz.cp_gather import before_guard_page
+
+        g = before_guard_page(x) if x.device.type == "cpu" and x.numel() else x
+        return g, g
     if layout == "strided":
         n = x.numel()
         buf = torch.full((2 * n + 5,), fill, dtype=x.dtype)
