@@ -306,6 +306,19 @@ domain(
 # --- sparse decode, splits, reduce, graph (fuzz/decode.py, splits.py, decode_reduce.py, graph_*.py) ----------------
 
 
+def _decode_layout_bounds() -> tuple[Bound, ...]:
+    """The decode's memory layouts its callers hand it (the eager decode's and a captured graph's alike)."""
+    return (
+        Bound("q-packed", lambda c: (c.q_layout or ("transposed" if c.q_transposed else "contiguous")) == "contiguous",
+              C_DECODE_Q),
+        Bound("cache-block-stride-padded",
+              lambda c: c.padded if c.cache_layout is None else c.cache_layout in ("padded", "pool-slice"), C_PADDED),
+        Bound("ragged-indices-packed-or-slice", lambda c: c.index_layout in ("contiguous", "slice"), C_DECODE_RAGGED),
+        Bound("sink-packed-or-slice", lambda c: c.sink == "none" or c.sink_layout in ("contiguous", "slice"),
+              C_DECODE_SINK),
+    )
+
+
 def _decode_bounds() -> tuple[Bound, ...]:
     return (
         Bound("cache-rows-finite", lambda c: c.poison == "none", C_WRITER_BYTES, "adversarial"),
@@ -319,13 +332,7 @@ def _decode_bounds() -> tuple[Bound, ...]:
         Bound("softmax-scale-512^-0.5", lambda c: math.isclose(c.scale, DSV4_SCALE, rel_tol=1e-6), C_SCALE),
         Bound("production-cu-count", lambda c: c.num_splits is not None or c.cu_count in PRODUCTION_CU_COUNTS, C_CU),
         # memory layouts and absolute regimes (fuzz/decode.py, issue 30)
-        Bound("q-packed", lambda c: (c.q_layout or ("transposed" if c.q_transposed else "contiguous")) == "contiguous",
-              C_DECODE_Q),
-        Bound("cache-block-stride-padded",
-              lambda c: c.padded if c.cache_layout is None else c.cache_layout in ("padded", "pool-slice"), C_PADDED),
-        Bound("ragged-indices-packed-or-slice", lambda c: c.index_layout in ("contiguous", "slice"), C_DECODE_RAGGED),
-        Bound("sink-packed-or-slice", lambda c: c.sink == "none" or c.sink_layout in ("contiguous", "slice"),
-              C_DECODE_SINK),
+        *_decode_layout_bounds(),
         Bound("out-packed", lambda c: c.out_layout == "contiguous", C_DECODE_OUT),
         Bound("logits-above-exp-underflow", lambda c: c.logits != "underflow", C_DECODE_Q),
     )
@@ -423,13 +430,7 @@ domain(
           "vllm/models/deepseek_v4/amd/rocm.py::DeepseekV4ROCMAiterMLAAttention.forward_mqa (decode only when "
           "num_decodes > 0) (0.33.0, 0.34.0)"),
     # memory layouts (fuzz/graph_capture.py, issue 30): the captured decode's callers, as the eager decode's
-    Bound("q-packed", lambda c: (c.q_layout or ("transposed" if c.q_transposed else "contiguous")) == "contiguous",
-          C_DECODE_Q),
-    Bound("cache-block-stride-padded",
-          lambda c: c.padded if c.cache_layout is None else c.cache_layout in ("padded", "pool-slice"), C_PADDED),
-    Bound("ragged-indices-packed-or-slice", lambda c: c.index_layout in ("contiguous", "slice"), C_DECODE_RAGGED),
-    Bound("sink-packed-or-slice", lambda c: c.sink == "none" or c.sink_layout in ("contiguous", "slice"),
-          C_DECODE_SINK),
+    *_decode_layout_bounds(),
 )
 
 domain(

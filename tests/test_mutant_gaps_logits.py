@@ -92,3 +92,93 @@ def test_scale32_build_is_refused_a_pool_whose_block_stride_is_not_4_byte_aligne
     _, meta = il._paged_launch(il.LogitsVariant(scale32=True), 1, 128, bs, base[:2 * bs * 132].view(2, bs, 132),
                                TARGET)
     assert meta["SCALE32"] is True
+
+
+# --- closed by the indexer-logits int64 probe (wrapped 32-bit offsets) ---------------------------------------------
+
+def _wrap32(x: int) -> int:
+    return (x + 2 ** 31) % 2 ** 32 - 2 ** 31
+
+
+def _int32_scale_offsets(q, k_fp8, k_scale, weights, ks, ke, *, out=None, target=None):
+    """Mutant indexer_logits-885f79d35d: key s's scale read at ``s * k_scale.stride(0)`` computed in int32."""
+    base, st = k_scale.storage_offset(), k_scale.stride(0)
+    read = torch.cat([k_scale.as_strided((1,), (1,), base + _wrap32(s * st)) for s in range(k_scale.shape[0])])
+    return il.fp8_mqa_logits(q, k_fp8, read, weights, ks, ke, out=out, target=target)
+
+
+def _int32_block_offsets(q, kv_cache, weights, context_lens, block_tables, max_model_len, *, layout=None, out=None,
+                         target=None, check_lengths=True):
+    """Mutant indexer_logits-c91183c4b5: block b of the paged cache read at ``b * kv_cache.stride(0)`` computed in
+    int32 (the blocks the table names, gathered from there into a small cache the table is renumbered to)."""
+    ids = sorted(set(block_tables.reshape(-1).tolist()))
+    read = torch.stack([kv_cache.as_strided(kv_cache.shape[1:], kv_cache.stride()[1:],
+                                            kv_cache.storage_offset() + _wrap32(b * kv_cache.stride(0)))
+                        for b in ids])
+    index = {b: i for i, b in enumerate(ids)}
+    table = torch.tensor([[index[b] for b in row] for row in block_tables.tolist()], dtype=block_tables.dtype)
+    return il.fp8_paged_mqa_logits(q, read, weights, context_lens, table, max_model_len, layout=layout, out=out,
+                                   target=target, check_lengths=check_lengths)
+
+
+def test_the_logits_int64_probe_passes_the_impl():
+    assert cprobes.INT64_PROBES["indexer-logits"](TARGET) == []
+
+
+def test_int32_key_scale_offsets_fail_the_logits_int64_probe(monkeypatch):
+    monkeypatch.setattr(cprobes, "bound", lambda target: _family(fp8_mqa_logits=_int32_scale_offsets))
+    v = cprobes.INT64_PROBES["indexer-logits"](TARGET)
+    assert v and all("key scales past 2^31 elements" in x.message for x in v), [x.message for x in v]
+
+
+def test_int32_block_offsets_fail_the_logits_int64_probe(monkeypatch):
+    monkeypatch.setattr(cprobes, "bound", lambda target: _family(fp8_paged_mqa_logits=_int32_block_offsets))
+    v = cprobes.INT64_PROBES["indexer-logits"](TARGET)
+    assert v and all("cache blocks past 2^32 bytes" in x.message for x in v), [x.message for x in v]
+
+
+# --- the third batch (far out rows, the documented 4-D cache form) -------------------------------------------------
+
+def _flat_cache_only(q, kv_cache, weights, context_lens, block_tables, max_model_len, *, layout=None, out=None,
+                     target=None, check_lengths=True):
+    """Mutant indexer_logits-e4e4fc7944 (``kv_cache.dim() == 4`` -> ``> 4``): upstream's [nb, bs, 1, 132] view is
+    no longer squeezed, so the shape check refuses it."""
+    if kv_cache.dim() == 4:
+        raise ValueError(f"kv_cache: expected shape [num_blocks, block_size, 132], got {list(kv_cache.shape)}")
+    return il.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len, layout=layout,
+                                   out=out, target=target, check_lengths=check_lengths)
+
+
+def test_upstreams_unit_heads_cache_view_is_pinned_and_read():
+    case = next(c for c in ci._examples(TARGET) if c.cache_view == "unit-heads")
+    assert case.mode == "decode"
+    assert ci._check(case, TARGET) == []  # the real entry point reads the view as the flat cache
+
+
+def test_refusing_upstreams_unit_heads_cache_view_fails_the_check(monkeypatch):
+    case = next(c for c in ci._examples(TARGET) if c.cache_view == "unit-heads")
+    monkeypatch.setattr(ci, "bound", lambda target: _family(fp8_paged_mqa_logits=_flat_cache_only))
+    with pytest.raises(ValueError, match="kv_cache: expected shape"):
+        ci._check(case, TARGET)
+
+
+def _int32_out_rows(q, k_fp8, k_scale, weights, ks, ke, *, out=None, target=None):
+    """Mutant indexer_logits-bb5dffece3: the out row offset ``t * stride(0)`` computed in int32 (wrapped), each
+    row stored there."""
+    got = il.fp8_mqa_logits(q, k_fp8, k_scale, weights, ks, ke, target=target)
+    if out is None:
+        return got
+    for t in range(got.shape[0]):
+        off = out.storage_offset() + (t * out.stride(0) + 2 ** 31) % 2 ** 32 - 2 ** 31
+        out.as_strided(out.shape[1:], out.stride()[1:], off).copy_(got[t])
+    return out
+
+
+def test_int32_out_row_offsets_fail_the_logits_int64_probe(monkeypatch):
+    monkeypatch.setattr(cprobes, "bound", lambda target: _family(fp8_mqa_logits=_int32_out_rows))
+    v = cprobes._indexer_logits_far_out(TARGET)
+    assert v and all("out rows past 2^31 elements" in x.message for x in v), [x.message for x in v]
+
+
+def test_the_out_rows_probe_passes_on_the_impl():
+    assert cprobes._indexer_logits_far_out(TARGET) == []
