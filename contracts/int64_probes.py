@@ -585,6 +585,18 @@ def int64_indexer_logits_probe(target: Target) -> list[Violation]:
             + _indexer_logits_far_out(target) + _indexer_logits_far_blocks(target))
 
 
+def _prefill_logits_draw(gen: torch.Generator, T: int, H: int, S: int, flavour: str):
+    """The prefill indexer logits' inputs of the far-address probes: fp8 q codes [T, H, 128] and key codes [S, 128]
+    of the flavour, key scales in [0.5, 1.5) and head weights, drawn in this order from ``gen``."""
+    from impl.formats import fp8_encode
+
+    q_codes = fp8_encode(torch.randn(T, H, 128, generator=gen), flavour)
+    k_codes = fp8_encode(torch.randn(S, 128, generator=gen), flavour)
+    k_scale = (torch.rand(S, generator=gen) + 0.5).to(torch.float32)
+    weights = (torch.randn(T, H, generator=gen) * 0.5).to(torch.float32)
+    return q_codes, k_codes, k_scale, weights
+
+
 def _indexer_logits_far_q(target: Target) -> list[Violation]:
     """The prefill indexer logits address q in int64 (``t * stride(0)``): a ``[4, H, 128]`` q whose rows are 1.6 G
     bytes apart (a q carved from a wider activation; row 2 past 2^31 bytes, where an int32 product turns negative,
@@ -592,7 +604,6 @@ def _indexer_logits_far_q(target: Target) -> list[Violation]:
     codes it wraps to (NaN logits)."""
     from contracts.indexer_logits import judge_logits
     from fuzz.indexer_logits import FP8_TORCH, NAN_CODE
-    from impl.formats import fp8_encode
     from oracles import indexer_logits as ref_logits
 
     fam = bound(target).indexer_logits
@@ -600,10 +611,7 @@ def _indexer_logits_far_q(target: Target) -> list[Violation]:
     dev = kernel_device()
     gen = torch.Generator().manual_seed(13)
     T, H, S = 4, 4, 8
-    q_codes = fp8_encode(torch.randn(T, H, 128, generator=gen), flavour)
-    k_codes = fp8_encode(torch.randn(S, 128, generator=gen), flavour)
-    k_scale = (torch.rand(S, generator=gen) + 0.5).to(torch.float32)
-    weights = (torch.randn(T, H, generator=gen) * 0.5).to(torch.float32)
+    q_codes, k_codes, k_scale, weights = _prefill_logits_draw(gen, T, H, S, flavour)
     starts, ends = [0, 1, 0, 2], [S, S, 5, S]
     flat, rows = far_byte_rows_pool(H * 128, dev, NAN_CODE[flavour], rows=T)
     try:
@@ -635,7 +643,6 @@ def _indexer_logits_far_scales(target: Target) -> list[Violation]:
     poison before the view (NaN logits)."""
     from contracts.indexer_logits import judge_logits
     from fuzz.indexer_logits import FP8_TORCH
-    from impl.formats import fp8_encode
     from oracles import indexer_logits as ref_logits
 
     fam = bound(target).indexer_logits
@@ -644,10 +651,7 @@ def _indexer_logits_far_scales(target: Target) -> list[Violation]:
     dev = kernel_device()
     gen = torch.Generator().manual_seed(14)
     T, H, S = 2, 4, 3
-    q_codes = fp8_encode(torch.randn(T, H, 128, generator=gen), flavour)
-    k_codes = fp8_encode(torch.randn(S, 128, generator=gen), flavour)
-    k_scale = (torch.rand(S, generator=gen) + 0.5).to(torch.float32)
-    weights = (torch.randn(T, H, generator=gen) * 0.5).to(torch.float32)
+    q_codes, k_codes, k_scale, weights = _prefill_logits_draw(gen, T, H, S, flavour)
     starts, ends = [0, 1], [S, S]
     flat = torch.empty(FAR_SCALE_BASE + (S - 1) * FAR_SCALE_STRIDE + 64, dtype=torch.float32, device=dev)
     try:
@@ -672,7 +676,6 @@ def _indexer_logits_far_out(target: Target) -> list[Violation]:
     leave its row NaN."""
     from contracts.indexer_logits import judge_logits
     from fuzz.indexer_logits import FP8_TORCH
-    from impl.formats import fp8_encode
     from oracles import indexer_logits as ref_logits
 
     fam = bound(target).indexer_logits
@@ -681,10 +684,7 @@ def _indexer_logits_far_out(target: Target) -> list[Violation]:
     dev = kernel_device()
     gen = torch.Generator().manual_seed(16)
     T, H, S = 3, 4, 4
-    q_codes = fp8_encode(torch.randn(T, H, 128, generator=gen), flavour)
-    k_codes = fp8_encode(torch.randn(S, 128, generator=gen), flavour)
-    k_scale = (torch.rand(S, generator=gen) + 0.5).to(torch.float32)
-    weights = (torch.randn(T, H, generator=gen) * 0.5).to(torch.float32)
+    q_codes, k_codes, k_scale, weights = _prefill_logits_draw(gen, T, H, S, flavour)
     starts, ends = [0, 1, 0], [S, S, 3]
     flat = torch.empty(FAR_SCALE_BASE + (T - 1) * FAR_SCALE_STRIDE + S + 64, dtype=torch.float32, device=dev)
     try:
