@@ -6,7 +6,7 @@ import torch
 
 from contracts.core import AMD_TARGETS, Violation, contract, record_margin, single_threaded
 from contracts.subjects import bound
-from contracts.subjects.vllm.adapters.ragged import _bounded_memory
+from contracts.subjects.memory_bounds import bounded_memory
 from fuzz import decode_reduce as fz
 from fuzz.decode_reduce import ReduceCase
 from impl.runtime import kernel_device
@@ -56,7 +56,7 @@ def decode_reduce_oracle(case: ReduceCase, target: Target) -> list[Violation]:
     # under the interpreter every load and store of the launch must stay inside the tensors handed to it (a read
     # past a split's row whose value a masked select then drops, e.g. the padding splits of the one vector load of
     # part_l, changes no output but may fault on a device); natively a no-op
-    with single_threaded(), _bounded_memory():
+    with single_threaded(), bounded_memory():
         try:
             got = dec.decode_reduce(ws, attn_sink=sink, adaptive=case.adaptive, out=out).cpu().double()
         except (ValueError, TypeError) as e:
