@@ -809,6 +809,15 @@ def refusable(case: PrefillCase) -> dict:
     return out
 
 
+def _settle_layouts(f: dict) -> None:
+    """A forced case's layouts made consistent: a transposed index table on a case forced ragged becomes strided (a
+    drawn dense case's layout: no 2-D layout left), and a forced out layout sets ``out_padded``."""
+    if f["mode"] == "ragged" and f["index_layout"] == "transposed":
+        f["index_layout"] = "strided"
+    if f["out_layout"] is not None:
+        f["out_padded"] = f["out_layout"] == "padded"
+
+
 def force_prefill(case: PrefillCase, combo: dict, target=None) -> PrefillCase:
     """``case`` rewritten to hit ``combo``; the rest (seed, sq, other rows, skv, scale, magnitude) as drawn."""
     f = _set_index_fields(case, combo)
@@ -816,10 +825,7 @@ def force_prefill(case: PrefillCase, combo: dict, target=None) -> PrefillCase:
               "sink_layout", "out_layout", "logits"):
         if k in combo:
             f[k] = combo[k]
-    if f["mode"] == "ragged" and f["index_layout"] == "transposed":
-        f["index_layout"] = "strided"  # (a drawn dense case's layout, its mode forced ragged: no 2-D layout left)
-    if f["out_layout"] is not None:
-        f["out_padded"] = f["out_layout"] == "padded"
+    _settle_layouts(f)
     if f["sink_layout"] != "contiguous" and f["heads"] < 2:
         f["heads"] = 2  # head 0 reads the same element whatever the layout: a second head reads across it
     if "heads" in combo:
@@ -943,10 +949,7 @@ def _force_routing_layouts(f: dict, combo: dict) -> None:
     for k in ROUTING_LAYOUT_DIMS:
         if k in combo:
             f[k] = combo[k]
-    if f["mode"] == "ragged" and f["index_layout"] == "transposed":
-        f["index_layout"] = "strided"  # (a drawn dense case's layout, its mode forced ragged: no 2-D layout left)
-    if f["out_layout"] is not None:
-        f["out_padded"] = f["out_layout"] == "padded"
+    _settle_layouts(f)
     if f["sink_layout"] != "contiguous":
         if f["sink"] == "none":
             f["sink"] = "ordinary"
