@@ -105,3 +105,33 @@ def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("SMV_INTERPRETER_FASTPATH", "0")
     monkeypatch.setattr(fp, "_INSTALLED", False)
     assert fp.install() is False
+
+
+def _faults_at_worst_depth(call) -> int:
+    """The most minor page faults 3,000 calls of a small function cost, over the caller depths 0..299 (a depth where
+    the callee's frame starts a new CPython stack chunk maps and unmaps that chunk on every call)."""
+    import resource
+
+    def leaf(a, b, c, d):  # a frame larger than at_depth's, so some depth leaves less room than it needs
+        e, f, g, h, i, j, k, m, o, p, q, r, s, t, u, v, w, x, y, z = range(20)
+        return a + b + c + d + e + f + g + h + i + j + k + m + o + p + q + r + s + t + u + v + w + x + y + z
+
+    def at_depth(n):
+        if n:
+            return at_depth(n - 1)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(3000):
+            leaf(1, 2, 3, 4)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    return max(call(at_depth, n) for n in range(300))
+
+
+def test_a_launch_has_room_for_its_frames_whatever_the_callers_depth():
+    plain = _faults_at_worst_depth(lambda f, n: f(n))
+    roomy = _faults_at_worst_depth(lambda f, n: fp.with_room(f, n))
+    if plain < 3000:
+        pytest.skip(f"this Python does not map a frame chunk per call at a chunk's end ({plain} faults at worst)")
+    assert roomy < 300, (plain, roomy)
+    # every interpreted launch runs inside with_room
+    assert interpreter.GridExecutor.__call__.__wrapped__ is not None
