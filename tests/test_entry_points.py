@@ -57,6 +57,8 @@ ALLOWED_UNEXERCISED: dict[str, str] = {
     "interpreter_fastpath.install": "runs once at `import impl` under the interpreter (a speed-up of Triton's "
                                     "interpreter, not of what any kernel computes); tests/test_interpreter_fastpath.py",
     "interpreter_fastpath.fast_patch_lang": "built by install(); tests/test_interpreter_fastpath.py runs it",
+    "interpreter_fastpath.with_room": "wraps every interpreted launch (a frame with room for its calls); not an "
+                                      "entry point; tests/test_interpreter_fastpath.py",
     "interpreter_fastpath.installed": "says whether install() took effect; not an entry point",
     "runtime.native_without_gpu_hint": "words the tail of a wrong-device error message; not an entry point",
     "targets.aiter_status": "asks the host whether AMD AITER is importable; the contracts state AITER's use "

@@ -144,7 +144,12 @@ def test_audit_rows_of_the_variant_skip_or_run_and_form_their_own_subject(vllm_s
     assert "DeepseekV4ROCMAiterMLAAttention" in rows["target-dispatch"]["reason"]
     assert "model variant deepseek_v41" in rows["target-dispatch"]["reason"]
     ran = rows["ragged-view-capacity"]  # the variant's copy ran (a case budget this small may leave it incomplete)
-    assert ran["status"] not in ("skipped", "error", "fail") and ran["cases"] > 0, ran
+    assert ran["status"] not in ("skipped", "error") and ran["cases"] > 0, ran
+    if ran["status"] == "fail":
+        # the fake wraps 0.33.0's copy, which accepts a strided persistent buffer (finding UG1); the wrapper is not
+        # the function UG1 was confirmed on, so a draw of that case is a fail naming UG1's changed code, not known
+        assert "changed since finding UG1 was confirmed" in ran["reason"], ran
+        assert all(v["message"] == "bad input (strided-buffer) accepted" for v in ran["violations"]), ran
     assert all(r["subject"] == {"name": "vllm", "version": f"{vllm_subject.version}#deepseek_v41"}
                for r in doc["results"])
     (d,) = doc["run"]["subjects"]
