@@ -430,13 +430,19 @@ def writer_layout(inner: "SwaCase | CompressorCase") -> str:
     return "pool-slice" if inner.extra_blocks_before else "contiguous"
 
 
+def padded_reached(inner: "SwaCase | CompressorCase") -> bool:
+    """A padded pool whose block stride the writer must use: some token writes past block 0 (a case writing only
+    block 0 computes the same with the dense stride, so it counts as unpadded)."""
+    return inner.padded and any(s >= inner.block_size for s in inner.slots)
+
+
 def classify_writer(case: WriterCase, target) -> dict:
     """The dimension values a writer case hits (the special class is its first planted special's)."""
     inner = case.swa if case.swa is not None else case.compressor
     specials = inner.specials
     kind = specials[0][-1] if specials else None
     return {"writer": _writer_of(case), "special": "none" if kind is None else _SPECIAL_CLASS[kind],
-            "block": _bs_class(inner.block_size), "padded": inner.padded, "layout": writer_layout(inner),
+            "block": _bs_class(inner.block_size), "padded": padded_reached(inner), "layout": writer_layout(inner),
             "weight": "normal" if case.swa is not None else case.compressor.weight,
             "skip": any(s == -1 for s in inner.slots)}
 
@@ -472,11 +478,13 @@ def force_writer(case: WriterCase, combo: dict, target) -> WriterCase:
     T = len(f["slots"])
     bs = {"1": 1, "odd": 3, "even": 2}.get(combo.get("block"), f["block_size"])
     skip = combo.get("skip", any(s == -1 for s in f["slots"]))
-    n_slots = bs * (-(-T // bs) + f["spare_blocks"])
-    f.update(block_size=bs, num_blocks=n_slots // bs,
-             slots=tuple(-1 if (skip and i == T - 1) else n_slots - 1 - i for i in range(T)))
     if "padded" in combo:
         f["padded"] = combo["padded"]
+    # a padded block stride is only read past block 0: a padded case writes its last slots, in a second block at least
+    spare = max(f["spare_blocks"], 1) if f["padded"] else f["spare_blocks"]
+    n_slots = bs * (-(-T // bs) + spare)
+    f.update(block_size=bs, num_blocks=n_slots // bs, spare_blocks=spare,
+             slots=tuple(-1 if (skip and i == T - 1) else n_slots - 1 - i for i in range(T)))
     if "layout" in combo:
         force_input_layout(f, combo["layout"])
     if "special" in combo:
@@ -524,7 +532,9 @@ def _declare_writers():
                                              "strided, per-token vectors strided (refused or read through)")),
         # each writer reads its own inputs through its own strides (the layout); the cache's block stride and
         # offset meet the block size in the slot arithmetic
-        (("writer", "special"), ("block", "padded"), ("writer", "layout"), ("layout", "padded")),
+        # each writer addresses blocks through the block stride (upstream's single-pass compressor is one kernel,
+        # its two-stage another): the padded stride pairs with every writer
+        (("writer", "special"), ("block", "padded"), ("writer", "layout"), ("layout", "padded"), ("writer", "padded")),
         classify_writer, force_writer, _writer_allowed, writer_family_examples), "writer-oracle-exact")
 
 

@@ -67,3 +67,24 @@ def test_nan_free_rows_reach_a_non_finite_token_on_gfx950_and_only_checked_ones_
             assert [r["t"] for r in refs] == [0], (row, refs)
             hostile = row["special"] in ("nan", "inf", "huge", "huger")
             assert refs[0]["overflow_free"] is (not hostile), (name, row)
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_every_writer_meets_a_padded_block_stride_past_block_0(target):
+    """A padded pool's block stride is read only past block 0: the covering rows give each writer a padded case
+    that writes there (upstream's single-pass compressor addressing blocks with the dense size survived a zoo run
+    while its only padded rows wrote block 0)."""
+    import fuzz.cache_writers as fw
+
+    t = get_target(target)
+    family = D.family_for("writer-oracle-exact")
+    _check_family(family, t)
+    reached = set()
+    for base in family.examples(t):
+        for row in family.covering_array(t, 2):
+            case = family.force(base, row, t)
+            inner = case.swa if case.swa is not None else case.compressor
+            if row.get("padded"):
+                assert fw.padded_reached(inner), (row, inner)
+                reached.add(row["writer"])
+    assert reached == set(family.values("writer", t)), reached
