@@ -128,6 +128,10 @@ def _codes_at_scales(x: torch.Tensor, got_s: torch.Tensor, want: dict) -> torch.
     return codes
 
 
+#: an accepted non-packed layout read as if packed (the same values packed pass)
+ROPE_LAYOUT_READ_PACKED = "inverse RoPE with a non-packed layout differs from the same inputs packed"
+
+
 def _check_rope(case: RopeCase, epi) -> list[Violation]:
     x, cos_sin, positions = fz.rope_input(case, kernel_device())
     out_dtype = fz.DTYPES[case.out_dtype]
@@ -189,6 +193,12 @@ def _check_rope(case: RopeCase, epi) -> list[Violation]:
         first = out[0]
         return [Violation(f"an out overlapping x without being x ({case.alias}) was accepted and the result is "
                           f"wrong", first.where, "a ValueError naming out, or the oracle's rows", first.got)]
+    if case.layout != "contiguous" and out and not _check_rope(case.replace(layout="contiguous"), epi):
+        # accepted in a non-packed layout, wrong there and right on the same values packed: one violation naming
+        # the layout as the cause (a finding can name it without explaining every wrong inverse RoPE)
+        first = out[0]
+        return [Violation(f"{ROPE_LAYOUT_READ_PACKED}: layout={case.layout}", first.where,
+                          "the rows of the same inputs packed", first.got)]
     return out
 
 
