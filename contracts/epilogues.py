@@ -129,7 +129,7 @@ def _codes_at_scales(x: torch.Tensor, got_s: torch.Tensor, want: dict) -> torch.
 
 
 #: an accepted non-packed layout read as if packed (the same values packed pass)
-ROPE_LAYOUT_READ_PACKED = "inverse RoPE with a non-packed layout differs from the same inputs packed"
+LAYOUT_DIFFERS = "inverse RoPE with a non-packed layout differs from the same inputs packed"
 
 
 def _check_rope(case: RopeCase, epi) -> list[Violation]:
@@ -197,7 +197,7 @@ def _check_rope(case: RopeCase, epi) -> list[Violation]:
         # accepted in a non-packed layout, wrong there and right on the same values packed: one violation naming
         # the layout as the cause (a finding can name it without explaining every wrong inverse RoPE)
         first = out[0]
-        return [Violation(f"{ROPE_LAYOUT_READ_PACKED}: layout={case.layout}", first.where,
+        return [Violation(f"{LAYOUT_DIFFERS}: layout={case.layout}", first.where,
                           "the rows of the same inputs packed", first.got)]
     return out
 

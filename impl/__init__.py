@@ -2,8 +2,9 @@
 
 Importing this package decides, once, how Triton kernels run here: with no GPU visible and no explicit
 ``TRITON_INTERPRET`` setting, the Triton interpreter is switched on *before* Triton is imported, so the same
-kernels run on a laptop, in CI, on an NVIDIA GPU and on gfx942/gfx950. Interpreted, one redundant step of the
-interpreter is skipped (:mod:`impl.interpreter_fastpath`: same results, a quarter less time).
+kernels run on a laptop, in CI, on an NVIDIA GPU and on gfx942/gfx950. Interpreted, two costs of the interpreter
+that change no result are removed (:mod:`impl.interpreter_fastpath`: re-patching inside a launch, frame-chunk
+churn).
 """
 from impl import runtime as _runtime
 
