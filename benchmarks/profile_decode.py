@@ -7,7 +7,8 @@
 Every row is called once outside the profiled range (compiles, warms), then once more between
 ``cudaProfilerStart`` and ``cudaProfilerStop`` in the order given, so ncu's report holds one partial (and one reduce)
 per row, in that order. A row is ``family:variant`` with a variant name of ``benchmarks/decode_variants.py`` (its
-``VARIANTS`` table) or ``upstream`` (``SMV_BENCH_SUBJECT`` names the tree). ``--summarize`` reads ncu's
+``VARIANTS`` table) or ``upstream`` (``SMV_BENCH_SUBJECT`` names the tree), or ``flashmla`` (FlashMLA's SM90 sparse
+decode on the same inputs, found as ``benchmarks/flashmla.py`` finds it: its kernels are whatever it launches). ``--summarize`` reads ncu's
 ``--csv --page raw`` export and prints, per kernel launch: duration, DRAM and L1 throughput, achieved occupancy,
 registers, local-memory traffic (spills) and the top stall reasons.
 """
@@ -56,6 +57,13 @@ def _run(rows: list[str], batch: int) -> int:
             if up is None:
                 up = DV.Upstream(os.environ["SMV_BENCH_SUBJECT"])
             fn, _ = up.call(work, family)
+            calls.append((row, fn, None))
+            continue
+        if family == "flashmla":  # FlashMLA's SM90 sparse decode on the same cache bytes and index lists
+            col, mod = DV.flashmla_column(False, print)
+            if mod is None:
+                raise SystemExit(f"row {row}: FlashMLA is not available here")
+            fn, _ = col.workload_call(mod, work.w)
             calls.append((row, fn, None))
             continue
         fields = dict(DV.VARIANTS[family])[name]
