@@ -218,7 +218,7 @@ def test_default_scale_is_head_dim_inverse_sqrt():
 # --- build variants (DecodeVariant) and the fp8 path choice -----------------------------------------------------
 
 _VARIANT_CASE = _case(seed=5, batch=2, heads=17, main_bs=16, extra_bs=16, main_lens=(40, 7), extra_lens=(150, 70),
-                      invalid_rate=0.1, poison="nan", cu_count=64)  # 64 CUs: the size rule's narrow side
+                      invalid_rate=0.1, poison="nan", cu_count=512)  # 512 CUs: the size rule's narrow side
 
 
 @pytest.mark.parametrize("target,variant", [
@@ -238,7 +238,7 @@ def test_build_variants_compute_what_the_default_computes(target, variant):
     on its own (which products fuse, how an MMA orders its sums), so there every variant is held to the
     rounding bound and the NaN positions, and bit identity is the interpreter's check."""
     fam = get_target(target).decode_family
-    plan = dec.plan_decode(target, 2, 17, 47, 220, cu_count=2)
+    plan = dec.plan_decode(target, 2, 17, 47, 220, cu_count=_VARIANT_CASE.cu_count)
     plan = dataclasses.replace(plan, num_splits=1) if fam != "generic" else plan
     inp, ref = _run(_VARIANT_CASE, target, plan=plan)
     with dec.decode_variant(fam, variant) as active:
@@ -252,7 +252,7 @@ def test_build_variants_compute_what_the_default_computes(target, variant):
     same_steps = (variant.extra_tile or 64) == (dflt.extra_tile or 64)
     # the reference's own head block counts too: a 16-head build beside the wide one multiplies other matrix shapes,
     # whose sums numpy's BLAS may order differently (which it does depends on the CPU's kernels: bit-equal on one
-    # host, 1 ulp apart on another); the case's 64 CUs make the reference the narrow build, so the knobs that keep
+    # host, 1 ulp apart on another); the case's 512 CUs make the reference the narrow build, so the knobs that keep
     # the head block (warps, stages, rope16, the extra step) are held to the bits
     same_block = (variant.block_h or 16) == (dflt.block_h or 16)
     if same_steps and same_block and triton_mode() == "interpreter":
