@@ -13,7 +13,8 @@
 # Every step runs under its own time limit; a failing step is printed and the next one still runs.
 # Writes three files to $OUT (or the first argument): summary.txt, log.txt, defaults.json (both scripts' JSON).
 #   usage: OUT=/some/dir bash benchmarks/defaults_h200.sh      (step limits: SMV_DEFAULTS_LIMITS="40 150 75";
-#   SMV_DEFAULTS_NO_INSTALL=1 where this checkout is installed already; --dry-run: the same steps under the Triton
+#   SMV_DEFAULTS_NO_INSTALL=1 where this checkout is installed already; SMV_DEFAULTS_FLASHMLA=1 times FlashMLA's
+#   row in step 1 too; --dry-run: the same steps under the Triton
 #   interpreter at tiny shapes, no timing, no install - the CPU check of this script)
 set -uo pipefail
 dry=""
@@ -64,9 +65,12 @@ if [ -n "$dry" ]; then
   step decode "$lim_decode" python3 benchmarks/decode_variants.py --dry-run --no-upstream --no-flashmla \
     --families gfx950,gfx942 --variants "$dv_variants" --json "$work/decode_variants.json"
 else
-  step decode "$lim_decode" python3 benchmarks/decode_variants.py --no-upstream --no-flashmla \
+  # FlashMLA's row stays out unless SMV_DEFAULTS_FLASHMLA=1 (decode_variants.py finds it through SMV_FLASHMLA_PATH)
+  fm_flag="--no-flashmla"; [ -n "${SMV_DEFAULTS_FLASHMLA:-}" ] && fm_flag=""
+  step decode "$lim_decode" python3 benchmarks/decode_variants.py --no-upstream $fm_flag \
     --families gfx950,gfx942 --batches 64,512,1 --variants "$dv_variants" --budget "$((lim_decode - 15))" \
     --rep-ms 40 --json "$work/decode_variants.json"
+  grep -E "^(flashmla|ceilings):|FlashMLA's time" "$log" | tail -6 >>"$summary"
 fi
 
 # --- 2. paged logits: ours (default, candidates) beside upstream's ----------------------------------------------

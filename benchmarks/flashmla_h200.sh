@@ -12,7 +12,8 @@
 # Every step runs under its own time limit; a failing step is printed and the next one still runs.
 # Writes to $OUT (or the first argument), six files at most: summary.txt, log.txt, bench.json,
 # decode_variants.json, audit.json, audit.md.
-#   usage: OUT=/some/dir bash benchmarks/flashmla_h200.sh      (step limits: SMV_FMLA_LIMITS="45 170 110 140";
+#   usage: OUT=/some/dir bash benchmarks/flashmla_h200.sh      (step limits: SMV_FMLA_LIMITS="45 170 110 140", a 0
+#   skips that step, e.g. "45 110 0 120" where defaults_h200.sh with SMV_DEFAULTS_FLASHMLA=1 times the variants;
 #   SMV_FMLA_NO_INSTALL=1 where this checkout is installed already)
 set -uo pipefail
 out="${1:-${OUT:-./flashmla-h200}}"
@@ -28,6 +29,7 @@ section() { awk -v s="=== $1:" 'index($0, s) == 1 {f = 1; next} /^=== / {f = 0} 
 step() {  # step NAME LIMIT CMD...: run under a limit, output to the log, one status line in the summary
   local name="$1" lim="$2"; shift 2
   local t0=$SECONDS
+  if [ "$lim" = 0 ]; then say "step $name: skipped (its limit is 0)"; return 0; fi
   echo "=== $name: $*" >>"$log"
   timeout --kill-after=10 "$lim" "$@" >>"$log" 2>&1
   local rc=$?
