@@ -1124,3 +1124,38 @@ def test_a_plan_launches_the_build_picked_when_it_was_made():
     assert by_hand.build is None and by_hand == big
     assert D._launch_variant(by_hand, 1, 64, t, None) is rule.narrow
     assert D.plan_decode(get_target("generic"), 512, 64, 512 * 128).build is None  # no size rule there
+
+
+def _nvidia_tools_present() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists()
+
+
+@pytest.mark.skipif(not _nvidia_tools_present(), reason="this Triton has no NVIDIA backend tools (cuobjdump)")
+def test_sm90_static_compiles_our_wide_build_for_sm90_on_a_cpu_host(tmp_path):
+    """benchmarks/sm90_static.py compiles the decode natively for sm_90 in a fresh process (no GPU, no launch) and
+    reads the cubin: the wide build's partial kernel runs warpgroup MMAs on 64-row tiles and stays within sm_90's
+    255 registers; an unknown row is refused by name."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the tool compiles natively
+    out = tmp_path / "s.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sm90_static.py"), "--rows", "gfx942:single-read",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    kernels = {r["kernel"]: r for r in rows}
+    partial = next(r for k, r in kernels.items() if "partial" in k)
+    assert any("reduce" in k for k in kernels)
+    assert partial["grid"][2] == 1  # 64 heads in one program
+    assert partial["sass"].get("HGMMA", 0) > 0 and all(s.startswith("m64") for s in partial["wgmma"])
+    assert 0 < partial["registers"] <= 255 and partial["shared_bytes"] > 0
+    assert "gfx942:single-read" in p.stdout and "partial" in p.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sm90_static.py"), "--rows", "gfx942:nope"],
+                         capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert bad.returncode != 0 and "unknown row 'gfx942:nope'" in (bad.stderr + bad.stdout)
