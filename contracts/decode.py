@@ -119,10 +119,16 @@ def _oracle_agreement_once(case: fz.DecodeCase, target: Target) -> list[Violatio
         return refusal_violations(case, e) + _pools_changed(pools_before, inp)
     violations = _pools_changed(pools_before, inp)
     ref = _oracle(case, target, inp)
+    raw = got.clone()
     violations += zeroed_nan_rows(NAN_ROW_ZEROED, got, ref.out)
     label = (f"decode output vs float64 oracle ({target.decode_family} family, S={plan.num_splits}, "
              f"adaptive={plan.adaptive})")
-    return violations + oracle_violations(label, got, ref, plan.num_splits)
+    found = oracle_violations(label, got, ref, plan.num_splits)
+    if found and case.poison != "none":  # a kernel reading poisoned bytes by another rule is named as such
+        rule = reading_rule_violation(lambda **r: _oracle(case, target, inp, **r), raw, plan.num_splits, label)
+        if rule:
+            return _pools_changed(pools_before, inp) + rule
+    return violations + found
 
 
 #: a refusal of a layout the entry point may refuse must be clean: these texts name what was not
@@ -225,11 +231,56 @@ def _run_decode(dec, case: fz.DecodeCase, target: Target, inp, plan) -> torch.Te
     return out.cpu().clone()
 
 
-def _oracle(case: fz.DecodeCase, target: Target, inp):
+def _oracle(case: fz.DecodeCase, target: Target, inp, **reading):
+    """The float64 oracle of the case; ``reading`` (``scrub``, ``scale_255``) swaps one of SPEC 2's reader rules
+    for another a kernel may follow (:data:`READING_RULES`)."""
+    scrub = reading.pop("scrub", True)
     return ref_decode.ref_sparse_attn_decode(
         inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache, inp.extra_indices,
         inp.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
-        main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=not case.trust)
+        main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8,
+        scrub_extra=scrub and not case.trust, scrub_main=scrub, **reading)
+
+
+#: a decode that keeps the NaN of referenced cache rows (finding signatures match these texts)
+NAN_NOT_SCRUBBED = ("decode output keeps the NaN lanes of referenced cache rows that the readers zero after "
+                    "dequantization: it agrees with the oracle without that scrub")
+#: a decode that reads UE8M0 scale code 255 as NaN (the OCP MX rule for E8M0) where the readers give +inf
+SCALE_255_NAN = ("decode output reads UE8M0 scale code 255 as NaN where the readers give +inf: it agrees with the "
+                 "oracle reading 255 as NaN")
+#: SPEC 2's reader rules a kernel may replace: (oracle keywords, the violation's message). Only cases with poisoned
+#: referenced rows (NaN codes, code 255) tell them apart. Both at once is not a third rule: without the scrub, code
+#: 255 over finite codes gives a row NaN whether it reads as +inf or NaN, so the first rule already names it.
+READING_RULES = (({"scrub": False}, NAN_NOT_SCRUBBED),
+                 ({"scale_255": "nan"}, SCALE_255_NAN))
+
+
+def reading_rule_violation(oracle, got: torch.Tensor, num_splits: int, where: str) -> list[Violation]:
+    """Where ``got`` (the output of a case whose referenced rows are poisoned) fails the oracle: one violation naming
+    the first of :data:`READING_RULES` under which the oracle agrees with it on every lane (NaN and inf positions
+    exactly, the rest within the same bound), so a kernel that reads the cache bytes by another rule is told apart
+    from one that computes wrong. ``oracle(**reading)`` is the case's oracle under a reading (none: SPEC 2's).
+    [] where no rule explains ``got``."""
+    for reading, message in READING_RULES:
+        ref = oracle(**reading)
+        res = cmp.attention_comparison(got.clone(), ref.out, decode_tolerance(ref, num_splits))
+        if not res.mismatches:
+            first = torch.isnan(got.to(torch.float64)) != torch.isnan(oracle().out)
+            idx = tuple(first.nonzero()[0].tolist()) if bool(first.any()) else None
+            at = f"out[{', '.join(map(str, idx))}]" if idx else "out"
+            return [Violation(message, f"{where}: {at} ({int(first.sum())} lanes NaN on one side only)",
+                              "the readers' rules (SPEC 2)", ", ".join(f"{k}={v}" for k, v in reading.items()))]
+    return []
+    for reading, message in READING_RULES:
+        ref = _oracle(case, target, inp, **reading)
+        res = cmp.attention_comparison(got.clone(), ref.out, decode_tolerance(ref, num_splits))
+        if not res.mismatches:
+            first = torch.isnan(got.to(torch.float64)) != torch.isnan(_oracle(case, target, inp).out)
+            idx = tuple(first.nonzero()[0].tolist()) if bool(first.any()) else None
+            at = f"out[{', '.join(map(str, idx))}]" if idx else "out"
+            return [Violation(message, f"{where}: {at} ({int(first.sum())} lanes NaN on one side only)",
+                              "the readers' rules (SPEC 2)", ", ".join(f"{k}={v}" for k, v in reading.items()))]
+    return []
 
 
 def oracle_violations(label: str, got: torch.Tensor, ref, num_splits: int) -> list[Violation]:
@@ -326,7 +377,7 @@ def _agree_decode(case: fz.DecodeCase, target: Target) -> list[Violation]:
     got = _agree_decode_once(case, target)
     if got and fz.non_packed(case):
         return layout_violations(case, target) or got  # a layout alone makes the subject differ from the oracle
-    return got
+    return _agree_reading_rule(case, target, got)
 
 
 def _agree_decode_once(case: fz.DecodeCase, target: Target) -> list[Violation]:
@@ -368,6 +419,22 @@ def _agree_decode_once(case: fz.DecodeCase, target: Target) -> list[Violation]:
         return out
     label = "decode output vs ours under a different plan"
     return out + attention_violations(label, got_s, got_o.to(torch.float64), tol)
+
+
+def _agree_reading_rule(case: fz.DecodeCase, target: Target, got: list[Violation]) -> list[Violation]:
+    """Where the subject disagrees with ours on a case with poisoned rows: the reading rule under which the subject
+    agrees with the oracle (:func:`reading_rule_violation`) in place of the lane differences, else ``got``."""
+    if not got or case.poison == "none" or any(v.message.startswith("decode refused") for v in got):
+        return got
+    dec = bound(target).decode
+    inp = fz.build_decode_inputs(case, target)
+    plan = _decode_plan(dec, case, target, inp)
+    try:
+        theirs = _run_decode(dec, case, target, inp, plan)
+    except _Refused:
+        return got
+    return reading_rule_violation(lambda **r: _oracle(case, target, inp, **r), theirs, plan.num_splits,
+                                  "the subject") or got
 
 
 #: the two ways a same-plan decode can differ from ours (finding signatures match these texts)

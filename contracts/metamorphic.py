@@ -21,7 +21,8 @@ import warnings
 import torch
 
 from contracts.core import AMD_TARGETS, Violation, contract, fmt, record_note
-from contracts.decode import attention_violations, decode_tolerance, oracle_violations, zeroed_nan_rows
+from contracts.decode import (attention_violations, decode_tolerance, oracle_violations,
+                              reading_rule_violation, zeroed_nan_rows)
 from contracts.subjects import SubjectUnavailable, bound, current
 from fuzz import metamorphic as fm
 from impl import splits as impl_splits
@@ -127,6 +128,17 @@ def decode_paths_agree(case: fm.MetamorphicCase, target: Target) -> list[Violati
         inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache, inp.extra_indices,
         inp.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
         main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=True)
+    poisoned = case.decode.poison != "none"
+
+    def reading_oracle(scrub=True, scale_255="inf"):  # the case's oracle under another reader rule (READING_RULES)
+        if scrub and scale_255 == "inf":
+            return ref
+        return ref_decode.ref_sparse_attn_decode(
+            inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache, inp.extra_indices,
+            inp.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
+            main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=scrub,
+            scrub_main=scrub, scale_255=scale_255)
+
     outs = []
     v: list[Violation] = []
     missing = None
@@ -142,8 +154,12 @@ def decode_paths_agree(case: fm.MetamorphicCase, target: Target) -> list[Violati
             continue
         shown = label + (VIEWS_SUFFIX if on_views else "")
         judged = got.clone()  # a row zeroed where the oracle is NaN: named once, then left out of its lanes
-        v += zeroed_nan_rows(nan_row_zeroed(shown), judged, ref.out)
-        v += oracle_violations(f"decode path {shown} vs float64 oracle", judged, ref, plan.num_splits)
+        zeroed = zeroed_nan_rows(nan_row_zeroed(shown), judged, ref.out)
+        found = oracle_violations(f"decode path {shown} vs float64 oracle", judged, ref, plan.num_splits)
+        # a path reading poisoned cache bytes by another rule than the readers' is named as such
+        rule = (reading_rule_violation(reading_oracle, got, plan.num_splits, f"decode path {shown}")
+                if found and poisoned else [])
+        v += rule or (zeroed + found)
         outs.append((label, got, decode_tolerance(ref, plan.num_splits), shown))
     for i, (_, a, ta, la) in enumerate(outs):
         for _, b, tb, lb in outs[i + 1:]:

@@ -26,9 +26,12 @@ HEAD_DIM = NOPE_DIM + ROPE_DIM
 GROUP = 64
 
 
-def dequantize_rows(cache: torch.Tensor, slots, flavour: str, scrub: bool) -> torch.Tensor:
+def dequantize_rows(cache: torch.Tensor, slots, flavour: str, scrub: bool, scale_255: str = "inf") -> torch.Tensor:
     """[len(slots), 512] float32 rows as the kernels see them (see the module docstring); ``slots`` a list or an
-    int64 tensor of valid slots, read all at once by their absolute byte offsets."""
+    int64 tensor of valid slots, read all at once by their absolute byte offsets. ``scale_255="nan"`` reads UE8M0
+    code 255 as NaN (the OCP MX rule for E8M0) instead of the readers' +inf: the other reading a kernel may have."""
+    if scale_255 not in ("inf", "nan"):
+        raise ValueError(f"scale_255: expected 'inf' or 'nan', got {scale_255!r}")
     flat, base = ref_formats.storage_bytes(cache)
     flat = flat.cpu()
     bs, stride = int(cache.shape[1]), int(cache.stride(0))
@@ -40,6 +43,8 @@ def dequantize_rows(cache: torch.Tensor, slots, flavour: str, scrub: bool) -> to
     # each code's value from the codecs' 256-entry tables (computed here, for this call), looked up per byte
     fp8_table = ref_formats.fp8_decode(torch.arange(256), flavour).to(torch.float32)
     scale_table = ref_formats.ue8m0_decode(torch.arange(256), reader=True).to(torch.float32)
+    if scale_255 == "nan":
+        scale_table[255] = math.nan
     fp8 = fp8_table[nope.to(torch.int64)]
     scl = scale_table[codes.to(torch.int64)].repeat_interleave(GROUP, dim=1)
     rows = torch.empty(len(s), HEAD_DIM, dtype=torch.float32)
@@ -116,7 +121,11 @@ class DecodeReference:
 def ref_sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: torch.Tensor,
                            main_indptr: torch.Tensor, extra_cache=None, extra_indices=None, extra_indptr=None, *,
                            attn_sink: torch.Tensor | None, softmax_scale: float, main_flavour: str,
-                           extra_flavour: str, scrub_extra: bool) -> DecodeReference:
+                           extra_flavour: str, scrub_extra: bool, scrub_main: bool = True,
+                           scale_255: str = "inf") -> DecodeReference:
+    """The reference decode (module docstring). SPEC 2's readers are the defaults; ``scrub_main=False`` keeps the
+    main cache's NaN lanes and ``scale_255="nan"`` reads UE8M0 code 255 as NaN: the other readings a kernel may
+    have, which the contracts use to name the rule a mismatching kernel follows instead."""
     b, h, width = q.shape
     if width != HEAD_DIM:
         raise ValueError(f"q: expected width {HEAD_DIM}, got {width}")
@@ -139,10 +148,12 @@ def ref_sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indic
         return DecodeReference(out, wabs, labs, lmax, tokens, max_abs_v)
     # every referenced row of each cache dequantized at once, then split by row
     m_slots, m_counts = valid_slots_all(main_indices, m_ip, b, main_slots)
-    m_rows = dequantize_rows(main_cache, m_slots, main_flavour, True).to(torch.float64).split(m_counts)
+    m_rows = dequantize_rows(main_cache, m_slots, main_flavour, scrub_main, scale_255).to(torch.float64
+                                                                                           ).split(m_counts)
     if extra_cache is not None:
         e_slots, e_counts = valid_slots_all(extra_indices, e_ip, b, extra_slots)
-        e_rows = dequantize_rows(extra_cache, e_slots, extra_flavour, scrub_extra).to(torch.float64).split(e_counts)
+        e_rows = dequantize_rows(extra_cache, e_slots, extra_flavour, scrub_extra, scale_255).to(torch.float64
+                                                                                                 ).split(e_counts)
     for r in range(b):
         kv = torch.cat([m_rows[r], e_rows[r]]) if extra_cache is not None else m_rows[r]  # [n, 512]
         n = kv.shape[0]

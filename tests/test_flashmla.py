@@ -39,10 +39,14 @@ def v4_token(k_cache: torch.Tensor, index: int) -> dict:
 
 
 def v4_row(k_cache, index) -> torch.Tensor:
-    """The 512 float64 values of a token: e4m3 x 2^(code - 127) per 64 NoPE dims, then the RoPE values."""
+    """The 512 float64 values of a token: e4m3 x 2^(code - 127) per 64 NoPE dims, then the RoPE values. Code 255 is
+    NaN, as FlashMLA's SM90 kernel converts its scales (UE8M0 -> bf16 with CUDA's E8M0 conversion, the OCP MX rule:
+    deepseek-ai/FlashMLA csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh), and nothing is scrubbed: a NaN code or NaN
+    scale of a token it reads gives NaN."""
     t = v4_token(k_cache, index)
     nope = t["nope"].view(torch.float8_e4m3fn).to(torch.float64)
-    scale = torch.pow(2.0, t["codes"].to(torch.float64) - 127).repeat_interleave(64)
+    codes = t["codes"].to(torch.float64)
+    scale = torch.where(codes == 255, math.nan, torch.pow(2.0, codes - 127)).repeat_interleave(64)
     return torch.cat([nope * scale, t["rope"].to(torch.float64)])
 
 
@@ -324,6 +328,53 @@ def test_the_decode_contract_judges_flashmla_through_the_subject(fake_flashmla, 
         fm.prepare_decode = drops_scale
         try:
             assert decode_oracle_agreement(cases[0], t), "a dropped softmax scale went unseen"
+        finally:
+            fm.prepare_decode = planted
+
+
+@pytest.mark.parametrize("target", ["generic", "gfx950"])
+def test_a_kernel_reading_poisoned_bytes_by_its_own_rules_is_named_by_the_rule(fake_flashmla, target, monkeypatch):
+    """Cases whose referenced rows hold NaN codes and scale code 255 (poison "nan"): the fake reads them as FlashMLA's
+    kernel does (no scrub, 255 -> NaN), so where such a row is read the oracle disagrees and the contract names the
+    rule the kernel follows (contracts.decode.READING_RULES), not a list of NaN lanes. A kernel that scrubs but reads
+    code 255 as NaN is named by the other rule (poison "inf": 255 over finite codes), and one that also computes
+    wrong (a dropped softmax scale) is not excused by any rule."""
+    import sys
+
+    from contracts.decode import NAN_NOT_SCRUBBED, READING_RULES, SCALE_255_NAN, decode_oracle_agreement
+    from impl.targets import get_target
+
+    t = get_target(target)
+    sub = fm.FlashMLASubject()
+    rules = {m for _, m in READING_RULES}
+
+    def named(poison):
+        seen = []
+        for case in _decode_example(t):
+            got = decode_oracle_agreement(case.replace(poison=poison), t)
+            assert all(v.message in rules for v in got) and len(got) <= 1, (poison, got)
+            seen += [v.message for v in got]
+        return seen
+
+    with using(sub):
+        assert NAN_NOT_SCRUBBED in named("nan")
+        as_read = sys.modules[__name__].v4_row
+        monkeypatch.setattr(sys.modules[__name__], "v4_row", lambda k, i: torch.nan_to_num(as_read(k, i), nan=0.0,
+                                                                                             posinf=math.inf,
+                                                                                             neginf=-math.inf))
+        assert SCALE_255_NAN in named("inf")
+        monkeypatch.setattr(sys.modules[__name__], "v4_row", as_read)
+        planted = fm.prepare_decode
+
+        def drops_scale(*a, **k):
+            p = planted(*a, **k)
+            p.scale = formats.DSV4_HEAD_DIM ** -0.5
+            return p
+
+        fm.prepare_decode = drops_scale
+        try:
+            got = decode_oracle_agreement(_decode_example(t)[0].replace(poison="nan"), t)
+            assert got and not any(v.message in rules for v in got), got
         finally:
             fm.prepare_decode = planted
 
