@@ -57,8 +57,12 @@ VARIANTS = {
     "gfx950": [
         ("default", {}),
         ("narrow", dict(rope16=True, extra_tile=32)),
-        ("single-read", dict(rope16=True, block_h=64, num_warps=8, extra_tile=32)),
-        ("single-read+stages1", dict(rope16=True, block_h=64, num_warps=8, extra_tile=32, num_stages=1)),
+        ("single-read", dict(rope16=True, block_h=64, num_warps=8, extra_tile=32, num_stages=1)),
+        ("single-read+pipelined", dict(rope16=True, block_h=64, num_warps=8, extra_tile=32)),
+        ("single-read+qkchunks", dict(rope16=True, block_h=64, num_warps=8, extra_tile=32, num_stages=1,
+                                      qk_chunks=True)),
+        ("single-read+qkchunks+x64", dict(rope16=True, block_h=64, num_warps=8, extra_tile=64, num_stages=1,
+                                          qk_chunks=True)),
         ("h32+w8", dict(rope16=True, block_h=32, num_warps=8, extra_tile=32)),
         ("h32+w4", dict(rope16=True, block_h=32, num_warps=4, extra_tile=32)),
         ("h32+w8+stages1", dict(rope16=True, block_h=32, num_warps=8, extra_tile=32, num_stages=1)),
@@ -70,8 +74,8 @@ VARIANTS = {
     "gfx942": [
         ("default", {}),
         ("narrow", dict(rope16=True, num_stages=1)),
-        ("single-read", dict(rope16=True, block_h=64, num_warps=8)),
-        ("single-read+stages1", dict(rope16=True, block_h=64, num_warps=8, num_stages=1)),
+        ("single-read", dict(rope16=True, block_h=64, num_warps=8, num_stages=1)),
+        ("single-read+pipelined", dict(rope16=True, block_h=64, num_warps=8)),
         ("single-read+stages3", dict(rope16=True, block_h=64, num_warps=8, num_stages=3)),
         ("h32+w8", dict(rope16=True, block_h=32, num_warps=8)),
         ("h32+w8+stages1", dict(rope16=True, block_h=32, num_warps=8, num_stages=1)),
@@ -86,7 +90,7 @@ VARIANTS = {
     ],
     "gfx942-fnuz": [
         ("default", {}),
-        ("single-read", dict(rope16=True, block_h=64, num_warps=8)),
+        ("single-read", dict(rope16=True, block_h=64, num_warps=8, num_stages=1)),
     ],
 }
 #: the kernel family (impl.decode's) each row family launches

@@ -60,7 +60,7 @@ subject="${SMV_BENCH_SUBJECT:-vllm@.smv-subject/vllm-0.34.0}"
 
 # --- 1. decode: defaults, forced builds and candidates beside SDPA -----------------------------------------------
 # 14 compile jobs (gfx950 7, gfx942 7): one wave of decode_variants.py's 14 compile workers on the H200's 16 cores
-dv_variants="default,narrow,single-read,h32+w8,single-read+stages1,h32+w8+stages1,h32+w4,h32+w4+stages1"
+dv_variants="default,narrow,single-read,h32+w8,single-read+pipelined,h32+w8+stages1,h32+w4,h32+w4+stages1"
 if [ -n "$dry" ]; then
   step decode "$lim_decode" python3 benchmarks/decode_variants.py --dry-run --no-upstream --no-flashmla \
     --families gfx950,gfx942 --variants "$dv_variants" --json "$work/decode_variants.json"

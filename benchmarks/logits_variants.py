@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 #: (name, LogitsVariant fields), the default first, then the most telling (a run cut by its budget keeps those).
 #: benchmarks/DECODE_PERF.md's item-4 section says what each tests against upstream's kernel.
 VARIANTS = [
-    ("default", {}),
+    ("default", dict(page_tile=True, scale32=True, fill=1.0)),  # impl.indexer_logits.DEFAULT_LOGITS_VARIANT
+    ("first", {}),  # the kernel's first build (the default until the 2026-12-06 measurement)
     ("page", dict(page_tile=True)),
     ("page+s32", dict(page_tile=True, scale32=True)),
     ("page+s32+fill", dict(page_tile=True, scale32=True, fill=1.0)),

@@ -353,6 +353,36 @@ def _tile_base2(q512, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num
 
 
 @triton.jit
+def _tile_base2_chunks(q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num_slots,
+                       block_size, stride0, qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr,
+                       HW_FP8: tl.constexpr, ROPE16: tl.constexpr):
+    """:func:`_tile_base2` with QK as four 128-lane dots summed in order (no joined [BK, 512] operand): each
+    dequantized tile feeds both of its products from one value. Another fp32 summation order of the QK dot than
+    the single 512-lane one: opt-in (``DecodeVariant.qk_chunks``)."""
+    slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
+    k0 = _kv_tile(cache, slots, valid, block_size, stride0, 0, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+    s = dot(q0, tl.trans(k0), tl.zeros((q0.shape[0], k0.shape[0]), tl.float32))
+    k1 = _kv_tile(cache, slots, valid, block_size, stride0, 128, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+    s = dot(q1, tl.trans(k1), s)
+    k2 = _kv_tile(cache, slots, valid, block_size, stride0, 256, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+    s = dot(q2, tl.trans(k2), s)
+    k3 = _kv_tile(cache, slots, valid, block_size, stride0, 384, 128, IS_FNUZ, SCRUB, True, True, HW_FP8, ROPE16)
+    s = dot(q3, tl.trans(k3), s)
+    s = s * qk_scale2
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m2, tl.max(s, axis=1))
+    alpha = tl.exp2(m2 - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    pb = p.to(tl.bfloat16)
+    a0 = dot(pb, k0, a0 * alpha[:, None])
+    a1 = dot(pb, k1, a1 * alpha[:, None])
+    a2 = dot(pb, k2, a2 * alpha[:, None])
+    a3 = dot(pb, k3, a3 * alpha[:, None])
+    return m_new, l_i, a0, a1, a2, a3
+
+
+@triton.jit
 def _row_iters(len_m, len_e, s, K: tl.constexpr):
     return ((len_m + s - 1) // s + K - 1) // K + ((len_e + s - 1) // s + K - 1) // K
 
@@ -369,7 +399,7 @@ def _sparse_decode_gfx950_partial_kernel(
         HAS_EXTRA: tl.constexpr, IS_FNUZ_MAIN: tl.constexpr, IS_FNUZ_EXTRA: tl.constexpr,
         SCRUB_EXTRA: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_H_: tl.constexpr, MAIN_TILE: tl.constexpr,
         EXTRA_TILE: tl.constexpr, TAIL_TILE: tl.constexpr, ITER_K: tl.constexpr, HW_FP8_MAIN: tl.constexpr = False,
-        HW_FP8_EXTRA: tl.constexpr = False, ROPE16: tl.constexpr = False):
+        HW_FP8_EXTRA: tl.constexpr = False, ROPE16: tl.constexpr = False, QK_CHUNKS: tl.constexpr = False):
     """gfx950 split-K partial.
 
     Grid (b, S, ceil(h / BLOCK_H)), S frozen by the caller (graph capture keeps it). With ADAPTIVE, each row first
@@ -409,7 +439,14 @@ def _sparse_decode_gfx950_partial_kernel(
         return
     d512 = tl.arange(0, 512)
     qrow = q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
-    q512 = tl.load(qrow + d512[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
+    if QK_CHUNKS:
+        d128q = tl.arange(0, 128)
+        q0 = tl.load(qrow + d128q[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
+        q1 = tl.load(qrow + (128 + d128q)[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
+        q2 = tl.load(qrow + (256 + d128q)[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
+        q3 = tl.load(qrow + (384 + d128q)[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
+    else:
+        q512 = tl.load(qrow + d512[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
     m2 = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
     l_i = tl.zeros((BLOCK_H_,), tl.float32)
     a0 = tl.zeros((BLOCK_H_, 128), tl.float32)
@@ -419,23 +456,39 @@ def _sparse_decode_gfx950_partial_kernel(
     lo, hi = _split_slice(m_lo, m_hi, split, active)
     tm = tl.arange(0, MAIN_TILE).to(tl.int64)
     for t0 in range(lo, hi, MAIN_TILE):
-        m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, main_cache, main_idx, t0 + tm, hi,
-                                              main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True,
-                                              HW_FP8_MAIN, ROPE16)
+        if QK_CHUNKS:
+            m2, l_i, a0, a1, a2, a3 = _tile_base2_chunks(q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, main_cache, main_idx, t0 + tm, hi,
+                                                  main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True,
+                                                  HW_FP8_MAIN, ROPE16)
+        else:
+            m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, main_cache, main_idx, t0 + tm, hi,
+                                                  main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True,
+                                                  HW_FP8_MAIN, ROPE16)
     if HAS_EXTRA:
         lo, hi = _split_slice(e_lo, e_hi, split, active)
         te = tl.arange(0, EXTRA_TILE).to(tl.int64)
         n_full = (hi - lo) // EXTRA_TILE
         for i in range(0, n_full):
-            m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx,
-                                                  lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
-                                                  extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA,
-                                                  HW_FP8_EXTRA, ROPE16)
+            if QK_CHUNKS:
+                m2, l_i, a0, a1, a2, a3 = _tile_base2_chunks(q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx,
+                                                      lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
+                                                      extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA,
+                                                      HW_FP8_EXTRA, ROPE16)
+            else:
+                m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx,
+                                                      lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
+                                                      extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA,
+                                                      HW_FP8_EXTRA, ROPE16)
         tt = tl.arange(0, TAIL_TILE).to(tl.int64)
         for t0 in range(lo + n_full * EXTRA_TILE, hi, TAIL_TILE):
-            m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx, t0 + tt,
-                                                  hi, extra_num_slots, extra_bs, extra_stride0, qk_scale2,
-                                                  IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, ROPE16)
+            if QK_CHUNKS:
+                m2, l_i, a0, a1, a2, a3 = _tile_base2_chunks(q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx, t0 + tt,
+                                                      hi, extra_num_slots, extra_bs, extra_stride0, qk_scale2,
+                                                      IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, ROPE16)
+            else:
+                m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx, t0 + tt,
+                                                      hi, extra_num_slots, extra_bs, extra_stride0, qk_scale2,
+                                                      IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, ROPE16)
     tl.store(part_m + ml, tl.where(l_i == 0, -_FLT_MAX, m2 * _LN2), mask=hmask)
     tl.store(part_l + ml, l_i, mask=hmask)
     arow = (part_acc + b.to(tl.int64) * stride_ab + split.to(tl.int64) * stride_as
@@ -610,6 +663,9 @@ class DecodeVariant:
       order of the fp32 sums inside an MMA, within the error model (one dot's accumulation).
     - ``num_warps`` / ``num_stages``: launch options (None: the family's default; ``num_stages`` None leaves
       Triton's own default, which on NVIDIA pipelines the token loops through shared memory).
+    - ``qk_chunks`` (gfx950): QK as four 128-lane dots summed in order instead of one dot over the joined 512-lane
+      operand, so each dequantized tile feeds both products as one value (no joined copy). Another fp32 summation
+      order of the QK product than upstream's single dot: opt-in, within the error model (one dot's accumulation).
     """
 
     rope16: bool = False
@@ -617,8 +673,11 @@ class DecodeVariant:
     extra_tile: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    qk_chunks: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.qk_chunks, bool):
+            raise ValueError(f"qk_chunks: expected a bool, got {self.qk_chunks!r}")
         if self.block_h not in (None, 16, 32, 64):
             raise ValueError(f"block_h: expected None, 16, 32 or 64, got {self.block_h!r}")
         if self.extra_tile not in (None, 32, 64):
@@ -672,10 +731,13 @@ NARROW_VARIANTS = {"generic": DecodeVariant(rope16=True, num_stages=1),
 #: the opt-in single-read build per family (issue 15 item 4): one program per (query, split) holds all 64 heads,
 #: so every KV row is read once, not once per 16-head block (``decode_variant(f, SINGLE_READ_VARIANTS[f])`` or
 #: ``SMV_DECODE_VARIANT``). gfx950 needs the 32-token extra step to fit shared memory (246 KB at 64 tokens).
+#: num_stages=1 (no software pipelining of the tile loop) measured faster than the compiler's default at every batch
+#: on the H200 (2026-12-06: gfx950 24.9 / 85.5 / 587 us vs 28.2 / 95.1 / 650 at batch 1 / 64 / 512, gfx942 26.6 /
+#: 152.6 / 655 vs 31.8 / 167.9 / 740): with 255 registers and ~210 spilled, a second stage's buffers only add spills.
 SINGLE_READ_VARIANTS = {
     "generic": DecodeVariant(rope16=True, block_h=64, num_warps=8, num_stages=1),
-    "gfx942": DecodeVariant(rope16=True, block_h=64, num_warps=8),
-    "gfx950": DecodeVariant(rope16=True, block_h=64, num_warps=8, extra_tile=32)}
+    "gfx942": DecodeVariant(rope16=True, block_h=64, num_warps=8, num_stages=1),
+    "gfx950": DecodeVariant(rope16=True, block_h=64, num_warps=8, extra_tile=32, num_stages=1)}
 #: what each family launches with by default: generic stays upstream's single-kernel design; gfx942 and gfx950 pick
 #: their build by the launch's size (``SizeRule``). On the H200 (benchmarks/DECODE_PERF.md) the single-read build
 #: beat the 16-head one where its programs fill the device (gfx950 batch 64, S = 2: 96 vs 137 us; batch 512: 661 /
@@ -1005,6 +1067,7 @@ def sparse_attn_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: 
                 HAS_EXTRA=has_extra, IS_FNUZ_MAIN=is_fnuz_main, IS_FNUZ_EXTRA=is_fnuz_extra, SCRUB_EXTRA=scrub_extra,
                 ADAPTIVE=plan.adaptive, BLOCK_H_=bh, MAIN_TILE=GFX950_MAIN_TILE,
                 EXTRA_TILE=variant.extra_tile or GFX950_EXTRA_TILE, TAIL_TILE=GFX950_TAIL_TILE, ITER_K=_splits.BLOCK_K,
+                QK_CHUNKS=variant.qk_chunks,
                 **hw_fp8, **_variant_meta(variant, "gfx950", 4, (main_cache, ec)))
     else:
         raise ValueError(f"target {t.name}: unknown decode family {plan.family!r}")

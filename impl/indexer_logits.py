@@ -331,9 +331,12 @@ class LogitsVariant:
             raise ValueError(f"fill: expected a number >= 0, got {self.fill!r}")
 
 
-#: the build ``fp8_paged_mqa_logits`` launches with (the kernel as it was measured 2.2x slower than upstream's at
-#: batch 64 / 8192 context); candidates in benchmarks/logits_variants.py, switched here only after measuring
-DEFAULT_LOGITS_VARIANT = LogitsVariant()
+#: the build ``fp8_paged_mqa_logits`` launches with: one table entry per tile, fp32 scale words, and tiles per program
+#: halved until the grid fills the device. Measured on the H200 (2026-12-06, benchmarks/DECODE_PERF.md, CUDA-graph
+#: medians, 64 heads): 43.6 / 5.3 us at 64 x 8192 / 4 x 8192 against upstream's 41.1 / 5.3 and the kernel's first
+#: build (``LogitsVariant()``, "first" in benchmarks/logits_variants.py) 62.6 / 19.7; every build computes the same
+#: values (the fp8-operand build, slower there, stays opt-in)
+DEFAULT_LOGITS_VARIANT = LogitsVariant(page_tile=True, scale32=True, fill=1.0)
 #: ``SMV_LOGITS_VARIANT``: an override read at import, e.g. ``page_tile,scale32,block=64,tiles=4,num_warps=8``
 LOGITS_VARIANT_ENV = "SMV_LOGITS_VARIANT"
 
