@@ -1022,7 +1022,8 @@ def test_logits_builds_compute_the_defaults_bits_and_parse_from_the_environment(
     from impl.targets import get_target
 
     lv = _load_logits_variants()
-    assert lv.VARIANTS[0] == ("default", {}) and len({n for n, _ in lv.VARIANTS}) == len(lv.VARIANTS)
+    assert lv.VARIANTS[0][0] == "default" and len({n for n, _ in lv.VARIANTS}) == len(lv.VARIANTS)
+    assert il.LogitsVariant(**lv.VARIANTS[0][1]) == il.DEFAULT_LOGITS_VARIANT  # the row times the library's default
     builds = [il.LogitsVariant(**f) for _, f in lv.VARIANTS] + [il.LogitsVariant(block=16, page_tile=True,
                                                                                  scale32=True, tiles=2)]
     # one of each program the interpreter runs (warps, stages and fp8_dot do not change it here)
