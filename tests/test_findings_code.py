@@ -135,7 +135,11 @@ def test_function_sha256_is_the_exact_def_with_its_decorators(tmp_path):
 
 
 def test_the_repository_findings_are_keyed_by_the_033_code(tree033):
-    fs = kf.load()
+    # vLLM's findings are keyed by its Python source; FlashMLA ships compiled CUDA, so its findings are keyed by the
+    # release they were seen in (and name the kernel in ``function``)
+    every = kf.load()
+    fs = [f for f in every if f.subjects == ("vllm",)]
+    assert all(f.subjects == ("flashmla",) and not f.functions and f.confirmed("1.0.0") for f in every if f not in fs)
     assert len(fs) >= 50 and all(f.functions for f in fs)
     old = [f for f in fs if f.confirmed("0.33.0")]
     assert len(old) >= 50

@@ -358,6 +358,15 @@ def test_a_kernel_reading_poisoned_bytes_by_its_own_rules_is_named_by_the_rule(f
 
     with using(sub):
         assert NAN_NOT_SCRUBBED in named("nan")
+        # findings.toml's FM1 (and its views) explain that violation for FlashMLA 1.0.0, and nothing else does
+        from contracts.engine import findings as kf
+
+        for cid in ("decode-oracle-agreement", "decode-paths-agree", "subject-agreement"):
+            assert kf.classify([NAN_NOT_SCRUBBED], kf.load(), cid, "flashmla", "1.0.0", "gfx950"), cid
+        assert kf.classify([NAN_NOT_SCRUBBED], kf.load(), "decode-oracle-agreement", "flashmla", "1.1.0",
+                           "gfx950") is None
+        assert kf.classify([NAN_NOT_SCRUBBED], kf.load(), "decode-oracle-agreement", "vllm", "0.34.0",
+                           "gfx950") is None
         as_read = sys.modules[__name__].v4_row
         monkeypatch.setattr(sys.modules[__name__], "v4_row", lambda k, i: torch.nan_to_num(as_read(k, i), nan=0.0,
                                                                                              posinf=math.inf,
