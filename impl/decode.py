@@ -62,7 +62,7 @@ from impl import formats
 from impl import splits as _splits
 from impl.runtime import kernel_device, native_without_gpu_hint
 from impl.targets import Target, effective_cu_count, get_target
-from impl.triton_helpers import dot, fp8_decode, hw_fp8_decode, ue8m0_decode_reader
+from impl.triton_helpers import dot, fp8_decode, hw_fp8_decode, online_softmax_step, ue8m0_decode_reader
 from impl.validation import dtype_name as _name_dtype, require_kernel_device, require_tensor, require_valid_indptr
 
 FLT_MAX = 3.4028234663852886e38
@@ -178,12 +178,7 @@ def _tile_natural(q_nope, q_rope, m_i, l_i, acc_n, acc_r, cache, idx_ptr, offs, 
     kr = _kv_tile(cache, slots, valid, block_size, stride0, _NOPE, 64, IS_FNUZ, SCRUB, False, True, HW_FP8, ROPE16)
     s = dot(q_nope, tl.trans(kn), tl.zeros((q_nope.shape[0], kn.shape[0]), tl.float32))
     s = dot(q_rope, tl.trans(kr), s)
-    s = s * scale
-    s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_new, l_i, alpha, p = online_softmax_step(s * scale, valid, m_i, l_i, False)
     pb = p.to(tl.bfloat16)
     acc_n = dot(pb, kn, acc_n * alpha[:, None])
     acc_r = dot(pb, kr, acc_r * alpha[:, None])
@@ -323,6 +318,19 @@ def _sparse_decode_gfx942_partial_kernel(
 
 
 @triton.jit
+def _softmax_pv_base2(s, valid, qk_scale2, m2, l_i, a0, a1, a2, a3, k0, k1, k2, k3):
+    """The rest of a base-2 online-softmax step once the raw scores ``s`` [BH, BK] are summed: scale, mask, the
+    running max and sum, and PV into the four 128-lane accumulators (k0..k3 are the value tiles)."""
+    m_new, l_i, alpha, p = online_softmax_step(s * qk_scale2, valid, m2, l_i, True)
+    pb = p.to(tl.bfloat16)
+    a0 = dot(pb, k0, a0 * alpha[:, None])
+    a1 = dot(pb, k1, a1 * alpha[:, None])
+    a2 = dot(pb, k2, a2 * alpha[:, None])
+    a3 = dot(pb, k3, a3 * alpha[:, None])
+    return m_new, l_i, a0, a1, a2, a3
+
+
+@triton.jit
 def _tile_base2(q512, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num_slots, block_size, stride0,
                 qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HW_FP8: tl.constexpr,
                 ROPE16: tl.constexpr):
@@ -338,18 +346,7 @@ def _tile_base2(q512, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num
     kk = tl.join(tl.join(k0, k1), tl.join(k2, k3))
     kk = tl.reshape(tl.permute(kk, (0, 3, 2, 1)), (k0.shape[0], 512))
     s = dot(q512, tl.trans(kk), tl.zeros((q512.shape[0], k0.shape[0]), tl.float32))
-    s = s * qk_scale2
-    s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m2, tl.max(s, axis=1))
-    alpha = tl.exp2(m2 - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    pb = p.to(tl.bfloat16)
-    a0 = dot(pb, k0, a0 * alpha[:, None])
-    a1 = dot(pb, k1, a1 * alpha[:, None])
-    a2 = dot(pb, k2, a2 * alpha[:, None])
-    a3 = dot(pb, k3, a3 * alpha[:, None])
-    return m_new, l_i, a0, a1, a2, a3
+    return _softmax_pv_base2(s, valid, qk_scale2, m2, l_i, a0, a1, a2, a3, k0, k1, k2, k3)
 
 
 @triton.jit
@@ -368,18 +365,7 @@ def _tile_base2_chunks(q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, 
     s = dot(q2, tl.trans(k2), s)
     k3 = _kv_tile(cache, slots, valid, block_size, stride0, 384, 128, IS_FNUZ, SCRUB, True, True, HW_FP8, ROPE16)
     s = dot(q3, tl.trans(k3), s)
-    s = s * qk_scale2
-    s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m2, tl.max(s, axis=1))
-    alpha = tl.exp2(m2 - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    pb = p.to(tl.bfloat16)
-    a0 = dot(pb, k0, a0 * alpha[:, None])
-    a1 = dot(pb, k1, a1 * alpha[:, None])
-    a2 = dot(pb, k2, a2 * alpha[:, None])
-    a3 = dot(pb, k3, a3 * alpha[:, None])
-    return m_new, l_i, a0, a1, a2, a3
+    return _softmax_pv_base2(s, valid, qk_scale2, m2, l_i, a0, a1, a2, a3, k0, k1, k2, k3)
 
 
 @triton.jit

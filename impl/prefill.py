@@ -66,7 +66,7 @@ import triton.language as tl
 from impl.ragged import build_ragged_indices_from_dense
 from impl.runtime import kernel_device, native_without_gpu_hint
 from impl.targets import Target, aiter_status, get_target
-from impl.triton_helpers import dot, load_as_f32
+from impl.triton_helpers import dot, load_as_f32, online_softmax_step
 from impl.validation import dtype_name as _dtype_name, require_tensor, require_valid_indptr
 
 #: OPUS is correct at any size; below this many query rows the Triton kernel is faster. The figure is the
@@ -195,12 +195,7 @@ def _sparse_attn_prefill_kernel(
         if SPLIT_D:
             kr = _load_rows(kv, kv_rows, lr, valid, lr_mask, stride_kvd, IN_BF16).to(dot_ty)
             s = dot(qr, tl.trans(kr), s)
-        s = s * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, l_i, alpha, p = online_softmax_step(s * scale, valid, m_i, l_i, False)
         pb = p.to(dot_ty)
         acc_a = dot(pb, ka, acc_a * alpha[:, None])
         if SPLIT_D:

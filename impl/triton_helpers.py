@@ -229,3 +229,21 @@ def dot(a, b, acc):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def online_softmax_step(s, valid, m_i, l_i, BASE2: tl.constexpr):
+    """One online-softmax step over scaled scores ``s`` [M, N]: columns where ``valid`` is false become -inf, the
+    running max ``m_i`` and sum ``l_i`` [M] move on (natural exp, or exp2 of log2-unit scores when BASE2). Returns
+    (m_new, l_new, alpha, p): the caller rescales its accumulators by ``alpha`` and adds ``p`` times its values. The
+    decode kernels and the prefill share it."""
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if BASE2:
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+    else:
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    return m_new, l_i, alpha, p

@@ -6,6 +6,7 @@ FlashMLA's documentation says its sparse decode computes (float64, from the V4 b
 refuses) then carries the decode contract through the subject end to end."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import types
@@ -301,6 +302,23 @@ def _decode_example(target):
     return _decode_examples(target)
 
 
+@contextlib.contextmanager
+def _softmax_scale_dropped():
+    """A planted conversion bug: the adapter hands FlashMLA the default softmax scale instead of the case's."""
+    planted = fm.prepare_decode
+
+    def drops_scale(*a, **k):
+        p = planted(*a, **k)
+        p.scale = formats.DSV4_HEAD_DIM ** -0.5
+        return p
+
+    fm.prepare_decode = drops_scale
+    try:
+        yield
+    finally:
+        fm.prepare_decode = planted
+
+
 @pytest.mark.parametrize("target", ["generic", "gfx950"])
 def test_the_decode_contract_judges_flashmla_through_the_subject(fake_flashmla, target):
     """The decode contract's pinned examples (INT32 extremes, out-of-range slots, empty rows, NaN-poisoned unread
@@ -318,18 +336,8 @@ def test_the_decode_contract_judges_flashmla_through_the_subject(fake_flashmla, 
         for case in cases:
             assert decode_oracle_agreement(case, t) == [], case
         assert fake_flashmla.calls >= len(cases)
-        planted = fm.prepare_decode
-
-        def drops_scale(*a, **k):
-            p = planted(*a, **k)
-            p.scale = formats.DSV4_HEAD_DIM ** -0.5
-            return p
-
-        fm.prepare_decode = drops_scale
-        try:
+        with _softmax_scale_dropped():
             assert decode_oracle_agreement(cases[0], t), "a dropped softmax scale went unseen"
-        finally:
-            fm.prepare_decode = planted
 
 
 @pytest.mark.parametrize("target", ["generic", "gfx950"])
@@ -373,19 +381,9 @@ def test_a_kernel_reading_poisoned_bytes_by_its_own_rules_is_named_by_the_rule(f
                                                                                              neginf=-math.inf))
         assert SCALE_255_NAN in named("inf")
         monkeypatch.setattr(sys.modules[__name__], "v4_row", as_read)
-        planted = fm.prepare_decode
-
-        def drops_scale(*a, **k):
-            p = planted(*a, **k)
-            p.scale = formats.DSV4_HEAD_DIM ** -0.5
-            return p
-
-        fm.prepare_decode = drops_scale
-        try:
+        with _softmax_scale_dropped():
             got = decode_oracle_agreement(_decode_example(t)[0].replace(poison="nan"), t)
             assert got and not any(v.message in rules for v in got), got
-        finally:
-            fm.prepare_decode = planted
 
 
 # --- the benchmark column --------------------------------------------------------------------------------------
