@@ -300,3 +300,17 @@ def test_fp8_path_is_chosen_from_the_target_flavour_and_the_device(monkeypatch):
         _run(_VARIANT_CASE, "gfx942")
     assert asked == [True, False]  # gfx942: FNUZ main, OCP extra
     assert seen[0]["IS_FNUZ_MAIN"] is True and seen[0]["HW_FP8_MAIN"] is False
+
+
+def test_subject_agreement_compares_ours_in_upstreams_16_head_design():
+    """subject-agreement's bitwise comparison runs ours with the 16-head build where the size rule would pick the
+    wide one (upstream has no wide build; under the interpreter numpy may sum a 64-row dot in another order than a
+    16-row one on some CPUs, a last-bit difference that is no defect of either); generic has no rule to force."""
+    from contracts.decode import _narrow_build
+
+    for fam in ("gfx942", "gfx950"):
+        with _narrow_build(dec, get_target(fam)):
+            assert dec.current_variant(fam) == dec.NARROW_VARIANTS[fam]
+        assert dec.current_variant(fam) == dec.DEFAULT_VARIANTS[fam]
+    with _narrow_build(dec, get_target("generic")):
+        assert dec.current_variant("generic") == dec.DEFAULT_VARIANTS["generic"]
