@@ -42,9 +42,6 @@ TARGETS = ("generic", "gfx942", "gfx950")
 ALLOWED_UNEXERCISED: dict[str, str] = {
     "graph_capture.GraphReplayError": "an exception class with no code of its own (a trace sees no raise); "
                                       "graph-replay-agreement catches it (contracts/graph_capture.py)",
-    "decode.current_variant": "benchmark configuration (which DecodeVariant a family launches with), never what a "
-                              "decode computes; tests/test_decode.py::test_build_variants_compute_what_the_default_"
-                              "computes runs it, and the contracts judge a variant through SMV_DECODE_VARIANT",
     "decode.decode_variant": "benchmark configuration, see decode.current_variant; tests/test_decode.py runs it",
     "decode.set_decode_variant": "benchmark configuration, see decode.current_variant; tests/test_decode.py runs it",
     "indexer_logits.logits_variant": "benchmark configuration (which LogitsVariant the paged logits kernel is built "
@@ -57,10 +54,7 @@ ALLOWED_UNEXERCISED: dict[str, str] = {
     "interpreter_fastpath.install": "runs once at `import impl` under the interpreter (a speed-up of Triton's "
                                     "interpreter, not of what any kernel computes); tests/test_interpreter_fastpath.py",
     "interpreter_fastpath.fast_patch_lang": "built by install(); tests/test_interpreter_fastpath.py runs it",
-    "interpreter_fastpath.with_room": "wraps every interpreted launch (a frame with room for its calls); not an "
-                                      "entry point; tests/test_interpreter_fastpath.py",
     "interpreter_fastpath.installed": "says whether install() took effect; not an entry point",
-    "runtime.native_without_gpu_hint": "words the tail of a wrong-device error message; not an entry point",
     "targets.aiter_status": "asks the host whether AMD AITER is importable; the contracts state AITER's use "
                             "themselves (cache-key-staleness passes use_aiter=False, opus-routing-guard patches the "
                             "OPUS loader) instead of asking the host; tests/test_targets.py tests it",
