@@ -1178,14 +1178,14 @@ def _graph_entries() -> list[Entry]:
             "main_cache": cache(), **_ragged_pair("main"),
             "extra_cache": cache(extra), **_ragged_pair("extra", extra),
             "attn_sink": Arg(contiguous=True, bad_dtype=torch.bfloat16, needs=lambda c: c.sink != "none"),
-        }),
+        }, valid=lambda c: not fgc.refusable(c)),  # a sink layout the capture may refuse is no valid call to break
         # a replay of fewer rows than captured is legal (the rest run empty): q's row count is free below it
         # a compressed layer's graph carries every argument (the extra segment too): one capture per row
         Entry("graph_capture.DecodeGraph.replay", fgc.GraphCase,
               lambda t=None: _graph_cases(t).filter(lambda c: c.max_extra is not None), _build_replay, {
             "q": Arg(dims=(1, 2), bad_dtype=torch.float32),
             **_ragged_pair("main"), **_ragged_pair("extra", extra),
-        }, shared=("self",)),
+        }, shared=("self",), valid=lambda c: not fgc.refusable(c)),  # its graph is captured from the same case
     ]
 
 

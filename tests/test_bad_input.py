@@ -200,3 +200,31 @@ def test_build_call_copies_all_but_shared_arguments():
         a, b = fz.build_call(e, inner, kernel_device(), T942), fz.build_call(e, inner, kernel_device(), T942)
         assert (a["self"] is b["self"]) == ("self" in e.shared)
         assert all(a[k] is not b[k] for k, v in a.items() if isinstance(v, torch.Tensor))
+
+
+def test_a_valid_call_never_carries_a_layout_its_entry_may_refuse():
+    """The valid call a breakage starts from is drawn by the entry's generator, which also draws the layouts an entry
+    point may refuse (a strided sink for a graph capture): such a draw is no valid call. A fresh clone's audit drew
+    one (seed 7444, gfx942: the capture refused its own valid call's strided sink); every entry with refusable
+    layouts now declares them, and that case passes."""
+    from fuzz import graph_capture as fgc
+    from impl.targets import get_target
+
+    for name in ("graph_capture.DecodeGraph.capture", "graph_capture.DecodeGraph.replay"):
+        entry = fz.ENTRIES[name]
+        case = fgc.GraphCase.from_json(_SAVED_GRAPH_CASE)
+        assert entry.valid is not None and entry.valid(case)
+        assert not entry.valid(case.replace(sink="ordinary", sink_layout="strided"))
+    saved = BadInputCase(entry="graph_capture.DecodeGraph.capture", inner=_SAVED_GRAPH_CASE, seed=7444)
+    assert cb.bad_input_refusal(saved, get_target("gfx942")) == []
+
+
+#: the valid call of the case above, as the audit's reproducer stored it
+_SAVED_GRAPH_CASE = {
+    "kind": "graph-replay", "schema_version": 1, "seed": 0, "batch": 1, "heads": 1, "compress_ratio": 0,
+    "max_main": 1, "max_extra": None, "main_bs": 1, "extra_bs": 1, "padded": False, "invalid_rate": 0.0,
+    "scale": 0.0625, "sink": "none", "q_transposed": False, "cu_count": 1,
+    "capture": {"rows": 1, "main_lens": [1], "extra_lens": None, "main_slack": 0, "extra_slack": 0},
+    "replays": [{"rows": 1, "main_lens": [0], "extra_lens": None, "main_slack": 0, "extra_slack": 0},
+                {"rows": 1, "main_lens": [1], "extra_lens": None, "main_slack": 0, "extra_slack": 0}],
+    "q_layout": "contiguous", "cache_layout": "packed", "index_layout": "contiguous", "sink_layout": "contiguous"}
