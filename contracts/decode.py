@@ -118,18 +118,18 @@ def _oracle_agreement_once(case: fz.DecodeCase, target: Target) -> list[Violatio
         got = _run_decode(dec, case, target, inp, plan)
     except _Refused as e:
         return refusal_violations(case, e) + _pools_changed(pools_before, inp)
-    violations = _pools_changed(pools_before, inp)
+    pools = _pools_changed(pools_before, inp)
     ref = _oracle(case, target, inp)
     raw = got.clone()
-    violations += zeroed_nan_rows(NAN_ROW_ZEROED, got, ref.out)
+    zeroed = zeroed_nan_rows(NAN_ROW_ZEROED, got, ref.out)
     label = (f"decode output vs float64 oracle ({target.decode_family} family, S={plan.num_splits}, "
              f"adaptive={plan.adaptive})")
     found = oracle_violations(label, got, ref, plan.num_splits)
     if found and case.poison != "none":  # a kernel reading poisoned bytes by another rule is named as such
-        rule = reading_rule_violation(lambda **r: _oracle(case, target, inp, **r), raw, plan.num_splits, label)
+        rule = reading_rule_violation(lambda **r: _oracle(case, target, inp, **r), raw, plan.num_splits, label, ref)
         if rule:
-            return _pools_changed(pools_before, inp) + rule
-    return violations + found
+            return pools + rule
+    return pools + zeroed + found
 
 
 #: a refusal of a layout the entry point may refuse must be clean: these texts name what was not
@@ -256,27 +256,17 @@ READING_RULES = (({"scrub": False}, NAN_NOT_SCRUBBED),
                  ({"scale_255": "nan"}, SCALE_255_NAN))
 
 
-def reading_rule_violation(oracle, got: torch.Tensor, num_splits: int, where: str) -> list[Violation]:
+def reading_rule_violation(oracle, got: torch.Tensor, num_splits: int, where: str, ref=None) -> list[Violation]:
     """Where ``got`` (the output of a case whose referenced rows are poisoned) fails the oracle: one violation naming
     the first of :data:`READING_RULES` under which the oracle agrees with it on every lane (NaN and inf positions
     exactly, the rest within the same bound), so a kernel that reads the cache bytes by another rule is told apart
-    from one that computes wrong. ``oracle(**reading)`` is the case's oracle under a reading (none: SPEC 2's).
-    [] where no rule explains ``got``."""
+    from one that computes wrong. ``oracle(**reading)`` is the case's oracle under a reading (none: SPEC 2's), and
+    ``ref`` its SPEC 2 result where the caller has it. [] where no rule explains ``got``."""
     for reading, message in READING_RULES:
         ref = oracle(**reading)
         res = cmp.attention_comparison(got.clone(), ref.out, decode_tolerance(ref, num_splits))
         if not res.mismatches:
-            first = torch.isnan(got.to(torch.float64)) != torch.isnan(oracle().out)
-            idx = tuple(first.nonzero()[0].tolist()) if bool(first.any()) else None
-            at = f"out[{', '.join(map(str, idx))}]" if idx else "out"
-            return [Violation(message, f"{where}: {at} ({int(first.sum())} lanes NaN on one side only)",
-                              "the readers' rules (SPEC 2)", ", ".join(f"{k}={v}" for k, v in reading.items()))]
-    return []
-    for reading, message in READING_RULES:
-        ref = _oracle(case, target, inp, **reading)
-        res = cmp.attention_comparison(got.clone(), ref.out, decode_tolerance(ref, num_splits))
-        if not res.mismatches:
-            first = torch.isnan(got.to(torch.float64)) != torch.isnan(_oracle(case, target, inp).out)
+            first = torch.isnan(got.to(torch.float64)) != torch.isnan((ref if ref is not None else oracle()).out)
             idx = tuple(first.nonzero()[0].tolist()) if bool(first.any()) else None
             at = f"out[{', '.join(map(str, idx))}]" if idx else "out"
             return [Violation(message, f"{where}: {at} ({int(first.sum())} lanes NaN on one side only)",
@@ -378,7 +368,7 @@ def _agree_decode(case: fz.DecodeCase, target: Target) -> list[Violation]:
     got = _agree_decode_once(case, target)
     if got and fz.non_packed(case):
         return layout_violations(case, target) or got  # a layout alone makes the subject differ from the oracle
-    return _agree_reading_rule(case, target, got)
+    return got
 
 
 def _agree_decode_once(case: fz.DecodeCase, target: Target) -> list[Violation]:
@@ -405,8 +395,18 @@ def _agree_decode_once(case: fz.DecodeCase, target: Target) -> list[Violation]:
         got_s = _run_decode(theirs, case, target, inp_s, plan_s)
     except _Refused as e:
         return refusal_violations(case, e)
+    differs = _agree_outputs(got_o, got_s, _oracle(case, target, inp_o), plan_o, plan_s)
+    if differs and case.poison != "none":  # the subject reads poisoned bytes by another rule: named as such
+        return reading_rule_violation(lambda **r: _oracle(case, target, inp_s, **r), got_s, plan_s.num_splits,
+                                      "the subject") or differs
+    return differs
+
+
+def _agree_outputs(got_o, got_s, ref, plan_o, plan_s) -> list[Violation]:
+    """The subject's output ``got_s`` against ours ``got_o``: bitwise under the same plan, else within both plans'
+    bounds around the oracle's ``ref`` (``got_s`` is not modified: a zeroed NaN row is named on a copy)."""
+    got_s = got_s.clone()
     out = zeroed_nan_rows(NAN_ROW_ZEROED_VS_OURS, got_s, got_o)
-    ref = _oracle(case, target, inp_o)
     tol = decode_tolerance(ref, plan_o.num_splits) + decode_tolerance(ref, plan_s.num_splits)
     if plan_o == plan_s:
         both_nan = torch.isnan(got_o) & torch.isnan(got_s)
@@ -433,22 +433,6 @@ def _narrow_build(mine, target: Target):
     if not isinstance(rule, mine.SizeRule):
         return contextlib.nullcontext()
     return mine.decode_variant(target.decode_family, rule.narrow)
-
-
-def _agree_reading_rule(case: fz.DecodeCase, target: Target, got: list[Violation]) -> list[Violation]:
-    """Where the subject disagrees with ours on a case with poisoned rows: the reading rule under which the subject
-    agrees with the oracle (:func:`reading_rule_violation`) in place of the lane differences, else ``got``."""
-    if not got or case.poison == "none" or any(v.message.startswith("decode refused") for v in got):
-        return got
-    dec = bound(target).decode
-    inp = fz.build_decode_inputs(case, target)
-    plan = _decode_plan(dec, case, target, inp)
-    try:
-        theirs = _run_decode(dec, case, target, inp, plan)
-    except _Refused:
-        return got
-    return reading_rule_violation(lambda **r: _oracle(case, target, inp, **r), theirs, plan.num_splits,
-                                  "the subject") or got
 
 
 #: the two ways a same-plan decode can differ from ours (finding signatures match these texts)

@@ -124,20 +124,15 @@ def decode_paths_agree(case: fm.MetamorphicCase, target: Target) -> list[Violati
     adaptive splits' host rule)."""
     dec = bound(target).decode
     inp = fm.build_metamorphic_inputs(case, target)
-    ref = ref_decode.ref_sparse_attn_decode(
-        inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache, inp.extra_indices,
-        inp.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
-        main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=True)
-    poisoned = case.decode.poison != "none"
-
-    def reading_oracle(scrub=True, scale_255="inf"):  # the case's oracle under another reader rule (READING_RULES)
-        if scrub and scale_255 == "inf":
-            return ref
+    def oracle(scrub=True, scale_255="inf"):  # SPEC 2's readers, or another rule (contracts.decode.READING_RULES)
         return ref_decode.ref_sparse_attn_decode(
             inp.q, inp.main_cache, inp.main_indices, inp.main_indptr, inp.extra_cache, inp.extra_indices,
             inp.extra_indptr, attn_sink=inp.attn_sink, softmax_scale=inp.softmax_scale,
             main_flavour=target.main_cache_fp8, extra_flavour=target.extra_cache_fp8, scrub_extra=scrub,
             scrub_main=scrub, scale_255=scale_255)
+
+    ref = oracle()
+    poisoned = case.decode.poison != "none"
 
     outs = []
     v: list[Violation] = []
@@ -157,7 +152,7 @@ def decode_paths_agree(case: fm.MetamorphicCase, target: Target) -> list[Violati
         zeroed = zeroed_nan_rows(nan_row_zeroed(shown), judged, ref.out)
         found = oracle_violations(f"decode path {shown} vs float64 oracle", judged, ref, plan.num_splits)
         # a path reading poisoned cache bytes by another rule than the readers' is named as such
-        rule = (reading_rule_violation(reading_oracle, got, plan.num_splits, f"decode path {shown}")
+        rule = (reading_rule_violation(oracle, got, plan.num_splits, f"decode path {shown}", ref)
                 if found and poisoned else [])
         v += rule or (zeroed + found)
         outs.append((label, got, decode_tolerance(ref, plan.num_splits), shown))

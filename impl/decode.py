@@ -318,9 +318,29 @@ def _sparse_decode_gfx942_partial_kernel(
 
 
 @triton.jit
-def _softmax_pv_base2(s, valid, qk_scale2, m2, l_i, a0, a1, a2, a3, k0, k1, k2, k3):
-    """The rest of a base-2 online-softmax step once the raw scores ``s`` [BH, BK] are summed: scale, mask, the
-    running max and sum, and PV into the four 128-lane accumulators (k0..k3 are the value tiles)."""
+def _tile_base2(q512, q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num_slots, block_size,
+                stride0, qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HW_FP8: tl.constexpr,
+                ROPE16: tl.constexpr, QK_CHUNKS: tl.constexpr):
+    """One base-2 online-softmax step over the tokens at ragged positions ``offs``: four 128-lane tiles (the last
+    is 64 NoPE + 64 RoPE lanes) joined into one [BK, 512] operand for a single QK dot with ``q512``; PV into four
+    128-lane accumulators. Logits are in log2 units (scale * log2(e) folded into ``qk_scale2``). With QK_CHUNKS
+    (``DecodeVariant.qk_chunks``, opt-in) QK is four 128-lane dots with ``q0``..``q3`` summed in order instead: no
+    joined operand, another fp32 summation order. The q operands a build does not use are placeholders."""
+    slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
+    k0 = _kv_tile(cache, slots, valid, block_size, stride0, 0, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+    k1 = _kv_tile(cache, slots, valid, block_size, stride0, 128, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+    k2 = _kv_tile(cache, slots, valid, block_size, stride0, 256, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
+    k3 = _kv_tile(cache, slots, valid, block_size, stride0, 384, 128, IS_FNUZ, SCRUB, True, True, HW_FP8, ROPE16)
+    if QK_CHUNKS:
+        s = dot(q0, tl.trans(k0), tl.zeros((q0.shape[0], k0.shape[0]), tl.float32))
+        s = dot(q1, tl.trans(k1), s)
+        s = dot(q2, tl.trans(k2), s)
+        s = dot(q3, tl.trans(k3), s)
+    else:
+        # [BK, 128, i, o] holds tile 2*o + i; reorder to [BK, o, i, 128] so the flat lane is tile*128 + d
+        kk = tl.join(tl.join(k0, k1), tl.join(k2, k3))
+        kk = tl.reshape(tl.permute(kk, (0, 3, 2, 1)), (k0.shape[0], 512))
+        s = dot(q512, tl.trans(kk), tl.zeros((q512.shape[0], k0.shape[0]), tl.float32))
     m_new, l_i, alpha, p = online_softmax_step(s * qk_scale2, valid, m2, l_i, True)
     pb = p.to(tl.bfloat16)
     a0 = dot(pb, k0, a0 * alpha[:, None])
@@ -328,44 +348,6 @@ def _softmax_pv_base2(s, valid, qk_scale2, m2, l_i, a0, a1, a2, a3, k0, k1, k2, 
     a2 = dot(pb, k2, a2 * alpha[:, None])
     a3 = dot(pb, k3, a3 * alpha[:, None])
     return m_new, l_i, a0, a1, a2, a3
-
-
-@triton.jit
-def _tile_base2(q512, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num_slots, block_size, stride0,
-                qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr, HW_FP8: tl.constexpr,
-                ROPE16: tl.constexpr):
-    """One base-2 online-softmax step over the tokens at ragged positions ``offs``: four 128-lane tiles (the last
-    is 64 NoPE + 64 RoPE lanes) joined into one [BK, 512] operand for a single QK dot; PV into four 128-lane
-    accumulators. Logits are in log2 units (scale * log2(e) folded into ``qk_scale2``)."""
-    slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
-    k0 = _kv_tile(cache, slots, valid, block_size, stride0, 0, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
-    k1 = _kv_tile(cache, slots, valid, block_size, stride0, 128, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
-    k2 = _kv_tile(cache, slots, valid, block_size, stride0, 256, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
-    k3 = _kv_tile(cache, slots, valid, block_size, stride0, 384, 128, IS_FNUZ, SCRUB, True, True, HW_FP8, ROPE16)
-    # [BK, 128, i, o] holds tile 2*o + i; reorder to [BK, o, i, 128] so the flat lane is tile*128 + d
-    kk = tl.join(tl.join(k0, k1), tl.join(k2, k3))
-    kk = tl.reshape(tl.permute(kk, (0, 3, 2, 1)), (k0.shape[0], 512))
-    s = dot(q512, tl.trans(kk), tl.zeros((q512.shape[0], k0.shape[0]), tl.float32))
-    return _softmax_pv_base2(s, valid, qk_scale2, m2, l_i, a0, a1, a2, a3, k0, k1, k2, k3)
-
-
-@triton.jit
-def _tile_base2_chunks(q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, cache, idx_ptr, offs, seg_hi, num_slots,
-                       block_size, stride0, qk_scale2, IS_FNUZ: tl.constexpr, SCRUB: tl.constexpr,
-                       HW_FP8: tl.constexpr, ROPE16: tl.constexpr):
-    """:func:`_tile_base2` with QK as four 128-lane dots summed in order (no joined [BK, 512] operand): each
-    dequantized tile feeds both of its products from one value. Another fp32 summation order of the QK dot than
-    the single 512-lane one: opt-in (``DecodeVariant.qk_chunks``)."""
-    slots, valid = _slot_tile(idx_ptr, offs, seg_hi, num_slots)
-    k0 = _kv_tile(cache, slots, valid, block_size, stride0, 0, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
-    s = dot(q0, tl.trans(k0), tl.zeros((q0.shape[0], k0.shape[0]), tl.float32))
-    k1 = _kv_tile(cache, slots, valid, block_size, stride0, 128, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
-    s = dot(q1, tl.trans(k1), s)
-    k2 = _kv_tile(cache, slots, valid, block_size, stride0, 256, 128, IS_FNUZ, SCRUB, True, False, HW_FP8, ROPE16)
-    s = dot(q2, tl.trans(k2), s)
-    k3 = _kv_tile(cache, slots, valid, block_size, stride0, 384, 128, IS_FNUZ, SCRUB, True, True, HW_FP8, ROPE16)
-    s = dot(q3, tl.trans(k3), s)
-    return _softmax_pv_base2(s, valid, qk_scale2, m2, l_i, a0, a1, a2, a3, k0, k1, k2, k3)
 
 
 @triton.jit
@@ -425,14 +407,19 @@ def _sparse_decode_gfx950_partial_kernel(
         return
     d512 = tl.arange(0, 512)
     qrow = q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
-    if QK_CHUNKS:
+    if QK_CHUNKS:  # four 128-lane q tiles (q512 a placeholder)
         d128q = tl.arange(0, 128)
         q0 = tl.load(qrow + d128q[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
         q1 = tl.load(qrow + (128 + d128q)[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
         q2 = tl.load(qrow + (256 + d128q)[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
         q3 = tl.load(qrow + (384 + d128q)[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
-    else:
+        q512 = q0
+    else:  # one 512-lane q (q0..q3 placeholders)
         q512 = tl.load(qrow + d512[None, :] * stride_qd, mask=hmask[:, None], other=0.0)
+        q0 = q512
+        q1 = q512
+        q2 = q512
+        q3 = q512
     m2 = tl.full((BLOCK_H_,), -_FLT_MAX, tl.float32)
     l_i = tl.zeros((BLOCK_H_,), tl.float32)
     a0 = tl.zeros((BLOCK_H_, 128), tl.float32)
@@ -442,39 +429,24 @@ def _sparse_decode_gfx950_partial_kernel(
     lo, hi = _split_slice(m_lo, m_hi, split, active)
     tm = tl.arange(0, MAIN_TILE).to(tl.int64)
     for t0 in range(lo, hi, MAIN_TILE):
-        if QK_CHUNKS:
-            m2, l_i, a0, a1, a2, a3 = _tile_base2_chunks(q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, main_cache, main_idx, t0 + tm, hi,
-                                                  main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True,
-                                                  HW_FP8_MAIN, ROPE16)
-        else:
-            m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, main_cache, main_idx, t0 + tm, hi,
-                                                  main_num_slots, main_bs, main_stride0, qk_scale2, IS_FNUZ_MAIN, True,
-                                                  HW_FP8_MAIN, ROPE16)
+        m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, main_cache, main_idx,
+                                              t0 + tm, hi, main_num_slots, main_bs, main_stride0, qk_scale2,
+                                              IS_FNUZ_MAIN, True, HW_FP8_MAIN, ROPE16, QK_CHUNKS)
     if HAS_EXTRA:
         lo, hi = _split_slice(e_lo, e_hi, split, active)
         te = tl.arange(0, EXTRA_TILE).to(tl.int64)
         n_full = (hi - lo) // EXTRA_TILE
         for i in range(0, n_full):
-            if QK_CHUNKS:
-                m2, l_i, a0, a1, a2, a3 = _tile_base2_chunks(q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx,
-                                                      lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
-                                                      extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA,
-                                                      HW_FP8_EXTRA, ROPE16)
-            else:
-                m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx,
-                                                      lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
-                                                      extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA,
-                                                      HW_FP8_EXTRA, ROPE16)
+            m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, extra_cache,
+                                                  extra_idx, lo + i * EXTRA_TILE + te, hi, extra_num_slots, extra_bs,
+                                                  extra_stride0, qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA,
+                                                  HW_FP8_EXTRA, ROPE16, QK_CHUNKS)
         tt = tl.arange(0, TAIL_TILE).to(tl.int64)
         for t0 in range(lo + n_full * EXTRA_TILE, hi, TAIL_TILE):
-            if QK_CHUNKS:
-                m2, l_i, a0, a1, a2, a3 = _tile_base2_chunks(q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx, t0 + tt,
-                                                      hi, extra_num_slots, extra_bs, extra_stride0, qk_scale2,
-                                                      IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, ROPE16)
-            else:
-                m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, m2, l_i, a0, a1, a2, a3, extra_cache, extra_idx, t0 + tt,
-                                                      hi, extra_num_slots, extra_bs, extra_stride0, qk_scale2,
-                                                      IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, ROPE16)
+            m2, l_i, a0, a1, a2, a3 = _tile_base2(q512, q0, q1, q2, q3, m2, l_i, a0, a1, a2, a3, extra_cache,
+                                                  extra_idx, t0 + tt, hi, extra_num_slots, extra_bs, extra_stride0,
+                                                  qk_scale2, IS_FNUZ_EXTRA, SCRUB_EXTRA, HW_FP8_EXTRA, ROPE16,
+                                                  QK_CHUNKS)
     tl.store(part_m + ml, tl.where(l_i == 0, -_FLT_MAX, m2 * _LN2), mask=hmask)
     tl.store(part_l + ml, l_i, mask=hmask)
     arow = (part_acc + b.to(tl.int64) * stride_ab + split.to(tl.int64) * stride_as

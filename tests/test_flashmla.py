@@ -366,6 +366,12 @@ def test_a_kernel_reading_poisoned_bytes_by_its_own_rules_is_named_by_the_rule(f
 
     with using(sub):
         assert NAN_NOT_SCRUBBED in named("nan")
+        # subject-agreement judges the subject's own output by the same rules (it differs from ours there)
+        from contracts.decode import AgreementCase, subject_agreement
+
+        seen = [v.message for c in _decode_example(t)
+                for v in subject_agreement(AgreementCase(family="decode", decode=c.replace(poison="nan")), t)]
+        assert NAN_NOT_SCRUBBED in seen and set(seen) <= rules, seen
         # findings.toml's FM1 (and its views) explain that violation for FlashMLA 1.0.0, and nothing else does
         from contracts.engine import findings as kf
 
