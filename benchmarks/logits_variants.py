@@ -38,11 +38,22 @@ sys.path.insert(0, str(ROOT))
 #: (name, LogitsVariant fields), the default first, then the most telling (a run cut by its budget keeps those).
 #: benchmarks/DECODE_PERF.md's item-4 section says what each tests against upstream's kernel.
 VARIANTS = [
-    ("default", dict(page_tile=True, scale32=True, fill=1.0)),  # impl.indexer_logits.DEFAULT_LOGITS_VARIANT
+    ("default", dict(page_tile=True, scale32=True, fill=1.0, f16=True)),  # impl.indexer_logits.DEFAULT_LOGITS_VARIANT
     ("first", {}),  # the kernel's first build (the default until the 2026-12-06 measurement)
+    ("bf16", dict(page_tile=True, scale32=True, fill=1.0)),  # the default's bf16 operands (default, 2026-12-06)
     ("page", dict(page_tile=True)),
     ("page+s32", dict(page_tile=True, scale32=True)),
     ("page+s32+fill", dict(page_tile=True, scale32=True, fill=1.0)),
+    # the last 6% at 64 x 8192 (2026-12-06; counts from `sm90_static.py --rows logits:NAME`, Triton 3.9): the
+    # conversion to bf16 is two F2F and a PRMT per pair of codes, to fp16 one F2FP (kernel body 944 -> 752 SASS
+    # instructions: `default` now); fp8 operands with Hopper's own accumulation run fp8 wgmma (k32) with no
+    # conversion (560), where promoting every MMA's sum (`fp8dot` below) falls back to mma.sync with conversions
+    # (864). Upstream's kernel, fp8 in its source, compiles on sm_90 to the bf16 conversion and a bf16 wgmma (792)
+    ("fp8dev", dict(page_tile=True, scale32=True, fill=1.0, fp8_dot=True, fp8_promote=False)),
+    ("default+st3", dict(page_tile=True, scale32=True, fill=1.0, f16=True, num_stages=3)),
+    ("fp8dev+st3", dict(page_tile=True, scale32=True, fill=1.0, fp8_dot=True, fp8_promote=False,
+                        num_stages=3)),
+    ("default+t4", dict(page_tile=True, scale32=True, fill=1.0, f16=True, tiles=4)),
     ("page+s32+fp8dot", dict(page_tile=True, scale32=True, fp8_dot=True)),
     ("page+s32+fp8dot+fill", dict(page_tile=True, scale32=True, fp8_dot=True, fill=1.0)),
     ("page+s32+t4", dict(page_tile=True, scale32=True, tiles=4)),

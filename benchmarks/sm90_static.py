@@ -2,10 +2,12 @@
 
     python3 benchmarks/sm90_static.py                                  # the table for the default rows
     python3 benchmarks/sm90_static.py --rows gfx950:single-read gfx942:narrow --batch 512 --json /tmp/s.json
+    python3 benchmarks/sm90_static.py --rows logits:bf16 logits:default logits:fp8dev   # the paged logits
 
 Each row (``family:variant``, a variant name of ``benchmarks/decode_variants.py``'s ``VARIANTS``) runs our
 ``sparse_attn_decode`` on CPU tensors of ``decode_variants.Work``'s shape (64 heads, 128 SWA + 512 extra tokens per
-query row) with Triton native but its driver replaced by one that reports an sm_90 target and never launches: each
+query row) with Triton native (a ``logits:NAME`` row: the paged MQA logits kernel under ``benchmarks/
+logits_variants.py``'s build NAME at 64 requests x 8192 context, 64 heads) but its driver replaced by one that reports an sm_90 target and never launches: each
 kernel launch becomes ``JITFunction.warmup`` (Triton's own specialization of the arguments, then its full compile:
 TTGIR, PTX, ptxas, cubin). The hardware fp8 conversion is taken where sm_90 has it (OCP), as on the H200.
 
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DEFAULT_ROWS = ["gfx950:narrow", "gfx950:single-read", "gfx950:h32+w8", "gfx942:narrow", "gfx942:single-read"]
 #: SASS opcodes the table counts (the first dotted part is matched)
-SASS_OPS = ("HGMMA", "LDG", "LDGSTS", "STS", "LDS", "LDSM", "STL", "LDL", "F2FP", "I2F", "MUFU", "FMUL", "FFMA",
+SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "LDG", "LDGSTS", "STS", "LDS", "LDSM", "STL", "LDL", "F2FP", "F2F", "I2F", "PRMT", "MUFU", "FMUL", "FFMA",
             "BAR")
 
 
@@ -105,7 +107,7 @@ def facts(name: str, grid, meta: dict, k, work_dir: Path) -> dict:
     sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True).stdout
     ops = collections.Counter(
         m.group(1).split(".")[0]
-        for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9.]+)?)", sass))
+        for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9.]+)?)", sass))
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     wgmma = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.", ptx))
     dots = collections.Counter()
@@ -120,10 +122,41 @@ def facts(name: str, grid, meta: dict, k, work_dir: Path) -> dict:
     operand_allocs = collections.Counter(
         m.group(1) for m in re.finditer(r"ttg\.local_alloc %\S+ : \(tensor<(\d+x\d+xbf16)", ttgir))
     return {"kernel": name, "grid": list(grid), "num_warps": k.metadata.num_warps,
+            "instructions": sum(ops.values()),
             "num_stages": meta.get("num_stages"), "shared_bytes": k.metadata.shared,
             "registers": int(res.get("REG", 0)), "spill_stack_bytes": int(res.get("STACK", 0)),
             "sass": {op: ops[op] for op in SASS_OPS if ops.get(op)}, "wgmma": dict(wgmma), "dots": dict(dots),
             "mma_layouts": layouts, "bf16_operand_allocs": dict(operand_allocs)}
+
+
+def logits_kernel(name: str, requests: int = 64, context: int = 8192):
+    """(grid, meta, compiled) of our paged MQA logits kernel under ``logits_variants.VARIANTS``' build ``name`` at
+    ``smv bench``'s logits point (64 heads, 64-token NORMAL blocks, one query row per request), compiled natively
+    with the hardware fp8 conversion, as on the H200. Call after :func:`_install`."""
+    import torch
+
+    import impl.indexer_logits as il
+    import logits_variants as LV
+    from impl.targets import get_target
+
+    builds = dict(LV.VARIANTS)
+    if name not in builds:
+        raise SystemExit(f"sm90_static: unknown logits build {name!r} (a name of logits_variants.VARIANTS)")
+    heads, bs = 64, 64
+    blocks = requests * context // bs
+    q = torch.zeros(requests, 1, heads, 128, dtype=torch.uint8)
+    cache = torch.zeros(blocks, bs * 132, dtype=torch.uint8)
+    w = torch.zeros(requests, heads)
+    ctx = torch.full((requests,), context, dtype=torch.int32)
+    table = torch.arange(blocks, dtype=torch.int32).view(requests, -1)
+    out = torch.empty(requests, context)
+    grid, meta = il._paged_launch(il.LogitsVariant(**builds[name]), requests, context, bs, cache,
+                                  get_target("gfx950"))
+    k = il._paged_mqa_logits_kernel.warmup(
+        q, q.stride(0), q.stride(1), q.stride(2), cache, cache.stride(0), bs, w, w.stride(0), ctx, ctx.stride(0), 0,
+        table, table.stride(0), out, out.stride(0), context, NUM_HEADS=heads, H_PAD=heads, NEXT_N=1,
+        CTX_PER_ROW=False, SHUFFLE=False, IS_FNUZ=False, HW_FP8=True, grid=grid, **meta)
+    return grid, meta, k
 
 
 def run_rows(rows: list[str], batch: int, capability: int, work_dir: Path) -> list[dict]:
@@ -136,6 +169,11 @@ def run_rows(rows: list[str], batch: int, capability: int, work_dir: Path) -> li
     out = []
     for row in rows:
         family, _, name = row.partition(":")
+        if family == "logits":
+            grid, meta, k = logits_kernel(name)
+            out.append({"row": row, "batch": 64, "num_splits": None,
+                        **facts(name.replace("+", "_"), grid, meta, k, work_dir)})
+            continue
         if family not in DV.VARIANTS or name not in dict(DV.VARIANTS[family]):
             raise SystemExit(f"sm90_static: unknown row {row!r} (family:variant of decode_variants.VARIANTS)")
         run, plan, _, _ = work.ours(family)
@@ -155,9 +193,11 @@ def table(results: list[dict]) -> str:
         kind = "partial" if "partial" in r["kernel"] else ("reduce" if "reduce" in r["kernel"] else r["kernel"][:10])
         s = r["sass"]
         counts = ", ".join(f"{k} {v}" for k, v in r["wgmma"].items())
-        counts += (" | " if counts else "") + ", ".join(f"{k} {s[k]}" for k in ("HGMMA", "LDGSTS", "LDG", "STS",
-                                                                                  "LDS", "STL", "LDL", "FMUL")
+        counts += (" | " if counts else "") + ", ".join(f"{k} {s[k]}" for k in ("HGMMA", "QGMMA", "HMMA", "LDGSTS", "LDG",
+                                                                                  "STS", "LDS", "STL", "LDL", "F2F",
+                                                                                  "F2FP", "PRMT", "FMUL")
                                                          if k in s)
+        counts += f" | {r['instructions']} in all"
         lines.append(f"{r['row']:<22} {kind:<10} {'x'.join(map(str, r['grid'])):<12} {r['num_warps']:>5} "
                      f"{r['registers']:>4} {r['spill_stack_bytes']:>7} {r['shared_bytes'] / 1024:>7.1f}  {counts}")
         for d, n in r["dots"].items():

@@ -93,30 +93,39 @@ def _heads_pad(h: int) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _mma_operand(x):
-    """fp32 values that are fp8 values -> the dot operand: bf16 on a GPU (exact), fp32 under the interpreter."""
+def _mma_operand(x, F16: tl.constexpr = False):
+    """fp32 values that are fp8 values -> the dot operand: bf16 (F16: fp16) on a GPU, exact either way (every e4m3
+    value, OCP or FNUZ, is a bf16 and an fp16 value), fp32 under the interpreter."""
     if INTERPRETER:
         return x
+    elif F16:
+        return x.to(tl.float16)
     else:
         return x.to(tl.bfloat16)
 
 
 @triton.jit
-def _fp8_operand(codes, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr):
+def _fp8_operand(codes, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr, F16: tl.constexpr = False):
     """uint8 e4m3 codes -> the dot operand. With HW_FP8 (natively, where the device converts this flavour, as
-    :func:`impl.triton_helpers.hw_fp8_decode` says) the hardware converts the codes to bf16; otherwise the shared decode from bits does it
-    (FNUZ on NVIDIA, the interpreter). Both are exact, NaN codes giving NaN."""
+    :func:`impl.triton_helpers.hw_fp8_decode` says) the hardware converts the codes to bf16 (F16: to fp16, one
+    conversion instruction per pair of codes on sm_89+ where bf16 takes several); otherwise the shared decode from
+    bits does it (FNUZ on NVIDIA, the interpreter). All are exact, NaN codes giving NaN."""
     if HW_FP8:
         if IS_FNUZ:
-            return codes.to(tl.float8e4b8, bitcast=True).to(tl.bfloat16)
+            f8 = codes.to(tl.float8e4b8, bitcast=True)
         else:
-            return codes.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+            f8 = codes.to(tl.float8e4nv, bitcast=True)
+        if F16:
+            return f8.to(tl.float16)
+        else:
+            return f8.to(tl.bfloat16)
     else:
-        return _mma_operand(fp8_decode_bits(codes, IS_FNUZ))
+        return _mma_operand(fp8_decode_bits(codes, IS_FNUZ), F16)
 
 
 @triton.jit
-def _fp8_raw_operand(codes, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr, FP8_DOT: tl.constexpr):
+def _fp8_raw_operand(codes, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
+                     F16: tl.constexpr = False):
     """uint8 e4m3 codes -> the dot operand: with FP8_DOT (and HW_FP8) the codes as the device's fp8 type, fed to
     the MMA as they are (upstream's paged kernel does this); otherwise :func:`_fp8_operand`."""
     if FP8_DOT and HW_FP8:
@@ -125,20 +134,24 @@ def _fp8_raw_operand(codes, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr, FP8_DOT
         else:
             return codes.to(tl.float8e4nv, bitcast=True)
     else:
-        return _fp8_operand(codes, IS_FNUZ, HW_FP8)
+        return _fp8_operand(codes, IS_FNUZ, HW_FP8, F16)
 
 
 @triton.jit
 def _key_logits(k_codes, scale, q_op, w, h_ok, BLOCK_ROWS: tl.constexpr, H_PAD: tl.constexpr,
-                IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr, FP8_DOT: tl.constexpr = False):
+                IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr, FP8_DOT: tl.constexpr = False,
+                F16: tl.constexpr = False, FP8_PROMOTE: tl.constexpr = True):
     """scale[s] * sum_h w[h] * relu(k[s] . q[h]) for a [BLOCK_ROWS, 128] tile of key codes; padded heads contribute
-    exactly 0 (masked after the product, so a NaN key cannot leak through a zero pad weight); the key scale
-    multiplies the head sum once, after the relu (a scale of either sign gives the formula's value). FP8_DOT:
-    ``q_op`` is fp8 too and the MMA takes fp8 operands (products exact in fp32; each MMA instruction's partial sum
-    is the device's, added to the fp32 accumulator after every instruction)."""
-    k = _fp8_raw_operand(k_codes, IS_FNUZ, HW_FP8, FP8_DOT)
-    if FP8_DOT and HW_FP8:  # every MMA's partial sum promoted to the fp32 accumulator (no imprecise accumulation)
-        s = tl.dot(k, tl.trans(q_op), tl.zeros((BLOCK_ROWS, H_PAD), dtype=tl.float32), max_num_imprecise_acc=0)
+    exactly 0 (masked after the product, so a NaN key cannot leak through a zero pad weight); the key scale multiplies the head sum once, after the relu (a scale of either sign gives the
+    formula's value). FP8_DOT: ``q_op`` is fp8 too and the MMA takes fp8 operands (products exact in fp32; with
+    FP8_PROMOTE each MMA instruction's partial sum is added to the fp32 accumulator after every instruction, else
+    the device accumulates as it does by default, upstream's way)."""
+    k = _fp8_raw_operand(k_codes, IS_FNUZ, HW_FP8, FP8_DOT, F16)
+    if FP8_DOT and HW_FP8:
+        if FP8_PROMOTE:  # every MMA's partial sum promoted to the fp32 accumulator (no imprecise accumulation)
+            s = tl.dot(k, tl.trans(q_op), tl.zeros((BLOCK_ROWS, H_PAD), dtype=tl.float32), max_num_imprecise_acc=0)
+        else:
+            s = tl.dot(k, tl.trans(q_op), tl.zeros((BLOCK_ROWS, H_PAD), dtype=tl.float32))
     else:
         s = dot(k, tl.trans(q_op), tl.zeros((BLOCK_ROWS, H_PAD), dtype=tl.float32))
     s = tl.where(s < 0, 0.0, s)  # relu that keeps NaN
@@ -149,12 +162,12 @@ def _key_logits(k_codes, scale, q_op, w, h_ok, BLOCK_ROWS: tl.constexpr, H_PAD: 
 
 @triton.jit
 def _load_q_heads(q_row, stride_qh, NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, IS_FNUZ: tl.constexpr,
-                  HW_FP8: tl.constexpr, FP8_DOT: tl.constexpr = False):
+                  HW_FP8: tl.constexpr, FP8_DOT: tl.constexpr = False, F16: tl.constexpr = False):
     h = tl.arange(0, H_PAD)
     d = tl.arange(0, 128)
     h_ok = h < NUM_HEADS
     codes = tl.load(q_row + h[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0)
-    return _fp8_raw_operand(codes, IS_FNUZ, HW_FP8, FP8_DOT), h_ok
+    return _fp8_raw_operand(codes, IS_FNUZ, HW_FP8, FP8_DOT, F16), h_ok
 
 
 @triton.jit
@@ -206,7 +219,8 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
                              BLOCK: tl.constexpr, TILES: tl.constexpr, CTX_PER_ROW: tl.constexpr,
                              SHUFFLE: tl.constexpr, IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr,
                              NUM_STAGES: tl.constexpr, PAGE_TILE: tl.constexpr = False,
-                             SCALE32: tl.constexpr = False, FP8_DOT: tl.constexpr = False):
+                             SCALE32: tl.constexpr = False, FP8_DOT: tl.constexpr = False,
+                             F16: tl.constexpr = False, FP8_PROMOTE: tl.constexpr = True):
     """Grid ``(B * next_n, cdiv(max_model_len, BLOCK * TILES))``: program (row, chunk) writes columns
     [chunk*TILES*BLOCK, (chunk+1)*TILES*BLOCK) of output row ``row`` = b * next_n + j, one BLOCK-wide tile of keys
     against all heads at a time (q is decoded once per program and reused by its TILES tiles).
@@ -221,7 +235,9 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
 
     Build options (``LogitsVariant``; none changes a value): PAGE_TILE (host: block_size % BLOCK == 0) reads one
     table entry per tile, a tile then lying in one page; SCALE32 (host: the pool 4-byte aligned) loads each scale as
-    one fp32 word instead of four bytes; FP8_DOT feeds the fp8 codes to the MMA where the device converts them."""
+    one fp32 word instead of four bytes; FP8_DOT feeds the fp8 codes to the MMA where the device converts them
+    (FP8_PROMOTE: each MMA's partial sum promoted to fp32, else the device's accumulation); F16 makes the operands
+    fp16 instead of bf16 (both exact)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row // NEXT_N
@@ -238,7 +254,7 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
             tl.store(out_row + pos, tl.full((BLOCK,), float("-inf"), tl.float32), mask=pos < max_model_len)
     else:
         q_op, h_ok = _load_q_heads(q_ptr + b.to(tl.int64) * stride_qb + j * stride_qn, stride_qh,
-                                   NUM_HEADS, H_PAD, IS_FNUZ, HW_FP8, FP8_DOT)
+                                   NUM_HEADS, H_PAD, IS_FNUZ, HW_FP8, FP8_DOT, F16)
         w = tl.load(w_ptr + row.to(tl.int64) * stride_w + tl.arange(0, H_PAD), mask=h_ok, other=0.0)
         bt_row = bt_ptr + b.to(tl.int64) * stride_bt
         for t in tl.range(0, TILES, num_stages=NUM_STAGES):
@@ -248,7 +264,8 @@ def _paged_mqa_logits_kernel(q_ptr, stride_qb, stride_qn, stride_qh,
             live = pos < visible
             codes, scale = _paged_tile(cache_ptr, stride_cache_blk, block_size, bt_row, t0, pos, live, visible,
                                        BLOCK, SHUFFLE, PAGE_TILE, SCALE32)
-            logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ, HW_FP8, FP8_DOT)
+            logit = _key_logits(codes, scale, q_op, w, h_ok, BLOCK, H_PAD, IS_FNUZ, HW_FP8, FP8_DOT, F16,
+                                FP8_PROMOTE)
             tl.store(out_row + pos, tl.where(live, logit, float("-inf")), mask=in_row)
 
 
@@ -307,6 +324,10 @@ class LogitsVariant:
     - ``fp8_dot``: the fp8 codes straight into the MMA where the device converts the flavour (upstream's way); the
       products stay exact, the MMA's fp32 accumulation is the device's (the contract's bound judges it natively;
       under the interpreter there is no hardware conversion, so the build is the default's).
+    - ``fp8_promote``: with ``fp8_dot``, each MMA instruction's partial sum promoted to the fp32 accumulator
+      (``max_num_imprecise_acc=0``); False leaves the device's default accumulation, as upstream's kernel does.
+    - ``f16``: the converted operands fp16 instead of bf16 (every e4m3 value is exact in both; on sm_89+ the
+      conversion to fp16 is one instruction per pair of codes, to bf16 several).
     - ``num_warps`` / ``num_stages``: launch options (None: 4 warps, 2 stages in the tile loop)."""
 
     block: int = BLOCK_KV
@@ -315,6 +336,8 @@ class LogitsVariant:
     page_tile: bool = False
     scale32: bool = False
     fp8_dot: bool = False
+    fp8_promote: bool = True
+    f16: bool = False
     num_warps: int | None = None
     num_stages: int | None = None
 
@@ -331,12 +354,15 @@ class LogitsVariant:
             raise ValueError(f"fill: expected a number >= 0, got {self.fill!r}")
 
 
-#: the build ``fp8_paged_mqa_logits`` launches with: one table entry per tile, fp32 scale words, and tiles per program
-#: halved until the grid fills the device. Measured on the H200 (2026-12-06, benchmarks/DECODE_PERF.md, CUDA-graph
-#: medians, 64 heads): 43.6 / 5.3 us at 64 x 8192 / 4 x 8192 against upstream's 41.1 / 5.3 and the kernel's first
-#: build (``LogitsVariant()``, "first" in benchmarks/logits_variants.py) 62.6 / 19.7; every build computes the same
-#: values (the fp8-operand build, slower there, stays opt-in)
-DEFAULT_LOGITS_VARIANT = LogitsVariant(page_tile=True, scale32=True, fill=1.0)
+#: the build ``fp8_paged_mqa_logits`` launches with: one table entry per tile, fp32 scale words, tiles per program
+#: halved until the grid fills the device, fp16 operands. Measured on an H100 (2026-12-06, benchmarks/DECODE_PERF.md,
+#: CUDA-graph medians, 64 heads): 35.7 / 4.4 us at 64 x 8192 / 4 x 8192 against upstream's 42.4 / 5.2 (0.84x /
+#: 0.83x), the same build with bf16 operands 43.6 / 5.3, the kernel's first build (``LogitsVariant()``, "first" in
+#: benchmarks/logits_variants.py) 62.6 / 19.7 on the H200; every build computes the same values (fp16 and bf16
+#: operands are both exact, and gave the same bits natively). fp8 operands with Hopper's own accumulation
+#: (``fp8_dot, fp8_promote=False``) were faster still (31.6 / 3.6 us) but took 0.90 of the contract's bound where
+#: every other build took 0.0003, so they stay opt-in
+DEFAULT_LOGITS_VARIANT = LogitsVariant(page_tile=True, scale32=True, fill=1.0, f16=True)
 #: ``SMV_LOGITS_VARIANT``: an override read at import, e.g. ``page_tile,scale32,block=64,tiles=4,num_warps=8``
 LOGITS_VARIANT_ENV = "SMV_LOGITS_VARIANT"
 
@@ -354,7 +380,7 @@ def _parse_logits_variant(spec: str) -> "LogitsVariant | None":
         key, eq, val = (x.strip() for x in item.partition("="))
         if key not in fields:
             raise ValueError(f"{LOGITS_VARIANT_ENV}: unknown field {key!r} (expected one of {sorted(fields)})")
-        if key in ("page_tile", "scale32", "fp8_dot"):
+        if key in ("page_tile", "scale32", "fp8_dot", "fp8_promote", "f16"):
             kw[key] = (not eq) or val in ("1", "true", "True")
         elif key == "fill":
             kw[key] = float(val)
@@ -390,7 +416,7 @@ def _paged_launch(v: LogitsVariant, rows: int, max_model_len: int, block_size: i
     meta = dict(BLOCK=block, TILES=tiles, NUM_STAGES=v.num_stages or 2, num_warps=v.num_warps or 4,
                 PAGE_TILE=v.page_tile and block_size % block == 0,
                 SCALE32=v.scale32 and cache.data_ptr() % 4 == 0 and cache.stride(0) % 4 == 0,
-                FP8_DOT=v.fp8_dot)
+                FP8_DOT=v.fp8_dot, FP8_PROMOTE=v.fp8_promote, F16=v.f16)
     return (rows, triton.cdiv(max_model_len, block * tiles)), meta
 
 

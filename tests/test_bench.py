@@ -1026,7 +1026,7 @@ def test_logits_builds_compute_the_defaults_bits_and_parse_from_the_environment(
     assert il.LogitsVariant(**lv.VARIANTS[0][1]) == il.DEFAULT_LOGITS_VARIANT  # the row times the library's default
     builds = [il.LogitsVariant(**f) for _, f in lv.VARIANTS] + [il.LogitsVariant(block=16, page_tile=True,
                                                                                  scale32=True, tiles=2)]
-    # one of each program the interpreter runs (warps, stages and fp8_dot do not change it here)
+    # one of each program the interpreter runs (warps, stages, fp8_dot and f16 do not change it here)
     builds = list({(v.block, v.tiles, v.fill, v.page_tile, v.scale32): v for v in builds}.values())
     for layout, bs in (("shuffle", 16), ("normal", 32)):
         case = IndexerLogitsCase(seed=1, mode="decode", heads=5, topk=4, next_n=2, block_size=bs, layout=layout,
@@ -1052,6 +1052,8 @@ def test_logits_builds_compute_the_defaults_bits_and_parse_from_the_environment(
     assert grid[0] * grid[1] >= t.cu_count and meta["TILES"] < il.TILES_PER_PROGRAM
     assert il._parse_logits_variant("page_tile,scale32=1,block=32,tiles=4,fill=0.5,num_warps=8") == \
         il.LogitsVariant(block=32, tiles=4, fill=0.5, page_tile=True, scale32=True, num_warps=8)
+    assert il._parse_logits_variant("fp8_dot,fp8_promote=0,f16") == \
+        il.LogitsVariant(fp8_dot=True, fp8_promote=False, f16=True)
     assert il._parse_logits_variant(" ") is None
     for bad in ("nonsense", "block=48", "tiles=0", "fill=-1"):
         with pytest.raises(ValueError):
@@ -1145,10 +1147,18 @@ def test_sm90_static_compiles_our_wide_build_for_sm90_on_a_cpu_host(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the tool compiles natively
     out = tmp_path / "s.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sm90_static.py"), "--rows", "gfx942:single-read",
-                        "--json", str(out)], capture_output=True, text=True, timeout=300,
-                       env=env)
+                        "logits:bf16", "logits:default", "logits:fp8dev", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
+    logits = {r["row"]: r for r in rows if r["row"].startswith("logits:")}
+    rows = [r for r in rows if not r["row"].startswith("logits:")]
+    # the logits builds as logits_variants.py's comment counts them: the default's fp16 operands drop the bf16
+    # conversion's F2F and PRMT; the fp8 operands run fp8 warpgroup MMAs (k32) with no conversion at all
+    bf16, f16, f8 = (logits[f"logits:{n}"] for n in ("bf16", "default", "fp8dev"))
+    assert bf16["sass"].get("F2F", 0) > 0 and bf16["sass"].get("HGMMA", 0) > 0
+    assert "F2F" not in f16["sass"] and f16["instructions"] < bf16["instructions"] and f16["sass"].get("HGMMA")
+    assert f8["sass"].get("QGMMA", 0) > 0 and all("k32" in s for s in f8["wgmma"]) and "F2FP" not in f8["sass"]
     kernels = {r["kernel"]: r for r in rows}
     partial = next(r for k, r in kernels.items() if "partial" in k)
     assert any("reduce" in k for k in kernels)
