@@ -63,6 +63,14 @@ VARIANTS = {
                                       qk_chunks=True)),
         ("single-read+qkchunks+x64", dict(rope16=True, block_h=64, num_warps=8, extra_tile=64, num_stages=1,
                                           qk_chunks=True)),
+        # around the fastest build of 2026-12-06's H100 run (single-read+qkchunks+x64): the 64-token tiles without
+        # the chunked QK (the default's QK order), one warpgroup (no QK computed twice, twice the accumulator per
+        # thread), the tile loop pipelined
+        ("single-read+x64", dict(rope16=True, block_h=64, num_warps=8, extra_tile=64, num_stages=1)),
+        ("single-read+qkchunks+x64+w4", dict(rope16=True, block_h=64, num_warps=4, extra_tile=64, num_stages=1,
+                                             qk_chunks=True)),
+        ("single-read+qkchunks+x64+st2", dict(rope16=True, block_h=64, num_warps=8, extra_tile=64, num_stages=2,
+                                              qk_chunks=True)),
         ("h32+w8", dict(rope16=True, block_h=32, num_warps=8, extra_tile=32)),
         ("h32+w4", dict(rope16=True, block_h=32, num_warps=4, extra_tile=32)),
         ("h32+w8+stages1", dict(rope16=True, block_h=32, num_warps=8, extra_tile=32, num_stages=1)),
