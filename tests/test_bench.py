@@ -729,6 +729,8 @@ def test_table_shows_the_indexer_path_beside_torch_the_copy_ceiling_and_the_subj
         b("test_gather[t65536-normal]", 2e-6, family="gfx950", fraction_of_copy_ceiling=0.5, ratio_to_torch=4.0,
           **gather),
         b("test_logits[normal]", 60e-6, family="paged", ratio_to_torch=16.0, **logits),
+        # the torch reference shares the shape and layout; sorted after ours, it must not become the subject's match
+        b("test_logits_torch[normal]", 1e-3, family="torch-reference", **logits),
         b("test_logits_subject[normal]", 30e-6, family="paged", subject="vllm==0.33.0", **logits)]}
     lines = bench.format_table(doc).splitlines()
     assert any(line.startswith("indexer path") and "vs subj" in line for line in lines)

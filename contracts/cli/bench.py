@@ -708,7 +708,8 @@ def _indexer_lines(rows, before: dict) -> list[str]:
             return f"gather {r.get('tokens')} tok bs {r.get('block_size')}"
         return f"logits B{r.get('requests')} H{r.get('heads')} ctx {r.get('context')}"
 
-    ours_t = {(r["kind"], shape(r), r.get("layout")): r["seconds"] for r in idx if not r.get("subject")}
+    # a subject's row is set against our row of the same family (the torch baselines share the shape and layout)
+    ours_t = {(r["kind"], shape(r), r.get("layout"), r["family"]): r["seconds"] for r in idx if not r.get("subject")}
     subj = any(r.get("subject") for r in idx)
     head = (f"{'indexer path':<30} {'layout':<8} {'implementation':<24} {'time us':>9} {'GB/s':>8} {'%copy':>6} "
             f"{'vs torch':>8}" + (f" {'vs subj':>9}" if subj else "") + (f" {'vs before':>10}" if before else ""))
@@ -724,7 +725,7 @@ def _indexer_lines(rows, before: dict) -> list[str]:
         line = (f"{shape(r):<30} {str(r.get('layout')):<8} {label:<24} {t * 1e6:>9.1f} {r['bytes'] / t / 1e9:>8.0f} "
                 f"{_pct(r.get('fraction_of_copy_ceiling'))} {vs}")
         if subj:
-            o = ours_t.get((r["kind"], shape(r), r.get("layout"))) if r.get("subject") else None
+            o = ours_t.get((r["kind"], shape(r), r.get("layout"), r["family"])) if r.get("subject") else None
             line += f" {t / o:>8.2f}x" if o else f" {'':>9}"  # > 1: ours is faster than the subject's
         if before:
             b = before.get(r["fullname"])
