@@ -17,10 +17,12 @@ insert is probed through its compressor and decode.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import os
 import tempfile
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -58,9 +60,14 @@ def int64_probe(name: str, entries: tuple[str, ...] = ()):
     subject's entry points it runs; a writer's probe is usually ``far_end_probe(name, write)`` with a callback that
     runs the writer and derives its token."""
     def register(fn):
-        INT64_PROBES[name] = fn
+        @functools.wraps(fn)
+        def probe(target: Target) -> list[Violation]:
+            with one_big_pool_at_a_time():  # whoever calls it (the contract, a test, a script) takes its turn
+                return fn(target)
+
+        INT64_PROBES[name] = probe
         PROBE_ENTRIES[name] = tuple(entries)
-        return fn
+        return probe
     return register
 
 
@@ -766,6 +773,9 @@ def int64_indexer_k_quant_probe(target: Target) -> list[Violation]:
         nb = int(view.shape[0])
         head = wrapped + 2 * view.stride(0)
         flat[:head] = GATHER_HEAD_POISON
+        # the far slots start as the small pool did: an allocator may hand back the pool an earlier call filled,
+        # where a write that went elsewhere would find the right bytes already there (seen on an H100)
+        view[nb - 2:] = 0xEE
         write(k, view, torch.tensor([nb - 1, -1, nb - 2], dtype=torch.int64, device=dev), target=target)
         got = view[nb - 2:].cpu().clone()
         touched = int((flat[:head] != GATHER_HEAD_POISON).sum())
@@ -867,14 +877,25 @@ def int64_addressing(case: Int64Case, target: Target) -> list[Violation]:
     return out
 
 
+_pool_lock_depth = threading.local()
+
+
 @contextlib.contextmanager
 def one_big_pool_at_a_time():
     """On an accelerator, hold a lock file per device while the probes' pools (up to about 16 GiB each) exist, so
     the processes of one run (audit rows on --jobs workers, pytest-xdist workers) take turns instead of running the
-    device out of memory side by side. On the host (the interpreter's pools are uncommitted pages) no lock."""
+    device out of memory side by side. Every registered probe takes it, so a test calling a probe directly waits its
+    turn too (14 xdist workers on an 80 GiB H100 ran out of memory before it did). Reentrant within a thread: the
+    contract holds it around its probes, each of which takes it again. On the host (the interpreter's pools are
+    uncommitted pages) no lock."""
     dev = kernel_device()
-    if dev == "cpu":
-        yield
+    depth = getattr(_pool_lock_depth, "n", 0)
+    if dev == "cpu" or depth:
+        _pool_lock_depth.n = depth + 1
+        try:
+            yield
+        finally:
+            _pool_lock_depth.n = depth
         return
     import fcntl
 
@@ -883,9 +904,11 @@ def one_big_pool_at_a_time():
     path = os.path.join(tempfile.gettempdir(), f"smv-int64-pools-{visible}-{index}.lock")
     with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
+        _pool_lock_depth.n = 1
         try:
             yield
         finally:
+            _pool_lock_depth.n = 0
             torch.cuda.empty_cache()  # hand the pool's memory back before the next process takes the lock
             fcntl.flock(fh, fcntl.LOCK_UN)
 

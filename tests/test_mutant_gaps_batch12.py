@@ -25,6 +25,7 @@ from fuzz import bad_input as fz
 from fuzz import formats as ffm
 from fuzz.bad_input import BadInputCase
 from impl import compressor as icomp
+from impl.runtime import kernel_device
 from impl.targets import get_target
 
 TARGET = get_target("generic")
@@ -68,6 +69,9 @@ def test_the_ue8m0_example_passes_on_guarded_packed_inputs():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard page is mprotect on Linux")
+@pytest.mark.skipif(kernel_device() != "cpu", reason="the guard page protects host memory, which the interpreter's "
+                    "kernels read; on a GPU an unmasked tail load reads the allocator's slack without a fault "
+                    "a memory checker such as compute-sanitizer sees it natively)")
 def test_an_encode_kernel_that_loads_its_tail_unmasked_faults(tmp_path):
     planted = tmp_path / "planted_codec.py"
     planted.write_text(textwrap.dedent("""
