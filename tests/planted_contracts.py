@@ -51,6 +51,13 @@ def _stuck(case, target):
         time.sleep(1)
 
 
+@core.contract("planted-lost-device", cases=_small, min_cases=1, targets=("gfx942",))
+def _lost_device(case, target):
+    """Raises what CUDA raises after a kernel's illegal access, whatever the case (on a GPU the error then sticks to
+    the process's context and every later launch fails with it)."""
+    raise RuntimeError("CUDA error: an illegal memory access was encountered (planted)")
+
+
 _WARMED = []
 
 

@@ -91,6 +91,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def test_a_row_that_loses_the_device_is_a_failure_and_its_worker_is_replaced_between_rows(tmp_path):
+    """A check that meets a sticky device error (on a GPU, every later launch in that process fails with it) is a
+    failure of its row, answered; its worker then exits on purpose and a fresh one takes the next row, so the other
+    row never inherits the error and no crash is recorded."""
+    rep = tmp_path / "camp"
+    r = _fuzz(rep, "--budget", "12", "--round", "2", "--jobs", "2", "--seed", "3", "--target", "gfx942",
+              "--contract", "planted-lost-device", "--contract", "cache-layout-roundtrip",
+              "--database", str(tmp_path / "db"))
+    assert r.returncode == 1, r.stderr
+    doc = _doc(rep)
+    assert [f["contract"] for f in doc["failures"]] == ["planted-lost-device"], doc["failures"]
+    assert doc["failures"][0]["status"] == "fail" and "illegal memory access" in doc["failures"][0]["reason"]
+    assert "lost its device context after this row" in r.stderr and "in place of" in r.stderr, r.stderr[-2000:]
+    statuses = [w["status"] for w in doc["workers"]]
+    assert "exited" in statuses and "crashed" not in statuses, statuses
+    assert not [w for w in doc["workers"] if _alive(w["pid"])]
+
+
 def test_crashes_and_hangs_are_findings_with_reproducers_and_the_campaign_goes_on(tmp_path):
     rep = tmp_path / "camp"
     budget = 16  # under a loaded CI host worker restarts take seconds: room for every fault and a second round

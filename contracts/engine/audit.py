@@ -13,11 +13,12 @@ from contracts.engine import reports, specializations
 from contracts.registry import get_contract, load_all
 from contracts.engine.audit_pool import merge_describe
 from contracts.engine.plan import (RESUMABLE, AuditConfig, AuditPlan, CostModel, SubjectRun, cpu_share,
-                                   first_share, not_started, plan_subject, record)
+                                   first_share, not_run_after_device_loss, not_started, plan_subject, record)
 from contracts.engine.runner import (RowResult, first_pass, resolve_subject, run_contract, second_pass,
                                      subject_spec)
 from contracts.engine.runner import merge_passes as _merge  # noqa: F401 - tests take the merge here
 from contracts.engine.reports import format_table  # noqa: F401 - the audit's table: `smv audit` and tests take it here
+from contracts.engine.workers import device_lost
 from impl.runtime import detect_device, triton_mode
 from impl.targets import TARGET_NAMES, get_target
 
@@ -443,10 +444,14 @@ def _first_passes(sub, rows: list, cfg: AuditConfig, run: SubjectRun, budget_end
     prog.cases_left = {(sub.label, c, t): cfg.limit_of(get_contract(c)) for c, t in rows
                        if get_contract(c).applies_to(t)}
     prog.start_pass(1, len(rows), "each up to its minimum of generated cases")
+    lost = None
     for i, (cid, tname) in enumerate(rows, 1):
         c = get_contract(cid)
         if not c.applies_to(tname):
             r = run_contract(c, tname, budget=1.0, subject=sub)  # the skipped row, with its reason
+        elif lost:
+            remaining -= 1
+            r = not_run_after_device_loss(cid, tname, cfg.limit_of(c), sub, lost)
         elif cfg.past_deadline():
             remaining -= 1
             r = not_started(cid, tname, cfg.limit_of(c), sub, cfg.deadline_s)
@@ -454,6 +459,11 @@ def _first_passes(sub, rows: list, cfg: AuditConfig, run: SubjectRun, budget_end
             remaining -= 1
             r = _first_row(sub, c, tname, cfg, run, (i, len(rows), first_share(budget_end - time.monotonic(),
                                                                                  remaining)))
+            lost = device_lost()
+            if lost:
+                (run.stream or sys.stderr).write(f"smv audit: row {cid} on {tname} left the device context lost ({lost}); the "
+                                 f"rows after it cannot run in this process (--jobs 2 or more runs them on a fresh "
+                                 f"worker)\n")
         run.results.append(r)
         prog.row(i, len(rows), r)
         run.on_row()
@@ -480,7 +490,7 @@ def _second_passes(sub, rows: list, cfg: AuditConfig, run: SubjectRun, first_ind
     prog.start_pass(2, len(more), "sharing what is left for more generated cases")
     for n_left, k in zip(range(len(more), 0, -1), more):
         left = cfg.time_left(budget_end)
-        if left <= 0.05:
+        if left <= 0.05 or device_lost():
             break
         r0 = results[k]
         started_row = time.monotonic()

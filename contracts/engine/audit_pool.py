@@ -198,7 +198,14 @@ class _Pool:
                 "audit": {"pass": pass_no, "first": self.cfg.first_of(c), "config": self.cfg.for_worker()}}
 
     def finish(self, w, msg: dict) -> None:
+        from contracts.engine.workers import device_lost_line
+
         i, pass_no = w.item["g"], w.item["audit"]["pass"]
+        line = device_lost_line(f"smv audit: worker {w.id} on {w.device_name} ({w.item['contract']} on "
+                                f"{w.item['target']})", msg)
+        if line:
+            self.run.stream.write(line)
+            w.retiring = True
         if "row" in msg:
             r = RowDoc(msg["row"], resumable=msg.get("resumable", False), limit=msg.get("limit"))
             label = self.sub.label
@@ -299,7 +306,7 @@ class _Pool:
             if self.step_phase(busy):
                 break
             for w in self.workers:
-                if w.ready and w.item is None:
+                if w.ready and w.item is None and not w.retiring:
                     item = self.next_item(w)
                     if item is not None:
                         w.start_item(item)
@@ -310,9 +317,11 @@ class _Pool:
 
     def reap(self, w) -> None:
         """A worker that died or hung: its row an error, the first passes it held run again elsewhere."""
-        from contracts.engine.workers import _case_limit, start_error, unwatch
+        from contracts.engine.workers import _case_limit, drain_answers, start_error, unwatch
 
         dead = w.proc.poll() is not None
+        if dead:
+            drain_answers(w, self.ready, self.finish)
         hung = not dead and w.stalled(  # as the campaign judges it: no case ended within the limit
             _case_limit(get_contract(w.item["contract"]), self.cfg.case_timeout) if w.item is not None else 0.0,
             w.item["budget"] if w.item is not None else 0.0)

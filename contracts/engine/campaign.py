@@ -36,8 +36,9 @@ import time
 from dataclasses import dataclass
 
 from contracts.engine.workers import (  # noqa: F401 - WorkerStartError is re-exported (smv fuzz catches it here)
-    OUTSIDE_SIGNALS, Worker, WorkerStartError, _atomic_json, _case_limit, _label_suffix, _signal_name, cpu_count,
-    poll_answers, start_error, stop_workers, unwatch, visible_devices)
+    DEVICE_LOST_EXIT, OUTSIDE_SIGNALS, Worker, WorkerStartError, _atomic_json, _case_limit, _label_suffix,
+    _signal_name, cpu_count, device_lost_line, drain_answers, poll_answers, start_error, stop_workers, unwatch,
+    visible_devices)
 
 #: 2: ``round_log`` (each round's seed, budget, seconds and cases) and ``seed`` on every failure
 #: 3: ``subjects`` (the labels audited) and ``subject`` on every failure; ``cases`` keys gain ``@<subject>`` for a
@@ -484,6 +485,11 @@ class Supervisor:
         w.stats["status"] = "idle"
 
     def on_done(self, w: Worker, msg: dict) -> None:
+        line = device_lost_line(f"smv fuzz: worker {w.id} on {w.device_name} ({w.item['contract']} on "
+                                f"{w.item['target']})", msg)
+        if line:
+            self.stream.write(line)
+            w.retiring = True
         self.finish_item(w, msg)
         w.stats["status"] = "idle"
 
@@ -561,7 +567,7 @@ class Supervisor:
     def _hand_out(self) -> None:
         """Give idle, ready workers the next items; note when every row is retired."""
         for w in self.workers:
-            if not (w.ready and w.item is None and self._accepting()):
+            if not (w.ready and w.item is None and not w.retiring and self._accepting()):
                 continue
             g = self.retry.pop(0) if self.retry else next(self.pending, None)
             if g is None:
@@ -596,6 +602,8 @@ class Supervisor:
             what = "hang" if hung else "crash"
             self.finish_item(w, self.crash_or_hang(w, what))
             self.retire(w, "hung" if hung else "crashed")
+        elif w.proc.returncode == DEVICE_LOST_EXIT and w.ready:  # deliberately, between rows: no row lost with it
+            self.retire(w, "exited")
         else:
             how = _signal_name(w.proc.returncode) if w.proc.returncode is not None else "no answer"
             self.stream.write(f"smv fuzz: worker {w.id} died before taking a row ({how}); log: "
@@ -619,6 +627,8 @@ class Supervisor:
     def _check_workers(self) -> None:
         for w in list(self.workers):
             dead = w.proc.poll() is not None
+            if dead:
+                drain_answers(w, self.on_ready, self.on_done)
             hung = not dead and w.stalled(
                 self.limits[self.rows[w.item["g"] % self.R][1]] if w.item is not None else 0.0,
                 w.item["budget"] + w.item["grace"] if w.item is not None else 0.0)

@@ -5,7 +5,9 @@ The supervisor (``contracts.engine.campaign``) starts it as ``python -m contract
 one device by the environment (``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES``), with ``SMV_CASE_FILE`` naming
 the file the runner rewrites before every check. Commands arrive on stdin as JSON lines (``{"item": {...}}`` or
 ``{"exit": true}``); answers leave on the process's original stdout, which is kept for them alone: anything else
-the row prints (Hypothesis' report, a kernel's message, an abort's last words) goes to ``WDIR/worker.log``.
+the row prints (Hypothesis' report, a kernel's message, an abort's last words) goes to ``WDIR/worker.log``. After a
+row that leaves its device context lost (a sticky accelerator error) the worker exits with
+``workers.DEVICE_LOST_EXIT`` once it has answered, so the supervisor starts a fresh one for the rows after it.
 
 The worker never outlives its supervisor: on Linux the kernel sends it SIGKILL when the supervisor dies
 (``PR_SET_PDEATHSIG``), and a watchdog thread exits it when its parent changes or its command pipe closes, so a
@@ -64,6 +66,8 @@ def _run_item(item: dict, wdir: str, subjects: dict) -> dict:
 
 
 def serve(wdir: str, parent: int) -> int:
+    from contracts.engine.workers import DEVICE_LOST_EXIT, device_lost
+
     _die_with_parent(parent)
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     log = os.open(os.path.join(wdir, "worker.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -103,7 +107,14 @@ def serve(wdir: str, parent: int) -> int:
         except Exception as exc:  # noqa: BLE001 - a harness failure: the supervisor records it as an error
             out = {"done": item["g"], "error": f"{type(exc).__name__}: {exc}",
                    "traceback": traceback.format_exc()[-4000:]}
+        lost = device_lost()
+        if lost:  # every later row would fail with the same error: the supervisor starts a fresh worker
+            out["device_lost"] = lost
         answers.write(json.dumps(out, default=repr) + "\n")
+        if lost:
+            print(f"--- device context lost after item {item['g']}: {lost}; exiting", flush=True)
+            answers.flush()
+            os._exit(DEVICE_LOST_EXIT)
     return 0
 
 

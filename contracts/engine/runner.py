@@ -154,6 +154,9 @@ def _checked(contract: Contract, case, target: Target) -> tuple[list[Violation],
         except (KeyboardInterrupt, SystemExit, CaseError, SubjectSkip, SubjectError):
             raise
         except BaseException as exc:  # noqa: BLE001 - a crash of the code under test is a finding
+            from contracts.engine.workers import note_device_error
+
+            note_device_error(exc)  # a sticky device error: the rows after this one need a fresh process
             tb = traceback.extract_tb(exc.__traceback__)
             where = f"{tb[-1].filename}:{tb[-1].lineno}" if tb else ""
             return [Violation(f"check raised {type(exc).__name__}: {exc}", where, "no exception",

@@ -27,6 +27,54 @@ OUTSIDE_SIGNALS = (-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT, -signal.SIG
 #: a worker's time to start (import torch, Triton, every contract) before it is a crash
 WORKER_START_TIMEOUT = 300.0
 
+#: a worker exits with this status after answering a row when its device context is lost (an illegal address, a
+#: device-side assert: CUDA and HIP keep such an error for the rest of the process), so the rows after it run on a
+#: fresh worker instead of all failing with the same error
+DEVICE_LOST_EXIT = 75
+
+
+#: what CUDA and HIP say of an error that sticks to the context (every later call in the process fails with it)
+STICKY_DEVICE_ERRORS = ("illegal memory access", "illegal address", "device-side assert", "unspecified launch failure",
+                        "misaligned address", "illegal instruction", "cudaErrorIllegalAddress", "hipErrorIllegalAddress",
+                        "HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION", "Memory access fault")
+_sticky_errors: list[str] = []
+
+
+def note_device_error(exc: BaseException) -> bool:
+    """Remember ``exc`` (raised by a check) when it is a sticky device error; True when it is one."""
+    text = str(exc)
+    if not any(s in text for s in STICKY_DEVICE_ERRORS):
+        return False
+    _sticky_errors.append(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+    return True
+
+
+def device_lost() -> str | None:
+    """Why this process's accelerator context can run nothing more (the sticky error a check raised, or the one a
+    synchronize and a one-element launch meet now), or None where it still works or no accelerator was used."""
+    if _sticky_errors:
+        return _sticky_errors[0]
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+    except Exception as exc:  # noqa: BLE001 - any failure here means the context is unusable
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+def device_lost_line(who: str, msg: dict) -> str | None:
+    """The supervisor's line for an answer whose worker then exits because its device context is lost (the
+    answer's ``device_lost``), else None."""
+    why = msg.get("device_lost")
+    if not why:
+        return None
+    return (f"{who} lost its device context after this row ({why}); the row failed with it, with a reproducer, "
+            f"and the rows after it run on a fresh worker\n")
+
 
 def visible_devices() -> tuple[str, list[str]]:
     """The kind of GPU this process sees ('cuda', 'rocm' or 'cpu') and the ids a worker can be pinned to (as the
@@ -89,6 +137,8 @@ class Worker:
                                      env=env, start_new_session=True, text=True, bufsize=1)
         self.started = time.monotonic()
         self.ready = False
+        #: it answered its last row and is exiting (its device context was lost): hand it nothing more
+        self.retiring = False
         self.item: dict | None = None
         self.item_started = 0.0
         self.buf = ""
@@ -232,12 +282,30 @@ def poll_answers(sel, on_ready, on_done, timeout: float = 0.2) -> None:
         if answers is None:
             sel.unregister(w.proc.stdout)
             continue
-        for msg in answers:
-            if "ready" in msg:
-                w.ready = True
-                on_ready(w)
-            elif "done" in msg and w.item is not None and msg["done"] == w.item["g"]:
-                on_done(w, msg)
+        _dispatch(w, answers, on_ready, on_done)
+
+
+def _dispatch(w, answers: list, on_ready, on_done) -> None:
+    for msg in answers:
+        if "ready" in msg:
+            w.ready = True
+            on_ready(w)
+        elif "done" in msg and w.item is not None and msg["done"] == w.item["g"]:
+            on_done(w, msg)
+
+
+def drain_answers(w, on_ready, on_done) -> None:
+    """The answers a dead worker left in its pipe, dispatched as :func:`poll_answers` does: a worker that answers
+    its row and then exits (``DEVICE_LOST_EXIT``) may be seen dead before the answer is read, and its row must keep
+    its verdict rather than become a crash."""
+    import select
+
+    pipe = w.proc.stdout
+    while pipe is not None and not pipe.closed and select.select([pipe], [], [], 0)[0]:
+        answers = w.read_answers()
+        if answers is None:
+            return
+        _dispatch(w, answers, on_ready, on_done)
 
 
 def stop_workers(workers: list) -> None:
