@@ -150,7 +150,7 @@ def _check_rope(case: RopeCase, epi) -> list[Violation]:
         out_buf = torch.full((T, H, W), float("nan"), dtype=out_dtype, device=x.device)
         got = epi.inverse_rope_gptj(x, cos_sin, positions, out=out_buf)
     except ValueError as exc:
-        if case.alias in ("restrided", "shifted", "tail"):  # an out overlapping x without being x: refusing is right
+        if case.alias in fz.ROPE_REFUSABLE_ALIASES:  # an out overlapping x without being x: refusing is right
             return []
         if case.layout != "contiguous":  # a layout the entry point requires packed: refused, out untouched
             names = {"positions-strided": ("positions",), "table-slice": ("cos_sin",)}.get(case.layout, ("x",))

@@ -133,6 +133,13 @@ ALIASES = ("separate", "in-place", "restrided", "shifted", "adjacent", "tail")
 #: x packed; x's heads 64 lanes apart past their width (a slice of a wider [T, H, W + 64] buffer); x's heads
 #: outermost in memory (strides W, T * W, 1); cos_sin a slice of a wider, row-offset table; positions a stride-2 view
 ROPE_LAYOUTS = ("contiguous", "x-padded", "x-heads-major", "table-slice", "positions-strided")
+#: an out overlapping x without being x: the entry point is right to refuse it (contracts.epilogues)
+ROPE_REFUSABLE_ALIASES = ("restrided", "shifted", "tail")
+
+
+def rope_refusable(c: "RopeCase") -> bool:
+    """Whether the inverse RoPE may refuse this call: an overlapping out, or a layout it requires packed."""
+    return c.alias in ROPE_REFUSABLE_ALIASES or c.layout != "contiguous"
 
 
 def _signed(mag):

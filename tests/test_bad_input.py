@@ -217,6 +217,22 @@ def test_a_valid_call_never_carries_a_layout_its_entry_may_refuse():
         assert not entry.valid(case.replace(sink="ordinary", sink_layout="strided"))
     saved = BadInputCase(entry="graph_capture.DecodeGraph.capture", inner=_SAVED_GRAPH_CASE, seed=7444)
     assert cb.bad_input_refusal(saved, get_target("gfx942")) == []
+    # the inverse RoPE may refuse an out overlapping x and a strided layout (contracts.epilogues): a CPU run of
+    # test_contract_holds drew one (seed 500, generic: "positions: expected a contiguous tensor" on the valid call)
+    from fuzz import epilogues as fep
+
+    rope = fep.RopeCase.from_json(_SAVED_ROPE_CASE)
+    entry = fz.ENTRIES["epilogues.inverse_rope_gptj"]
+    assert entry.valid is not None and not entry.valid(rope)
+    assert entry.valid(rope.replace(alias="separate", layout="contiguous"))
+    saved = BadInputCase(entry="epilogues.inverse_rope_gptj", inner=_SAVED_ROPE_CASE, seed=500)
+    assert cb.bad_input_refusal(saved, get_target("generic")) == []
+
+
+_SAVED_ROPE_CASE = {
+    "kind": "rope", "schema_version": 1, "seed": 208733037, "tokens": 3, "heads": 1, "width": 96, "max_pos": 14,
+    "positions": [4, 0, 0], "scale": 0.001, "specials": [[254, 1e-40], [2, 1e-40]], "in_dtype": "bfloat16",
+    "out_dtype": "bfloat16", "cos_sin": "angles", "alias": "tail", "layout": "positions-strided"}
 
 
 #: the valid call of the case above, as the audit's reproducer stored it
