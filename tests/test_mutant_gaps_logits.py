@@ -116,7 +116,8 @@ def _int32_block_offsets(q, kv_cache, weights, context_lens, block_tables, max_m
                                             kv_cache.storage_offset() + _wrap32(b * kv_cache.stride(0)))
                         for b in ids])
     index = {b: i for i, b in enumerate(ids)}
-    table = torch.tensor([[index[b] for b in row] for row in block_tables.tolist()], dtype=block_tables.dtype)
+    table = torch.tensor([[index[b] for b in row] for row in block_tables.tolist()], dtype=block_tables.dtype,
+                         device=block_tables.device)
     return il.fp8_paged_mqa_logits(q, read, weights, context_lens, table, max_model_len, layout=layout, out=out,
                                    target=target, check_lengths=check_lengths)
 

@@ -218,3 +218,26 @@ def test_negative_budget_and_max_examples_rejected(register):
         run_contract(c, "gfx942", budget=0)
     with pytest.raises(ValueError, match="max_examples"):
         run_contract(c, "gfx942", budget=5, max_examples=-1)
+
+
+def test_a_device_error_surfacing_after_the_check_is_the_cases_violation_and_marks_the_device_lost(monkeypatch):
+    """A kernel's fault is reported on the device at the next call, after the check may have returned: the runner
+    synchronizes inside each case, so the error is that case's violation (its reproducer), and the sticky error is
+    remembered, so a worker hands its rows to a fresh process (contracts.engine.workers.device_lost)."""
+    import torch
+
+    from contracts.engine import runner, workers
+
+    def fault():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    toy = core.Contract(id="zz-async-fault", doc="toy", targets=("gfx942",), cases=lambda t: st.just(1),
+                        check=lambda case, t: [])
+    monkeypatch.setattr(workers, "_sticky_errors", [])
+    assert runner.checked(toy, 1, get_target("gfx942")) == [] and workers.device_lost() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", fault)
+    v = runner.checked(toy, 1, get_target("gfx942"))
+    assert len(v) == 1 and v[0].message.startswith("check raised RuntimeError: CUDA error: an illegal memory")
+    assert "illegal memory access" in workers.device_lost()

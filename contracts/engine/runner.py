@@ -146,11 +146,22 @@ def checked(contract: Contract, case, target: Target) -> list[Violation]:
     return _checked(contract, case, target)[0]
 
 
+def _sync_device() -> None:
+    """Wait for the kernels this case launched, so an error a kernel raises on the device (reported at the next
+    call, asynchronously) is this case's, not the next one's: an H100 audit lost its context while building the
+    next case's inputs, and saved that case as the reproducer. No-op where no accelerator was used."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _checked(contract: Contract, case, target: Target) -> tuple[list[Violation], float | None]:
     """The violations and the worst margin the check recorded (None when it recorded none)."""
     with collecting_margins() as margins, timesplit.measuring():
         try:
             out = contract.check(case, target)
+            _sync_device()
         except (KeyboardInterrupt, SystemExit, CaseError, SubjectSkip, SubjectError):
             raise
         except BaseException as exc:  # noqa: BLE001 - a crash of the code under test is a finding

@@ -36,7 +36,8 @@ DEVICE_LOST_EXIT = 75
 #: what CUDA and HIP say of an error that sticks to the context (every later call in the process fails with it)
 STICKY_DEVICE_ERRORS = ("illegal memory access", "illegal address", "device-side assert", "unspecified launch failure",
                         "misaligned address", "illegal instruction", "cudaErrorIllegalAddress", "hipErrorIllegalAddress",
-                        "HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION", "Memory access fault")
+                        "HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION", "Memory access fault",
+                        "not supported on global/shared address space", "cudaErrorInvalidAddressSpace")
 _sticky_errors: list[str] = []
 
 
