@@ -81,28 +81,35 @@ def test_a_crashing_or_hanging_worker_is_an_error_row_with_a_reproducer_and_the_
     assert time.monotonic() - t0 < 250
 
 
-def test_rows_held_by_a_worker_that_dies_run_again_whole_with_the_serial_cases(tmp_path):
-    """A worker keeps each row's first pass for its second; when it dies on another row, those rows run again whole
-    on a new worker, so a crash in one row never cuts another row's cases short. Each of the two workers takes one
-    of planted-warm's rows (its first case takes 2.5 s) and holds it; the first to finish takes planted-stuck and is
-    killed as hung."""
+def _warm_rows_beside(tmp_path, *pooled_args):
+    """Audit planted-warm on gfx942 and gfx950 serially, then on two workers beside ``pooled_args``' rows; the pooled
+    planted-warm rows must give the serial run's verdicts and cases (nothing cut short by what happened beside them).
+    Returns the pooled run's process and rows."""
     args = ("--budget", "120", "--seed", "5", "--max-cases", "40", "--target", "gfx942", "--target", "gfx950")
     serial = tmp_path / "serial"
     subprocess.run(_audit_cmd(serial, *args, "--contract", "planted-warm"), env=_env(),
                    capture_output=True, text=True, timeout=300, cwd=ROOT)
     want = _rows(json.loads((serial / "audit.json").read_text()))
     rep = tmp_path / "pooled"
-    p = subprocess.run(_audit_cmd(rep, *args, "--jobs", "2", "--case-timeout", "5", "--contract", "planted-warm",
-                                  "--contract", "planted-stuck"),
+    p = subprocess.run(_audit_cmd(rep, *args, "--jobs", "2", "--contract", "planted-warm", *pooled_args),
                        env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 1, p.stdout + p.stderr
     rows = _rows(json.loads((rep / "audit.json").read_text()))
-    assert rows[("planted-stuck", "gfx942")]["status"] == "error"
     for t in ("gfx942", "gfx950"):
         got, exp = rows[("planted-warm", t)], want[("planted-warm", t)]
         assert exp["generated_cases"] > 1 and exp["stopped_by"] != "budget", exp
         for k in ("status", "pinned_cases", "generated_cases", "stopped_by", "violations"):
             assert got[k] == exp[k], (t, k, got, exp)
+    return p, rows
+
+
+def test_rows_held_by_a_worker_that_dies_run_again_whole_with_the_serial_cases(tmp_path):
+    """A worker keeps each row's first pass for its second; when it dies on another row, those rows run again whole
+    on a new worker, so a crash in one row never cuts another row's cases short. Each of the two workers takes one
+    of planted-warm's rows (its first case takes 2.5 s) and holds it; the first to finish takes planted-stuck and is
+    killed as hung."""
+    p, rows = _warm_rows_beside(tmp_path, "--case-timeout", "5", "--contract", "planted-stuck")
+    assert rows[("planted-stuck", "gfx942")]["status"] == "error"
     assert "in place of" in p.stderr  # the hung worker was replaced, to run the row it held again
 
 
@@ -112,26 +119,13 @@ def test_a_row_that_loses_the_device_fails_alone_and_the_rows_after_it_get_a_fre
     takes the rows after it, which pass, and the rows it held run again with the serial cases. Serially the rows
     after it are incomplete, saying why, instead of failing with an error that is not theirs (an H100 audit of
     vLLM 0.34.0 failed 11 rows of one worker with one illegal access)."""
-    args = ("--budget", "120", "--seed", "5", "--max-cases", "40", "--target", "gfx942", "--target", "gfx950")
-    serial = tmp_path / "serial"
-    subprocess.run(_audit_cmd(serial, *args, "--contract", "planted-warm"), env=_env(),
-                   capture_output=True, text=True, timeout=300, cwd=ROOT)
-    want = _rows(json.loads((serial / "audit.json").read_text()))
-    rep = tmp_path / "pooled"
-    p = subprocess.run(_audit_cmd(rep, *args, "--jobs", "2", "--contract", "planted-warm",
-                                  "--contract", "planted-lost-device", "--contract", "cache-layout-roundtrip"),
-                       env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert p.returncode == 1, p.stdout + p.stderr
-    rows = _rows(json.loads((rep / "audit.json").read_text()))
+    p, rows = _warm_rows_beside(tmp_path, "--contract", "planted-lost-device", "--contract", "cache-layout-roundtrip")
     lost = rows[("planted-lost-device", "gfx942")]
     assert lost["status"] == "fail" and "illegal memory access" in lost["reason"] and lost["repro"]
     assert "lost its device context after this row" in p.stderr and "planted-lost-device on gfx942" in p.stderr, \
         p.stderr[-3000:]
     for t in ("gfx942", "gfx950"):
         assert rows[("cache-layout-roundtrip", t)]["status"] == "pass", rows[("cache-layout-roundtrip", t)]
-        got, exp = rows[("planted-warm", t)], want[("planted-warm", t)]
-        for k in ("status", "pinned_cases", "generated_cases", "stopped_by", "violations"):
-            assert got[k] == exp[k], (t, k, got, exp)
     one = tmp_path / "serial-lost"
     p = subprocess.run(_audit_cmd(one, "--budget", "60", "--seed", "5", "--max-cases", "5", "--target", "gfx942",
                                   "--contract", "planted-lost-device", "--contract", "cache-layout-roundtrip"),
