@@ -211,8 +211,9 @@ def not_started(cid: str, tname: str, limit: int, sub, deadline_s: float | None)
 
 def not_run_after_device_loss(cid: str, tname: str, limit: int, sub, why: str) -> RowResult:
     """A row the serial audit cannot run: an earlier row left the process's device context lost (``incomplete``,
-    never a pass; ``--jobs`` gives the rows after such a row a fresh worker instead)."""
-    return RowResult(cid, tname, "incomplete", stopped_by="budget", limit=limit, subject=sub.as_row(),
+    never a pass; ``--jobs`` gives the rows after such a row a fresh worker instead). Nothing stopped it: it never
+    started, so ``stopped_by`` is null."""
+    return RowResult(cid, tname, "incomplete", stopped_by=None, limit=limit, subject=sub.as_row(),
                      reason=f"not started: an earlier row left this process's device context lost ({why}); run "
                             f"with --jobs 2 or more to give the rows after it a fresh worker")
 
