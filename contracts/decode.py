@@ -409,8 +409,12 @@ def _agree_outputs(got_o, got_s, ref, plan_o, plan_s) -> list[Violation]:
     out = zeroed_nan_rows(NAN_ROW_ZEROED_VS_OURS, got_s, got_o)
     tol = decode_tolerance(ref, plan_o.num_splits) + decode_tolerance(ref, plan_s.num_splits)
     if plan_o == plan_s:
-        both_nan = torch.isnan(got_o) & torch.isnan(got_s)
-        differ = (got_o.view(torch.int16) != got_s.view(torch.int16)) & ~both_nan
+        # both NaN, or both zero: a zero's sign (an underflowed weight times a value of either sign) says only
+        # whether an accumulation started from +0 or from its first product, which changes no nonzero sum and
+        # which neither design promises (a CPU audit of vLLM 0.34.0, seed 1511958873: generic, every lane of an
+        # all-underflow output -0.0 in ours and +0.0 in upstream's)
+        same = (torch.isnan(got_o) & torch.isnan(got_s)) | ((got_o == 0) & (got_s == 0))
+        differ = (got_o.view(torch.int16) != got_s.view(torch.int16)) & ~same
         n = int(differ.sum())
         if n:
             o64, s64 = got_o.to(torch.float64), got_s.to(torch.float64)

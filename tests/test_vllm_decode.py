@@ -330,3 +330,19 @@ def test_the_reduce_launch_skips_the_module_activation_after_its_first_launch_na
             assert torch.equal(out.float(), want)
         else:  # the later launches ran on the interpreter uncorrected: the same reduce up to the output's rounding
             assert float((out.float() - want).abs().max()) <= 2 * 2.0 ** -8 * float(want.abs().max())
+
+
+def test_same_plan_agreement_is_bitwise_but_a_zeros_sign_is_no_difference(monkeypatch):
+    """Under the same plan the subject must give ours' bits; a zero of the other sign is the same value (an
+    accumulation started from +0 or from its first product), not a difference: a CPU audit of vLLM 0.34.0 (seed
+    1511958873, generic, an all-underflow output) failed on 271 lanes of -0.0 against +0.0 and nothing else."""
+    monkeypatch.setattr(cd, "decode_tolerance", lambda ref, n: torch.full((1, 1, 4), 1e-2, dtype=torch.float64))
+    import types
+
+    plan = types.SimpleNamespace(num_splits=1)
+    ours = torch.tensor([[[-0.0, 0.0, 1.5, float("nan")]]], dtype=torch.bfloat16)
+    theirs = torch.tensor([[[0.0, -0.0, 1.5, float("nan")]]], dtype=torch.bfloat16)
+    assert cd._agree_outputs(ours, theirs, None, plan, plan) == []
+    theirs[0, 0, 2] = 1.5078125  # one bf16 unit in the last place above 1.5: inside the bound, not the same bits
+    v = cd._agree_outputs(ours, theirs, None, plan, plan)
+    assert [x.message for x in v] == [cd.AGREE_BITS] and "(1 of 4 lanes differ" in v[0].where
