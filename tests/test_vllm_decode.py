@@ -346,3 +346,26 @@ def test_same_plan_agreement_is_bitwise_but_a_zeros_sign_is_no_difference(monkey
     theirs[0, 0, 2] = 1.5078125  # one bf16 unit in the last place above 1.5: inside the bound, not the same bits
     v = cd._agree_outputs(ours, theirs, None, plan, plan)
     assert [x.message for x in v] == [cd.AGREE_BITS] and "(1 of 4 lanes differ" in v[0].where
+
+
+def test_zeroed_nan_rows_are_upstreams_u3_not_a_reading_rule(vllm_subject):
+    """A case whose cache holds scale code 255 over finite codes (poison "inf") in the underflow regime, where every
+    finite output is about 0: upstream writes the rows SPEC 2 gives as NaN as zeros (U3). That is the violation
+    subject-agreement reports, not the 255-as-NaN reading rule, whose oracle gives about 0 there too (a CPU audit of
+    vLLM 0.34.0, seed 1368058255, named the rule and failed the row)."""
+    import json
+
+    from contracts.engine import findings as kf
+
+    case = fz.DecodeCase.from_json(json.loads(
+        '{"kind": "decode", "schema_version": 1, "seed": 297, "batch": 3, "heads": 3, "main_bs": 5, "extra_bs": 5, "main_lens": [32, 31, 32], "extra_lens": '
+        '[63, 17, 67], "invalid_rate": 0.0, "indptr_offset": 3, "tail_junk": 1, "scale": 0.04419417382415922, '
+        '"sink": "ordinary", "poison": "inf", "padded": false, "q_transposed": true, "cu_count": 8, "num_splits": 6,'
+        ' "adaptive": {"one_wave": 5}, "trust": false, "int32_extremes": false, "q_layout": "transposed", '
+        '"cache_layout": "packed", "index_layout": "contiguous", "sink_layout": "strided", "out_layout": '
+        '"heads-major", "logits": "underflow"}'))
+    t = get_target("gfx950")
+    with using(vllm_subject):
+        v = cd.subject_agreement(cd.AgreementCase("decode", decode=case), t)
+    assert [x.message for x in v] == [cd.NAN_ROW_ZEROED_VS_OURS], v
+    assert kf.classify([x.message for x in v], kf.load(), "subject-agreement", "vllm", "0.34.0", "gfx950")
