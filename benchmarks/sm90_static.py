@@ -6,10 +6,11 @@
 
 Each row (``family:variant``, a variant name of ``benchmarks/decode_variants.py``'s ``VARIANTS``) runs our
 ``sparse_attn_decode`` on CPU tensors of ``decode_variants.Work``'s shape (64 heads, 128 SWA + 512 extra tokens per
-query row) with Triton native (a ``logits:NAME`` row: the paged MQA logits kernel under ``benchmarks/
-logits_variants.py``'s build NAME at 64 requests x 8192 context, 64 heads) but its driver replaced by one that reports an sm_90 target and never launches: each
-kernel launch becomes ``JITFunction.warmup`` (Triton's own specialization of the arguments, then its full compile:
-TTGIR, PTX, ptxas, cubin). The hardware fp8 conversion is taken where sm_90 has it (OCP), as on the H200.
+query row) with Triton native (a ``logits:NAME`` row: the paged MQA logits kernel under
+``benchmarks/logits_variants.py``'s build NAME at 64 requests x 8192 context, 64 heads) but its driver replaced by
+one that reports an sm_90 target and never launches: each kernel launch becomes ``JITFunction.warmup`` (Triton's
+own specialization of the arguments, then its full compile: TTGIR, PTX, ptxas, cubin). The hardware fp8 conversion
+is taken where sm_90 has it (OCP), as on the H200.
 
 Per kernel it reports, from the cubin (the wheel's ``cuobjdump``): registers per thread, the spill stack, shared
 memory, and SASS instruction counts (HGMMA, global loads, LDGSTS (cp.async), shared stores and loads, local-memory
@@ -36,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DEFAULT_ROWS = ["gfx950:narrow", "gfx950:single-read", "gfx950:h32+w8", "gfx942:narrow", "gfx942:single-read"]
 #: SASS opcodes the table counts (the first dotted part is matched)
-SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "LDG", "LDGSTS", "STS", "LDS", "LDSM", "STL", "LDL", "F2FP", "F2F", "I2F", "PRMT", "MUFU", "FMUL", "FFMA",
-            "BAR")
+SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "LDG", "LDGSTS", "STS", "LDS", "LDSM", "STL", "LDL", "F2FP", "F2F", "I2F",
+            "PRMT", "MUFU", "FMUL", "FFMA", "BAR")
 
 
 class _CompileOnlyDriver:
@@ -193,10 +194,8 @@ def table(results: list[dict]) -> str:
         kind = "partial" if "partial" in r["kernel"] else ("reduce" if "reduce" in r["kernel"] else r["kernel"][:10])
         s = r["sass"]
         counts = ", ".join(f"{k} {v}" for k, v in r["wgmma"].items())
-        counts += (" | " if counts else "") + ", ".join(f"{k} {s[k]}" for k in ("HGMMA", "QGMMA", "HMMA", "LDGSTS", "LDG",
-                                                                                  "STS", "LDS", "STL", "LDL", "F2F",
-                                                                                  "F2FP", "PRMT", "FMUL")
-                                                         if k in s)
+        shown = ("HGMMA", "QGMMA", "HMMA", "LDGSTS", "LDG", "STS", "LDS", "STL", "LDL", "F2F", "F2FP", "PRMT", "FMUL")
+        counts += (" | " if counts else "") + ", ".join(f"{k} {s[k]}" for k in shown if k in s)
         counts += f" | {r['instructions']} in all"
         lines.append(f"{r['row']:<22} {kind:<10} {'x'.join(map(str, r['grid'])):<12} {r['num_warps']:>5} "
                      f"{r['registers']:>4} {r['spill_stack_bytes']:>7} {r['shared_bytes'] / 1024:>7.1f}  {counts}")

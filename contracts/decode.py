@@ -272,9 +272,8 @@ def reading_rule_violation(oracle, got: torch.Tensor, num_splits: int, where: st
     if not cmp.attention_comparison(plain, spec.out, decode_tolerance(spec, num_splits)).mismatches:
         return []
     for reading, message in READING_RULES:
-        ref = oracle(**reading)
-        res = cmp.attention_comparison(got.clone(), ref.out, decode_tolerance(ref, num_splits))
-        if not res.mismatches:
+        alt = oracle(**reading)
+        if not cmp.attention_comparison(got.clone(), alt.out, decode_tolerance(alt, num_splits)).mismatches:
             first = torch.isnan(got.to(torch.float64)) != torch.isnan(spec.out)
             idx = tuple(first.nonzero()[0].tolist()) if bool(first.any()) else None
             at = f"out[{', '.join(map(str, idx))}]" if idx else "out"

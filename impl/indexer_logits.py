@@ -142,10 +142,11 @@ def _key_logits(k_codes, scale, q_op, w, h_ok, BLOCK_ROWS: tl.constexpr, H_PAD: 
                 IS_FNUZ: tl.constexpr, HW_FP8: tl.constexpr, FP8_DOT: tl.constexpr = False,
                 F16: tl.constexpr = False, FP8_PROMOTE: tl.constexpr = True):
     """scale[s] * sum_h w[h] * relu(k[s] . q[h]) for a [BLOCK_ROWS, 128] tile of key codes; padded heads contribute
-    exactly 0 (masked after the product, so a NaN key cannot leak through a zero pad weight); the key scale multiplies the head sum once, after the relu (a scale of either sign gives the
-    formula's value). FP8_DOT: ``q_op`` is fp8 too and the MMA takes fp8 operands (products exact in fp32; with
-    FP8_PROMOTE each MMA instruction's partial sum is added to the fp32 accumulator after every instruction, else
-    the device accumulates as it does by default, upstream's way)."""
+    exactly 0 (masked after the product, so a NaN key cannot leak through a zero pad weight); the key scale
+    multiplies the head sum once, after the relu (a scale of either sign gives the formula's value). FP8_DOT:
+    ``q_op`` is fp8 too and the MMA takes fp8 operands (products exact in fp32; with FP8_PROMOTE each MMA
+    instruction's partial sum is added to the fp32 accumulator after every instruction, else the device accumulates
+    as it does by default, upstream's way)."""
     k = _fp8_raw_operand(k_codes, IS_FNUZ, HW_FP8, FP8_DOT, F16)
     if FP8_DOT and HW_FP8:
         if FP8_PROMOTE:  # every MMA's partial sum promoted to the fp32 accumulator (no imprecise accumulation)

@@ -358,8 +358,9 @@ def test_zeroed_nan_rows_are_upstreams_u3_not_a_reading_rule(vllm_subject):
     from contracts.engine import findings as kf
 
     case = fz.DecodeCase.from_json(json.loads(
-        '{"kind": "decode", "schema_version": 1, "seed": 297, "batch": 3, "heads": 3, "main_bs": 5, "extra_bs": 5, "main_lens": [32, 31, 32], "extra_lens": '
-        '[63, 17, 67], "invalid_rate": 0.0, "indptr_offset": 3, "tail_junk": 1, "scale": 0.04419417382415922, '
+        '{"kind": "decode", "schema_version": 1, "seed": 297, "batch": 3, "heads": 3, "main_bs": 5, '
+        '"extra_bs": 5, "main_lens": [32, 31, 32], "extra_lens": [63, 17, 67], "invalid_rate": 0.0, '
+        '"indptr_offset": 3, "tail_junk": 1, "scale": 0.04419417382415922, '
         '"sink": "ordinary", "poison": "inf", "padded": false, "q_transposed": true, "cu_count": 8, "num_splits": 6,'
         ' "adaptive": {"one_wave": 5}, "trust": false, "int32_extremes": false, "q_layout": "transposed", '
         '"cache_layout": "packed", "index_layout": "contiguous", "sink_layout": "strided", "out_layout": '

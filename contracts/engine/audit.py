@@ -461,9 +461,9 @@ def _first_passes(sub, rows: list, cfg: AuditConfig, run: SubjectRun, budget_end
                                                                                  remaining)))
             lost = device_lost()
             if lost:
-                (run.stream or sys.stderr).write(f"smv audit: row {cid} on {tname} left the device context lost ({lost}); the "
-                                 f"rows after it cannot run in this process (--jobs 2 or more runs them on a fresh "
-                                 f"worker)\n")
+                (run.stream or sys.stderr).write(
+                    f"smv audit: row {cid} on {tname} left the device context lost ({lost}); the rows after it cannot "
+                    f"run in this process (--jobs 2 or more runs them on a fresh worker)\n")
         run.results.append(r)
         prog.row(i, len(rows), r)
         run.on_row()

@@ -35,19 +35,18 @@ DEVICE_LOST_EXIT = 75
 
 #: what CUDA and HIP say of an error that sticks to the context (every later call in the process fails with it)
 STICKY_DEVICE_ERRORS = ("illegal memory access", "illegal address", "device-side assert", "unspecified launch failure",
-                        "misaligned address", "illegal instruction", "cudaErrorIllegalAddress", "hipErrorIllegalAddress",
+                        "misaligned address", "illegal instruction", "cudaErrorIllegalAddress",
+                        "hipErrorIllegalAddress",
                         "HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION", "Memory access fault",
                         "not supported on global/shared address space", "cudaErrorInvalidAddressSpace")
 _sticky_errors: list[str] = []
 
 
-def note_device_error(exc: BaseException) -> bool:
-    """Remember ``exc`` (raised by a check) when it is a sticky device error; True when it is one."""
+def note_device_error(exc: BaseException) -> None:
+    """Remember ``exc`` (raised by a check) when it is a sticky device error, for :func:`device_lost`."""
     text = str(exc)
-    if not any(s in text for s in STICKY_DEVICE_ERRORS):
-        return False
-    _sticky_errors.append(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
-    return True
+    if any(s in text for s in STICKY_DEVICE_ERRORS):
+        _sticky_errors.append(f"{type(exc).__name__}: {text.splitlines()[0]}")
 
 
 def device_lost() -> str | None:
